@@ -1,0 +1,124 @@
+//! Wiring: open the store, connect to Kubernetes, start the watch and the API; stop them in order.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch as signal;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::api::{self, ApiState};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::store::{Store, StoreError, now_ms};
+use crate::watch::{self, WatchError};
+
+/// A failure that stops the service.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The database could not be opened or migrated.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The Kubernetes client could not be configured.
+    #[error(transparent)]
+    Watch(#[from] WatchError),
+    /// The API listener failed.
+    #[error("API server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running service, as returned by [`start`].
+pub struct Running {
+    /// Where the API listens.
+    pub addr: SocketAddr,
+    /// The database (tests read it directly).
+    pub store: Store,
+    /// Every metric.
+    pub metrics: Arc<Metrics>,
+    ready: signal::Receiver<bool>,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<Result<(), AppError>>>,
+}
+
+impl Running {
+    /// Waits until the first full list of every scope is stored (what `/readyz` reports).
+    pub async fn ready(&self) {
+        let mut ready = self.ready.clone();
+        let _ = ready.wait_for(|r| *r).await;
+    }
+
+    /// Graceful stop: stops watching and serving, lets the recorder finish its batch, closes the
+    /// database. Returns the first error a task ended with.
+    pub async fn stop(self) -> Result<(), AppError> {
+        self.cancel.cancel();
+        let mut result = Ok(());
+        for task in self.tasks {
+            match task.await {
+                Ok(Err(e)) if result.is_ok() => result = Err(e),
+                Err(e) => warn!(error = %e, "task panicked"),
+                _ => {}
+            }
+        }
+        self.store.close().await;
+        result
+    }
+}
+
+/// Starts everything: opens the database, connects the Kubernetes client, spawns the watch, the
+/// retention pruner and the API on `listener`. Errors: [`AppError`] for anything that fails at start.
+pub async fn start(config: Config, listener: TcpListener) -> Result<Running, AppError> {
+    let store = Store::open(&config.database.path).await?;
+    info!(path = %config.database.path.display(), "database open");
+    let client = watch::connect(&config.kubernetes).await?;
+    let metrics = Metrics::new();
+    let (ready_tx, ready) = watch_channel();
+    let cancel = CancellationToken::new();
+    let addr = listener.local_addr()?;
+    let watch_task = {
+        let (store, metrics, cancel, k8s) = (store.clone(), metrics.clone(), cancel.clone(), config.kubernetes.clone());
+        tokio::spawn(async move { Ok(watch::run(client, &k8s, store, metrics, ready_tx, cancel).await?) })
+    };
+    let prune_task = tokio::spawn(prune_loop(store.clone(), config.database.event_retention, cancel.clone()));
+    let state = ApiState { store: store.clone(), metrics: metrics.clone(), ready: ready.clone() };
+    let api_task = tokio::spawn(serve_api(listener, api::router(state), cancel.clone()));
+    info!(%addr, "API listening");
+    Ok(Running { addr, store, metrics, ready, cancel, tasks: vec![watch_task, prune_task, api_task] })
+}
+
+/// Runs until `shutdown` resolves, then stops gracefully (see [`Running::stop`]).
+pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), AppError> {
+    let running = start(config, listener).await?;
+    shutdown.await;
+    info!("shutting down");
+    running.stop().await
+}
+
+fn watch_channel() -> (signal::Sender<bool>, signal::Receiver<bool>) {
+    signal::channel(false)
+}
+
+async fn serve_api(listener: TcpListener, router: axum::Router, cancel: CancellationToken) -> Result<(), AppError> {
+    axum::serve(listener, router).with_graceful_shutdown(cancel.cancelled_owned()).await?;
+    Ok(())
+}
+
+/// Deletes events older than `retention`, at start and then hourly.
+async fn prune_loop(store: Store, retention: Duration, cancel: CancellationToken) -> Result<(), AppError> {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let cutoff = now_ms().saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
+        match store.prune_events(cutoff).await {
+            Ok(0) => {}
+            Ok(n) => info!(deleted = n, "pruned events past database.event_retention"),
+            Err(e) => warn!(error = %e, "cannot prune events"),
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The one typed configuration: a TOML file (`--config`, default `vipwatch.toml` when present) merged
+//! with `VIPWATCH_*` environment overrides (figment). Every key is documented in the README.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use url::Url;
+
+use crate::model::Scope;
+
+/// The file read when `--config` is not given, if it exists (otherwise built-in defaults apply).
+pub const DEFAULT_CONFIG_FILE: &str = "vipwatch.toml";
+
+/// Environment variables that are not config keys: `VIPWATCH_CONFIG` (file path, read by the CLI) and
+/// `VIPWATCH_LOG` (log filter).
+const NON_KEY_VARS: [&str; 2] = ["config", "log"];
+
+/// A configuration that cannot be used. The message names the key and the problem; the CLI prints it
+/// and exits with status 2.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `--config` names a file that cannot be read.
+    #[error("config file {path}: {source}")]
+    Unreadable {
+        /// The path given.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Parse or type error from the TOML file or an environment variable (figment names the key).
+    #[error("{0}")]
+    Invalid(#[from] Box<figment::Error>),
+    /// A value parsed but is not acceptable.
+    #[error("invalid value for `{key}`: {reason}")]
+    Value {
+        /// Dotted key, e.g. `kubernetes.url`.
+        key: &'static str,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
+}
+
+/// The whole configuration. Unknown keys are errors.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[kubernetes]`: where and what to watch.
+    pub kubernetes: KubernetesConfig,
+    /// `[database]`: the SQLite file.
+    pub database: DatabaseConfig,
+    /// `[server]`: the REST API listener.
+    pub server: ServerConfig,
+}
+
+/// `[kubernetes]` table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// API base URL (e.g. `http://127.0.0.1:8001` for `kubectl proxy`); no credentials are added. When
+    /// absent: `KUBECONFIG` / `~/.kube/config` (with `context`), else the in-cluster service account.
+    pub url: Option<Url>,
+    /// kubeconfig context to use when `url` is absent; default: the current context.
+    pub context: Option<String>,
+    /// Namespaces to watch; empty = all namespaces (one cluster-wide watch).
+    pub namespaces: Vec<String>,
+    /// Label selector applied server-side to list and watch (Kubernetes syntax); empty = none.
+    pub label_selector: String,
+    /// Service types in scope; `["*"]` = every type.
+    pub service_types: Vec<String>,
+    /// `spec.loadBalancerClass` value that marks a Service as ours.
+    pub load_balancer_class: String,
+    /// Also manage `LoadBalancer` Services with no class.
+    pub manage_classless: bool,
+    /// Server-side watch timeout (`timeoutSeconds`), e.g. `"290s"`; the client gives up on a silent
+    /// stream 5 s after it.
+    #[serde(with = "humantime_serde")]
+    pub watch_timeout: Duration,
+    /// Period of a safety-net full re-list, e.g. `"30m"`: whatever a watch lost silently (a line the
+    /// client dropped, a proxy that swallowed an event) is found and recorded with cause `relist`.
+    #[serde(with = "humantime_serde")]
+    pub relist_interval: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            context: None,
+            namespaces: Vec::new(),
+            label_selector: String::new(),
+            service_types: vec!["LoadBalancer".to_owned()],
+            load_balancer_class: "vipwatch.io/lb".to_owned(),
+            manage_classless: true,
+            watch_timeout: Duration::from_secs(290),
+            relist_interval: crate::watch::DEFAULT_RELIST_INTERVAL,
+        }
+    }
+}
+
+impl KubernetesConfig {
+    /// The in-scope rule these keys describe.
+    pub fn scope(&self) -> Scope {
+        Scope {
+            service_types: self.service_types.clone(),
+            load_balancer_class: self.load_balancer_class.clone(),
+            manage_classless: self.manage_classless,
+        }
+    }
+}
+
+/// `[database]` table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseConfig {
+    /// SQLite file, created if missing (WAL mode).
+    pub path: PathBuf,
+    /// How long events are kept, e.g. `"30d"` (humantime syntax).
+    #[serde(with = "humantime_serde")]
+    pub event_retention: Duration,
+}
+
+impl Default for DatabaseConfig {
+    fn default() -> Self {
+        Self { path: PathBuf::from("vipwatch.db"), event_retention: Duration::from_secs(30 * 86_400) }
+    }
+}
+
+/// `[server]` table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Listen address of the REST API, `host:port`.
+    pub listen: SocketAddr,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self { listen: SocketAddr::from(([127, 0, 0, 1], 8080)) }
+    }
+}
+
+const KNOWN_TYPES: [&str; 5] = ["*", "ClusterIP", "NodePort", "LoadBalancer", "ExternalName"];
+
+impl Config {
+    /// Loads defaults, then the TOML file (`path`, or [`DEFAULT_CONFIG_FILE`] if it exists), then
+    /// `VIPWATCH_*` variables from `env` (`__` separates tables: `VIPWATCH_DATABASE__PATH`), and
+    /// validates. Errors: [`ConfigError`], naming the key.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        match path {
+            Some(p) => {
+                std::fs::File::open(p).map_err(|source| ConfigError::Unreadable { path: p.to_owned(), source })?;
+                figment = figment.merge(Toml::file_exact(p));
+            }
+            None if Path::new(DEFAULT_CONFIG_FILE).exists() => figment = figment.merge(Toml::file(DEFAULT_CONFIG_FILE)),
+            None => {}
+        }
+        let config: Config = figment.merge(env_provider()).extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let k = &self.kubernetes;
+        if let Some(url) = &k.url
+            && !matches!(url.scheme(), "http" | "https")
+        {
+            let reason = format!("scheme `{}` is not http or https", url.scheme());
+            return Err(ConfigError::Value { key: "kubernetes.url", reason });
+        }
+        if k.service_types.is_empty() {
+            return Err(ConfigError::Value { key: "kubernetes.service_types", reason: "must not be empty".into() });
+        }
+        if let Some(bad) = k.service_types.iter().find(|t| !KNOWN_TYPES.contains(&t.as_str())) {
+            let reason = format!("`{bad}` is not one of {}", KNOWN_TYPES.join(", "));
+            return Err(ConfigError::Value { key: "kubernetes.service_types", reason });
+        }
+        if k.namespaces.iter().any(|n| n.is_empty()) {
+            let reason = "empty namespace name".into();
+            return Err(ConfigError::Value { key: "kubernetes.namespaces", reason });
+        }
+        if k.relist_interval < Duration::from_secs(1) {
+            return Err(ConfigError::Value { key: "kubernetes.relist_interval", reason: "must be at least 1s".into() });
+        }
+        if k.watch_timeout.as_secs() == 0 {
+            return Err(ConfigError::Value { key: "kubernetes.watch_timeout", reason: "must be at least 1s".into() });
+        }
+        Ok(())
+    }
+
+    /// The effective configuration as TOML, with secrets redacted (for `vipwatch check-config`).
+    pub fn to_redacted_toml(&self) -> String {
+        let mut copy = self.clone();
+        if let Some(url) = copy.kubernetes.url.as_mut()
+            && url.password().is_some()
+        {
+            let _ = url.set_password(Some("REDACTED"));
+        }
+        toml::to_string_pretty(&copy).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+fn env_provider() -> Env {
+    Env::prefixed("VIPWATCH_").ignore(&NON_KEY_VARS).split("__")
+}

@@ -1,0 +1,1 @@
+//! An in-process fake kube-apiserver (placeholder; being written).

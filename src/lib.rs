@@ -1,0 +1,15 @@
+//! vipwatch: watch Kubernetes `LoadBalancer` Services, record every change in SQLite, relay it to an
+//! external load-balancer appliance, and serve the state over a REST API.
+//!
+//! Data flows one way: [`watch`] → [`store`] (event log, state) → relay, and [`api`] reads the store.
+//! [`model`] holds the pure conversion and decision code they share.
+
+pub mod api;
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod fake_apiserver;
+pub mod metrics;
+pub mod model;
+pub mod store;
+pub mod watch;

@@ -1,0 +1,111 @@
+//! Prometheus metrics (`vipwatch_` prefix), registered once and shared by every layer. Rendered in the
+//! Prometheus text format by [`Metrics::render`].
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Labels of `vipwatch_events_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// `ADDED`, `MODIFIED`, `DELETED`.
+    pub r#type: String,
+    /// `watch`, `relist`, `startup`.
+    pub cause: String,
+}
+
+/// Labels carrying one watch scope (`*` or a namespace).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScopeLabels {
+    /// `*` for the cluster-wide watch, else the namespace.
+    pub scope: String,
+}
+
+/// Labels of `vipwatch_watch_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchErrorLabels {
+    /// `*` or the namespace.
+    pub scope: String,
+    /// `list`, `watch_start`, `gone` (410), `status`, `stream`, `decode`, `no_resource_version`.
+    pub kind: String,
+}
+
+/// Every metric vipwatch exports. Clone the `Arc` to share.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// `vipwatch_events_total{type,cause}`: events recorded in the event log.
+    pub events: Family<EventLabels, Counter>,
+    /// `vipwatch_watch_errors_total{scope,kind}`: errors from the watch (never fatal).
+    pub watch_errors: Family<WatchErrorLabels, Counter>,
+    /// `vipwatch_watch_relists_total{scope}`: full lists after the first one.
+    pub relists: Family<ScopeLabels, Counter>,
+    /// `vipwatch_watch_restarts_total{scope}`: watcher restarts forced by vipwatch (malformed line,
+    /// periodic relist).
+    pub watch_restarts: Family<ScopeLabels, Counter>,
+    /// `vipwatch_watch_gone_total{scope}`: `410 Gone` answers (expired resourceVersion).
+    pub watch_gone: Family<ScopeLabels, Counter>,
+    /// `vipwatch_services_in_scope`: rows in the current-state table.
+    pub services_in_scope: Gauge,
+    /// `vipwatch_vips_in_use`: distinct VIP addresses over in-scope Services.
+    pub vips_in_use: Gauge,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Arc<Self> {
+        let mut m = Self {
+            registry: Registry::with_prefix("vipwatch"),
+            events: Family::default(),
+            watch_errors: Family::default(),
+            relists: Family::default(),
+            watch_restarts: Family::default(),
+            watch_gone: Family::default(),
+            services_in_scope: Gauge::default(),
+            vips_in_use: Gauge::default(),
+        };
+        let registry = &mut m.registry;
+        registry.register("events", "Events recorded in the event log", m.events.clone());
+        registry.register("watch_errors", "Errors from the Kubernetes watch (never fatal)", m.watch_errors.clone());
+        registry.register("watch_relists", "Full lists after the first one", m.relists.clone());
+        registry.register("watch_restarts", "Watch restarts forced by vipwatch", m.watch_restarts.clone());
+        registry.register("watch_gone", "410 Gone answers (expired resourceVersion)", m.watch_gone.clone());
+        registry.register("services_in_scope", "Services in the current-state table", m.services_in_scope.clone());
+        registry.register("vips_in_use", "Distinct VIP addresses of in-scope Services", m.vips_in_use.clone());
+        Arc::new(m)
+    }
+
+    /// Counts one watch error of `kind` on `scope`.
+    pub fn watch_error(&self, scope: &str, kind: &str) {
+        let labels = WatchErrorLabels { scope: scope.to_owned(), kind: kind.to_owned() };
+        self.watch_errors.get_or_create(&labels).inc();
+    }
+
+    /// Counts one recorded event.
+    pub fn event(&self, event_type: &str, cause: &str) {
+        let labels = EventLabels { r#type: event_type.to_owned(), cause: cause.to_owned() };
+        self.events.get_or_create(&labels).inc();
+    }
+
+    /// Total of a scope-labelled counter family for `scope` (0 when never incremented); for tests.
+    pub fn scope_count(family: &Family<ScopeLabels, Counter>, scope: &str) -> u64 {
+        family.get(&ScopeLabels { scope: scope.to_owned() }).map(|c| c.get()).unwrap_or(0)
+    }
+
+    /// Sum over every label set of `vipwatch_watch_errors_total` of the given `kind`; for tests and logs.
+    pub fn watch_error_count(&self, scope: &str, kind: &str) -> u64 {
+        let labels = WatchErrorLabels { scope: scope.to_owned(), kind: kind.to_owned() };
+        self.watch_errors.get(&labels).map(|c| c.get()).unwrap_or(0)
+    }
+
+    /// The Prometheus text exposition (`text/plain; version=0.0.4` / OpenMetrics text).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

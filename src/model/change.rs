@@ -1,0 +1,228 @@
+//! The change decision: given what the state table holds for a Service and what the apiserver just
+//! said, which events (if any) to record. Rules from shared/reference/kubernetes-list-watch.md
+//! ("Deciding what changed") and issue 2.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ServiceKey, ServiceView, changed_fields};
+
+/// Event type, as the Kubernetes watch names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum ChangeKind {
+    /// The Service entered scope (created, or its type/class moved into scope).
+    Added,
+    /// An LB-relevant field, a label or an annotation changed.
+    Modified,
+    /// The Service left scope (deleted, or its type/class moved out).
+    Deleted,
+}
+
+impl ChangeKind {
+    /// `ADDED`, `MODIFIED` or `DELETED`: the string stored in the event log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// Why an event was recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Cause {
+    /// A watch event (`ADDED`/`MODIFIED`/`DELETED` on the stream).
+    Watch,
+    /// The difference found by a re-list (after a `410 Gone`, a broken stream, or a malformed line).
+    Relist,
+    /// The difference found by the first list after vipwatch started (changes made while it was down).
+    Startup,
+}
+
+impl Cause {
+    /// `watch`, `relist` or `startup`: the string stored in the event log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Watch => "watch",
+            Self::Relist => "relist",
+            Self::Startup => "startup",
+        }
+    }
+}
+
+/// What the current-state table holds for one Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracked {
+    /// `metadata.uid` of the object we announced.
+    pub uid: String,
+    /// `metadata.resourceVersion` of the last write we saw.
+    pub resource_version: String,
+    /// The normalized view we last stored.
+    pub view: ServiceView,
+}
+
+/// A Service as the apiserver just reported it, normalized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// Namespace and name.
+    pub key: ServiceKey,
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `metadata.resourceVersion`.
+    pub resource_version: String,
+    /// The normalized view.
+    pub view: ServiceView,
+    /// Whether [`super::Scope::contains`] accepts it.
+    pub in_scope: bool,
+}
+
+/// What to do for one observation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Record these events, in order (each also updates the state row). At most two: a UID change is
+    /// a DELETED of the old object followed by an ADDED of the new one.
+    Record(Vec<Recorded>),
+    /// No event, but refresh the state row (status-only or resourceVersion-only update).
+    Refresh(Tracked),
+    /// Nothing to do (out of scope and untracked, or identical).
+    Nothing,
+}
+
+/// One event to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// ADDED, MODIFIED or DELETED.
+    pub kind: ChangeKind,
+    /// uid of the object the event is about.
+    pub uid: String,
+    /// resourceVersion at which the change was observed.
+    pub resource_version: String,
+    /// The view after the change; for DELETED, the last view.
+    pub view: ServiceView,
+    /// For MODIFIED: the view before.
+    pub previous: Option<ServiceView>,
+    /// For MODIFIED: the changed field names, see [`changed_fields`].
+    pub changed: Vec<&'static str>,
+}
+
+impl Recorded {
+    fn added(obs: &Observed) -> Self {
+        let (uid, resource_version, view) = (obs.uid.clone(), obs.resource_version.clone(), obs.view.clone());
+        Self { kind: ChangeKind::Added, uid, resource_version, view, previous: None, changed: Vec::new() }
+    }
+
+    /// A DELETED carrying `view` as the last view.
+    pub fn deleted(uid: &str, resource_version: &str, view: &ServiceView) -> Self {
+        Self {
+            kind: ChangeKind::Deleted,
+            uid: uid.to_owned(),
+            resource_version: resource_version.to_owned(),
+            view: view.clone(),
+            previous: None,
+            changed: Vec::new(),
+        }
+    }
+}
+
+/// Decides an `Apply` (created or updated object, from a watch or a list).
+///
+/// - untracked + in scope → ADDED; untracked + out of scope → nothing;
+/// - tracked + out of scope → DELETED carrying the last view we announced (what the appliance knows);
+/// - tracked with another uid → DELETED of the old object, then ADDED of the new one;
+/// - same uid → MODIFIED when [`changed_fields`] is non-empty, else a silent refresh when the
+///   resourceVersion or status moved, else nothing.
+pub fn decide_apply(current: Option<&Tracked>, obs: &Observed) -> Decision {
+    match (current, obs.in_scope) {
+        (None, false) => Decision::Nothing,
+        (None, true) => Decision::Record(vec![Recorded::added(obs)]),
+        (Some(cur), false) => Decision::Record(vec![Recorded::deleted(&cur.uid, &obs.resource_version, &cur.view)]),
+        (Some(cur), true) if cur.uid != obs.uid => Decision::Record(vec![
+            Recorded::deleted(&cur.uid, &obs.resource_version, &cur.view),
+            Recorded::added(obs),
+        ]),
+        (Some(cur), true) => modified_or_refresh(cur, obs),
+    }
+}
+
+fn modified_or_refresh(cur: &Tracked, obs: &Observed) -> Decision {
+    let changed = changed_fields(&cur.view, &obs.view);
+    if !changed.is_empty() {
+        return Decision::Record(vec![Recorded {
+            kind: ChangeKind::Modified,
+            uid: obs.uid.clone(),
+            resource_version: obs.resource_version.clone(),
+            view: obs.view.clone(),
+            previous: Some(cur.view.clone()),
+            changed,
+        }]);
+    }
+    if cur.resource_version != obs.resource_version || cur.view != obs.view {
+        let (uid, resource_version, view) = (obs.uid.clone(), obs.resource_version.clone(), obs.view.clone());
+        return Decision::Refresh(Tracked { uid, resource_version, view });
+    }
+    Decision::Nothing
+}
+
+/// Decides a watch `DELETED`: a DELETED event carrying the object's last state as the apiserver sent
+/// it, when we track that very object (same uid); nothing otherwise.
+pub fn decide_delete(current: Option<&Tracked>, obs: &Observed) -> Decision {
+    match current {
+        Some(cur) if cur.uid == obs.uid => {
+            Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &obs.view)])
+        }
+        _ => Decision::Nothing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn observed(uid: &str, rv: &str, json: serde_json::Value, in_scope: bool) -> Observed {
+        let view = ServiceView::from_service(&serde_json::from_value(json).unwrap());
+        Observed { key: ServiceKey::new("ns", "a"), uid: uid.into(), resource_version: rv.into(), view, in_scope }
+    }
+
+    fn tracked(o: &Observed) -> Tracked {
+        Tracked { uid: o.uid.clone(), resource_version: o.resource_version.clone(), view: o.view.clone() }
+    }
+
+    fn lb() -> serde_json::Value {
+        serde_json::json!({"metadata": {"name": "a"}, "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}})
+    }
+
+    #[test]
+    fn uid_change_is_deleted_then_added() {
+        let old = observed("u1", "1", lb(), true);
+        let new = observed("u2", "5", lb(), true);
+        let Decision::Record(events) = decide_apply(Some(&tracked(&old)), &new) else { panic!() };
+        let kinds: Vec<_> = events.iter().map(|e| (e.kind, e.uid.as_str())).collect();
+        assert_eq!(kinds, vec![(ChangeKind::Deleted, "u1"), (ChangeKind::Added, "u2")]);
+    }
+
+    #[test]
+    fn resource_version_only_is_a_silent_refresh() {
+        let old = observed("u1", "1", lb(), true);
+        let new = observed("u1", "2", lb(), true);
+        assert_eq!(decide_apply(Some(&tracked(&old)), &new), Decision::Refresh(tracked(&new)));
+        assert_eq!(decide_apply(Some(&tracked(&new)), &new), Decision::Nothing);
+    }
+
+    #[test]
+    fn leaving_scope_deletes_with_the_announced_view() {
+        let old = observed("u1", "1", lb(), true);
+        let new = observed("u1", "2", serde_json::json!({"metadata": {"name": "a"}}), false);
+        let Decision::Record(events) = decide_apply(Some(&tracked(&old)), &new) else { panic!() };
+        assert_eq!(events, vec![Recorded::deleted("u1", "2", &old.view)]);
+    }
+
+    #[test]
+    fn delete_of_an_untracked_or_other_uid_is_ignored() {
+        let old = observed("u1", "1", lb(), true);
+        assert_eq!(decide_delete(None, &old), Decision::Nothing);
+        let other = observed("u9", "3", lb(), true);
+        assert_eq!(decide_delete(Some(&tracked(&old)), &other), Decision::Nothing);
+    }
+}

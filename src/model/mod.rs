@@ -1,0 +1,10 @@
+//! Pure data: the normalized Service view a load balancer cares about, the in-scope rule, and the
+//! LB-relevant diff that decides ADDED / MODIFIED / DELETED. No I/O in here.
+
+mod change;
+mod scope;
+mod view;
+
+pub use change::{Cause, ChangeKind, Decision, Observed, Recorded, Tracked, decide_apply, decide_delete};
+pub use scope::Scope;
+pub use view::{IngressView, PortView, ServiceKey, ServiceView, changed_fields};

@@ -1,0 +1,117 @@
+//! Reading the event log, and pruning it by age.
+
+use serde::Serialize;
+use sqlx::{QueryBuilder, Row, Sqlite};
+
+use super::{Store, StoreError};
+use crate::model::{ServiceKey, ServiceView};
+
+/// One event-log row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EventRow {
+    /// Monotonically increasing id (never reused).
+    pub id: i64,
+    /// When vipwatch observed the change (Unix ms).
+    pub observed_at: i64,
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    pub event_type: String,
+    /// Namespace and name.
+    pub key: ServiceKey,
+    /// `metadata.uid` of the object.
+    pub uid: String,
+    /// `metadata.resourceVersion` at the change.
+    pub resource_version: String,
+    /// `watch`, `relist` or `startup`.
+    pub cause: String,
+    /// The view after the change (the last view for DELETED).
+    pub view: ServiceView,
+    /// MODIFIED: the view before.
+    pub previous: Option<ServiceView>,
+    /// MODIFIED: changed field names; empty otherwise.
+    pub changed: Vec<String>,
+}
+
+/// Filters for [`Store::events`]; `None` / empty = no filter. Results are ordered by id ascending.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    /// Only ids strictly greater than this.
+    pub after_id: Option<i64>,
+    /// Only this namespace.
+    pub namespace: Option<String>,
+    /// Only this Service name.
+    pub name: Option<String>,
+    /// Only this type (`ADDED`, `MODIFIED`, `DELETED`).
+    pub event_type: Option<String>,
+    /// Only this cause (`watch`, `relist`, `startup`).
+    pub cause: Option<String>,
+    /// Only events observed at or after this time (Unix ms).
+    pub since_ms: Option<i64>,
+    /// Only events observed before this time (Unix ms).
+    pub until_ms: Option<i64>,
+    /// At most this many rows; `None` = all.
+    pub limit: Option<i64>,
+}
+
+const EVENT_COLUMNS: &str =
+    "SELECT id, observed_at, type, namespace, name, uid, resource_version, cause, view, previous, changed FROM events";
+
+impl Store {
+    /// Events matching `filter`, by id ascending.
+    pub async fn events(&self, filter: &EventFilter) -> Result<Vec<EventRow>, StoreError> {
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(EVENT_COLUMNS);
+        q.push(" WHERE 1 = 1");
+        if let Some(v) = filter.after_id {
+            q.push(" AND id > ").push_bind(v);
+        }
+        push_eq(&mut q, "namespace", &filter.namespace);
+        push_eq(&mut q, "name", &filter.name);
+        push_eq(&mut q, "type", &filter.event_type);
+        push_eq(&mut q, "cause", &filter.cause);
+        if let Some(v) = filter.since_ms {
+            q.push(" AND observed_at >= ").push_bind(v);
+        }
+        if let Some(v) = filter.until_ms {
+            q.push(" AND observed_at < ").push_bind(v);
+        }
+        q.push(" ORDER BY id");
+        if let Some(limit) = filter.limit {
+            q.push(" LIMIT ").push_bind(limit);
+        }
+        let rows = q.build().fetch_all(&self.pool).await?;
+        rows.iter().map(event_row).collect()
+    }
+
+    /// Number of rows in the event log.
+    pub async fn event_count(&self) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM events").fetch_one(&self.pool).await?)
+    }
+
+    /// Deletes events observed before `cutoff_ms` (Unix ms); returns how many were deleted.
+    pub async fn prune_events(&self, cutoff_ms: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query("DELETE FROM events WHERE observed_at < ?").bind(cutoff_ms).execute(&self.pool).await?;
+        Ok(done.rows_affected())
+    }
+}
+
+fn push_eq(q: &mut QueryBuilder<Sqlite>, column: &str, value: &Option<String>) {
+    if let Some(v) = value {
+        q.push(format!(" AND {column} = ")).push_bind(v.clone());
+    }
+}
+
+fn event_row(r: &sqlx::sqlite::SqliteRow) -> Result<EventRow, StoreError> {
+    let previous: Option<&str> = r.get("previous");
+    let changed: Option<&str> = r.get("changed");
+    Ok(EventRow {
+        id: r.get("id"),
+        observed_at: r.get("observed_at"),
+        event_type: r.get("type"),
+        key: ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")),
+        uid: r.get("uid"),
+        resource_version: r.get("resource_version"),
+        cause: r.get("cause"),
+        view: serde_json::from_str(r.get::<&str, _>("view"))?,
+        previous: previous.map(serde_json::from_str).transpose()?,
+        changed: changed.map(serde_json::from_str).transpose()?.unwrap_or_default(),
+    })
+}

@@ -1,0 +1,44 @@
+//! Opening the database: create if missing, WAL, pragmas, embedded migrations.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use super::{Store, StoreError};
+
+impl Store {
+    /// Opens (creating if missing) the SQLite file at `path` in WAL mode with `synchronous=NORMAL`
+    /// (durable across process crashes; a power loss may lose the last transactions) and a 5 s busy
+    /// timeout, then applies the migrations embedded from `migrations/`.
+    /// Errors: [`StoreError::Sqlx`] when the file cannot be opened, [`StoreError::Migrate`] when the
+    /// schema cannot be brought up to date.
+    pub async fn open(path: &Path) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str("sqlite:")?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(Duration::from_secs(5))
+            .foreign_keys(true)
+            .pragma("temp_store", "memory");
+        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// True when the write lock of the main database can be taken (`BEGIN IMMEDIATE`, then rolled
+    /// back) within the busy timeout: what `/readyz` reports as "database writable".
+    pub async fn is_writable(&self) -> bool {
+        match self.pool.begin_with("BEGIN IMMEDIATE").await {
+            Ok(tx) => tx.rollback().await.is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Closes every connection (waits for running statements).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}

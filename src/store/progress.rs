@@ -1,0 +1,70 @@
+//! Watch bookkeeping: per scope, the last resourceVersion, the last full list and the relist count.
+
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::{Store, StoreError};
+
+/// Progress of one watch scope to record with a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchProgress {
+    /// `*` for the cluster-wide watch, else the namespace.
+    pub scope: String,
+    /// Last resourceVersion seen on that scope, if any.
+    pub resource_version: Option<String>,
+    /// Set when this batch completes a full list; `Some(true)` when it was a re-list (not the first
+    /// list since the process started), which increments `relist_count`.
+    pub listed: Option<bool>,
+}
+
+/// One stored `watch_progress` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgressRow {
+    /// `*` or a namespace.
+    pub scope: String,
+    /// Last resourceVersion seen.
+    pub resource_version: Option<String>,
+    /// When the last full list was stored (Unix ms).
+    pub last_list_at: Option<i64>,
+    /// Number of re-lists (full lists after the first of a process start), over the database's life.
+    pub relist_count: i64,
+}
+
+pub(super) async fn write_progress(
+    tx: &mut Transaction<'_, Sqlite>,
+    now: i64,
+    p: &WatchProgress,
+) -> Result<(), StoreError> {
+    let listed_at = p.listed.map(|_| now);
+    let relist = i64::from(p.listed == Some(true));
+    let sql = "INSERT INTO watch_progress (scope, resource_version, last_list_at, relist_count, updated_at) \
+               VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope) DO UPDATE SET \
+               resource_version = COALESCE(excluded.resource_version, resource_version), \
+               last_list_at = COALESCE(excluded.last_list_at, last_list_at), \
+               relist_count = relist_count + excluded.relist_count, updated_at = excluded.updated_at";
+    sqlx::query(sql)
+        .bind(&p.scope)
+        .bind(&p.resource_version)
+        .bind(listed_at)
+        .bind(relist)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+impl Store {
+    /// Every `watch_progress` row ordered by scope.
+    pub async fn watch_progress(&self) -> Result<Vec<ProgressRow>, StoreError> {
+        let sql = "SELECT scope, resource_version, last_list_at, relist_count FROM watch_progress ORDER BY scope";
+        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        Ok(rows
+            .iter()
+            .map(|r| ProgressRow {
+                scope: r.get("scope"),
+                resource_version: r.get("resource_version"),
+                last_list_at: r.get("last_list_at"),
+                relist_count: r.get("relist_count"),
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,101 @@
+//! The Kubernetes side: connect, list + watch Services with kube-runtime's watcher over the
+//! configured scope, and record every LB-relevant change through the [`Recorder`].
+//!
+//! Flow: one [`stream`] task per scope (all namespaces, or each configured namespace) turns watcher
+//! events into [`Observation`]s; the single [`Recorder`] diffs them against the current-state table
+//! and writes events + state in batched transactions.
+
+mod client;
+mod recorder;
+mod stream;
+
+pub use client::connect;
+pub use recorder::Recorder;
+pub use stream::{Observation, ScopeSpec};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::Api;
+use kube::runtime::watcher;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::KubernetesConfig;
+use crate::metrics::Metrics;
+use crate::store::{Store, StoreError};
+
+/// Errors that stop the watch before it starts (once running, errors are logged and retried).
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// No usable connection settings: `kubernetes.url` absent, no kubeconfig, not in a cluster.
+    #[error("cannot configure the Kubernetes client: {0}")]
+    Config(String),
+    /// The client could not be built (TLS material, proxy settings).
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+    /// Loading the current-state table failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Capacity of the observation channel between the stream tasks and the recorder (messages).
+const CHANNEL_CAPACITY: usize = 1024;
+
+/// Runs the watch until `cancel` fires: one stream task per scope plus the recorder. `ready` is set
+/// to `true` once the first full list of every scope is stored. Errors: only start-up failures
+/// ([`WatchError::Store`]); watch errors are logged, counted in `metrics` and retried with backoff.
+pub async fn run(
+    client: kube::Client,
+    cfg: &KubernetesConfig,
+    store: Store,
+    metrics: Arc<Metrics>,
+    ready: watch::Sender<bool>,
+    cancel: CancellationToken,
+) -> Result<(), WatchError> {
+    let scopes = scopes(cfg);
+    let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+    let mut tasks = tokio::task::JoinSet::new();
+    for scope in &scopes {
+        let api: Api<Service> = match &scope.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let task = stream::ScopeTask {
+            api,
+            spec: scope.clone(),
+            watcher_config: watcher_config(cfg),
+            scope_rule: cfg.scope(),
+            relist_interval: cfg.relist_interval,
+            tx: tx.clone(),
+            metrics: metrics.clone(),
+        };
+        tasks.spawn(task.run(cancel.clone()));
+    }
+    drop(tx);
+    let recorder = Recorder::load(store, metrics, &scopes, ready).await?;
+    recorder.run(rx).await;
+    tasks.join_all().await;
+    Ok(())
+}
+
+/// The scopes to watch: one cluster-wide scope, or one per configured namespace.
+pub fn scopes(cfg: &KubernetesConfig) -> Vec<ScopeSpec> {
+    if cfg.namespaces.is_empty() {
+        return vec![ScopeSpec { namespace: None }];
+    }
+    cfg.namespaces.iter().map(|ns| ScopeSpec { namespace: Some(ns.clone()) }).collect()
+}
+
+fn watcher_config(cfg: &KubernetesConfig) -> watcher::Config {
+    let timeout = u32::try_from(cfg.watch_timeout.as_secs().max(1)).unwrap_or(u32::MAX);
+    let mut wc = watcher::Config::default().timeout(timeout);
+    if !cfg.label_selector.is_empty() {
+        wc = wc.labels(&cfg.label_selector);
+    }
+    wc
+}
+
+/// Default period of the safety-net relist, see `kubernetes.relist_interval`.
+pub const DEFAULT_RELIST_INTERVAL: Duration = Duration::from_secs(30 * 60);

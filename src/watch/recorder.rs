@@ -1,0 +1,196 @@
+//! The recorder: the single writer of the event log and current-state table. Keeps an in-memory mirror
+//! of the state table, decides events with [`crate::model`], and persists each batch of observations
+//! in one transaction (retried with backoff until it succeeds, so nothing decided is ever dropped).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use tokio::sync::{mpsc, watch};
+use tracing::{error, info};
+
+use super::stream::{Observation, ScopeSpec};
+use crate::metrics::Metrics;
+use crate::model::{Cause, ChangeKind, Decision, Recorded, ServiceKey, Tracked, decide_apply, decide_delete};
+use crate::store::{StateChange, Store, StoreError, WatchProgress};
+
+/// Most observations folded into one transaction.
+const MAX_BATCH: usize = 512;
+
+/// The single writer of Service events. Build with [`Recorder::load`], drive with [`Recorder::run`].
+pub struct Recorder {
+    store: Store,
+    metrics: Arc<Metrics>,
+    mirror: HashMap<ServiceKey, Tracked>,
+    awaiting_first_list: HashSet<String>,
+    ready: watch::Sender<bool>,
+    pending_startup: Vec<StateChange>,
+}
+
+/// Changes and progress planned for one transaction.
+#[derive(Default)]
+struct Plan {
+    changes: Vec<StateChange>,
+    progress: HashMap<String, WatchProgress>,
+    first_lists: Vec<String>,
+}
+
+impl Recorder {
+    /// Loads the current-state table. Tracked Services in namespaces no scope covers any more (the
+    /// namespace list changed while vipwatch was down) are planned as DELETED with cause `startup`.
+    /// Errors: [`StoreError`] when the table cannot be read.
+    pub async fn load(
+        store: Store,
+        metrics: Arc<Metrics>,
+        scopes: &[ScopeSpec],
+        ready: watch::Sender<bool>,
+    ) -> Result<Self, StoreError> {
+        let mut mirror = store.load_tracked().await?;
+        let uncovered: BTreeSet<ServiceKey> =
+            mirror.keys().filter(|k| !scopes.iter().any(|s| s.covers(k))).cloned().collect();
+        let pending_startup = uncovered
+            .into_iter()
+            .filter_map(|key| mirror.remove(&key).map(|t| (key, t)))
+            .map(|(key, t)| deleted(key, Cause::Startup, &t))
+            .collect();
+        let awaiting_first_list = scopes.iter().map(|s| s.label().to_owned()).collect();
+        info!(services = mirror.len(), "loaded current state");
+        Ok(Self { store, metrics, mirror, awaiting_first_list, ready, pending_startup })
+    }
+
+    /// Consumes observations until every sender is gone, one transaction per batch of up to
+    /// [`MAX_BATCH`] queued observations.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<Observation>) {
+        let mut queued = Vec::with_capacity(MAX_BATCH);
+        while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
+            let mut plan = Plan { changes: std::mem::take(&mut self.pending_startup), ..Plan::default() };
+            for observation in queued.drain(..) {
+                self.plan(observation, &mut plan);
+            }
+            self.commit(plan).await;
+        }
+    }
+
+    fn plan(&mut self, observation: Observation, plan: &mut Plan) {
+        match observation {
+            Observation::Apply(scope, obs) => {
+                let decision = decide_apply(self.mirror.get(&obs.key), &obs);
+                self.note_progress(plan, &scope, &obs.resource_version, None);
+                self.take(plan, obs.key, Cause::Watch, decision);
+            }
+            Observation::Delete(scope, obs) => {
+                let decision = decide_delete(self.mirror.get(&obs.key), &obs);
+                self.note_progress(plan, &scope, &obs.resource_version, None);
+                self.take(plan, obs.key, Cause::Watch, decision);
+            }
+            Observation::Listed { scope, objects, first } => self.plan_list(plan, scope, objects, first),
+        }
+    }
+
+    /// A (re)list: apply every listed object, then DELETE what we track in the scope but was not listed.
+    fn plan_list(&mut self, plan: &mut Plan, scope: ScopeSpec, objects: Vec<crate::model::Observed>, first: bool) {
+        let cause = if first { Cause::Startup } else { Cause::Relist };
+        let listed: HashSet<ServiceKey> = objects.iter().map(|o| o.key.clone()).collect();
+        for obs in objects {
+            let decision = decide_apply(self.mirror.get(&obs.key), &obs);
+            self.take(plan, obs.key, cause, decision);
+        }
+        let vanished: BTreeSet<ServiceKey> =
+            self.mirror.keys().filter(|k| scope.covers(k) && !listed.contains(k)).cloned().collect();
+        for key in vanished {
+            if let Some(t) = self.mirror.remove(&key) {
+                plan.changes.push(deleted(key, cause, &t));
+            }
+        }
+        // The list's own resourceVersion is internal to kube's watcher; the watch events that follow
+        // carry the resume point, so only the list time and count are noted here.
+        self.note_progress(plan, &scope, "", Some(!first));
+        if first {
+            plan.first_lists.push(scope.label().to_owned());
+        }
+    }
+
+    fn take(&mut self, plan: &mut Plan, key: ServiceKey, cause: Cause, decision: Decision) {
+        match decision {
+            Decision::Nothing => {}
+            Decision::Refresh(tracked) => {
+                self.mirror.insert(key.clone(), tracked.clone());
+                plan.changes.push(StateChange::Refresh { key, tracked });
+            }
+            Decision::Record(events) => {
+                for event in events {
+                    self.mirror_event(&key, &event);
+                    plan.changes.push(StateChange::Event { key: key.clone(), cause, event });
+                }
+            }
+        }
+    }
+
+    fn mirror_event(&mut self, key: &ServiceKey, e: &Recorded) {
+        if e.kind == ChangeKind::Deleted {
+            self.mirror.remove(key);
+        } else {
+            let tracked = Tracked { uid: e.uid.clone(), resource_version: e.resource_version.clone(), view: e.view.clone() };
+            self.mirror.insert(key.clone(), tracked);
+        }
+    }
+
+    fn note_progress(&self, plan: &mut Plan, scope: &ScopeSpec, rv: &str, listed: Option<bool>) {
+        let entry = plan.progress.entry(scope.label().to_owned()).or_insert_with(|| WatchProgress {
+            scope: scope.label().to_owned(),
+            resource_version: None,
+            listed: None,
+        });
+        if !rv.is_empty() {
+            entry.resource_version = Some(rv.to_owned());
+        }
+        if listed.is_some() {
+            entry.listed = listed;
+        }
+    }
+
+    /// Writes the plan, retrying with exponential backoff (0.1 s doubling to 30 s) until it succeeds:
+    /// the mirror already reflects it, so giving up would lose events.
+    async fn commit(&mut self, plan: Plan) {
+        if plan.changes.is_empty() && plan.progress.is_empty() {
+            return;
+        }
+        let progress: Vec<WatchProgress> = plan.progress.into_values().collect();
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(30))
+            .with_jitter()
+            .without_max_times();
+        let write = || self.store.apply(&plan.changes, &progress);
+        let notify = |e: &StoreError, wait: Duration| error!(error = %e, retry_in = ?wait, "cannot store changes");
+        if let Err(e) = write.retry(backoff).notify(notify).await {
+            error!(error = %e, "giving up storing changes");
+            return;
+        }
+        self.after_commit(&plan.changes, &plan.first_lists);
+    }
+
+    fn after_commit(&mut self, changes: &[StateChange], first_lists: &[String]) {
+        for change in changes {
+            if let StateChange::Event { key, cause, event } = change {
+                self.metrics.event(event.kind.as_str(), cause.as_str());
+                info!(service = %key, event = event.kind.as_str(), cause = cause.as_str(), changed = ?event.changed, "recorded");
+            }
+        }
+        self.metrics.services_in_scope.set(self.mirror.len() as i64);
+        let vips: HashSet<String> = self.mirror.values().flat_map(|t| t.view.vips()).collect();
+        self.metrics.vips_in_use.set(vips.len() as i64);
+        for scope in first_lists {
+            self.awaiting_first_list.remove(scope);
+        }
+        if !first_lists.is_empty() && self.awaiting_first_list.is_empty() {
+            info!(services = self.mirror.len(), "first full list stored: ready");
+            self.ready.send_replace(true);
+        }
+    }
+}
+
+fn deleted(key: ServiceKey, cause: Cause, t: &Tracked) -> StateChange {
+    StateChange::Event { key, cause, event: Recorded::deleted(&t.uid, &t.resource_version, &t.view) }
+}
