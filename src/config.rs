@@ -31,9 +31,16 @@ pub enum ConfigError {
         /// The I/O error.
         source: std::io::Error,
     },
-    /// Parse or type error from the TOML file or an environment variable (figment names the key).
-    #[error("{0}")]
-    Invalid(#[from] Box<figment::Error>),
+    /// Parse or type error from the TOML file or an environment variable.
+    #[error("{key}{problem} (from {origin})")]
+    Invalid {
+        /// "`dotted.key`: " (e.g. `kubernetes.manage_classless`); empty for a file that is not TOML.
+        key: String,
+        /// What is wrong.
+        problem: String,
+        /// Where the value came from: the file, or the `VIPWATCH_` environment variables.
+        origin: String,
+    },
     /// A value parsed but is not acceptable.
     #[error("invalid value for `{key}`: {reason}")]
     Value {
@@ -159,7 +166,7 @@ impl Config {
             None if Path::new(DEFAULT_CONFIG_FILE).exists() => figment = figment.merge(Toml::file(DEFAULT_CONFIG_FILE)),
             None => {}
         }
-        let config: Config = figment.merge(env_provider()).extract().map_err(Box::new)?;
+        let config: Config = figment.merge(env_provider()).extract().map_err(invalid)?;
         config.validate()?;
         Ok(config)
     }
@@ -202,6 +209,19 @@ impl Config {
         }
         toml::to_string_pretty(&copy).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
+}
+
+/// Turns figment's error into one line naming the key (lower-case, dotted), the problem and the source.
+fn invalid(e: figment::Error) -> ConfigError {
+    let origin = match &e.metadata {
+        Some(m) => match &m.source {
+            Some(source) => source.to_string(),
+            None => m.name.to_string(),
+        },
+        None => "defaults".to_owned(),
+    };
+    let key = if e.path.is_empty() { String::new() } else { format!("`{}`: ", e.path.join(".").to_ascii_lowercase()) };
+    ConfigError::Invalid { key, problem: e.kind.to_string().trim_end().to_owned(), origin }
 }
 
 fn env_provider() -> Env {

@@ -1,1 +1,283 @@
-//! An in-process fake kube-apiserver (placeholder; being written).
+//! An in-process fake Kubernetes API server for tests and the demo: real HTTP/1.1 (and h2c) on
+//! `127.0.0.1:0`, serving only core/v1 `services`, stored as `serde_json::Value` objects exactly as given
+//! (unknown fields kept).
+//!
+//! What it speaks (see `shared/reference/kubernetes-list-watch.md`):
+//! - `GET /api/v1/services`, `GET /api/v1/namespaces/{ns}/services`: list with `limit`/`continue` paging
+//!   (every page carries the snapshot resourceVersion; the last page has no `continue`), `labelSelector`,
+//!   `fieldSelector`; items omit `kind`/`apiVersion`. Empty query pairs (`?&limit=500`) are ignored.
+//!   A continue token (opaque hex) encodes the snapshot resourceVersion and the last key served; the
+//!   following pages are read from the current state after that key but report the snapshot rv.
+//! - The same paths with `watch=true|1` (and the deprecated `/api/v1/watch/...` paths): one compact JSON
+//!   line per event, flushed at once; `resourceVersion` absent/`"0"` = synthetic ADDED for current
+//!   objects first, `N` = replay history after `N`, too old = HTTP 200 + in-band ERROR 410 line, then end.
+//!   `timeoutSeconds`, `allowWatchBookmarks`, selectors (with ADDED/DELETED on selector transitions).
+//! - `GET`/`PATCH /api/v1/namespaces/{ns}/services/{name}[/status]` (PATCH as a JSON merge patch).
+//! - Discovery for kubectl: `/version` (1.32), `/api`, `/apis`, `/api/v1`. Anything else: 404 `Status`.
+//!
+//! [`Faults`] injects the failures a watcher must survive. Every request is recorded
+//! ([`FakeApiServer::requests`]).
+
+mod discovery;
+mod faults;
+mod http;
+mod patch;
+mod selector;
+mod state;
+mod watch;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+pub use faults::Faults;
+use state::{SharedStore, Store};
+
+/// Tunables of a [`FakeApiServer`]; `Default` gives the values documented per field.
+#[derive(Debug, Clone)]
+pub struct FakeApiServerOptions {
+    /// How many change events the history keeps (oldest dropped first); a watch from a resourceVersion
+    /// older than the oldest kept change gets the in-band 410. Default 10 000; at least 1 is kept.
+    pub history_limit: usize,
+    /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK. Default 1 s (minimum 10 ms).
+    pub bookmark_interval: Duration,
+}
+
+impl Default for FakeApiServerOptions {
+    fn default() -> Self {
+        FakeApiServerOptions { history_limit: 10_000, bookmark_interval: Duration::from_secs(1) }
+    }
+}
+
+/// One HTTP request as received, for assertions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRequest {
+    /// HTTP method, e.g. `"GET"`.
+    pub method: String,
+    /// Path without the query, e.g. `"/api/v1/services"`.
+    pub path: String,
+    /// Raw query string as sent, without `?` (not decoded; `""` if none), e.g. `"&limit=500"`.
+    pub query: String,
+}
+
+/// State shared by the handle, the accept loop, the handlers and the watch tasks.
+pub(crate) struct Shared {
+    pub(crate) store: SharedStore,
+    pub(crate) faults: Faults,
+    pub(crate) requests: Mutex<Vec<RecordedRequest>>,
+    pub(crate) options: FakeApiServerOptions,
+    pub(crate) addr: SocketAddr,
+    /// Becomes `true` (or closes) when the server shuts down.
+    pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Shared {
+    pub(crate) fn record(&self, req: RecordedRequest) {
+        self.requests.lock().expect("requests lock").push(req);
+    }
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.shutdown.send_replace(true);
+    }
+}
+
+/// A running fake apiserver. Cheap to clone (all clones control the same server); the server stops on
+/// [`FakeApiServer::shutdown`] or when the last clone is dropped.
+#[derive(Clone)]
+pub struct FakeApiServer {
+    inner: Arc<Handle>,
+}
+
+impl std::fmt::Debug for FakeApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeApiServer").field("addr", &self.addr()).finish_non_exhaustive()
+    }
+}
+
+impl FakeApiServer {
+    /// Bind `127.0.0.1:0` and serve in a tokio task with default options. Errors: binding failed.
+    pub async fn start() -> std::io::Result<FakeApiServer> {
+        Self::start_with(FakeApiServerOptions::default()).await
+    }
+
+    /// Bind `127.0.0.1:0` and serve with `options`. Errors: binding failed.
+    pub async fn start_with(options: FakeApiServerOptions) -> std::io::Result<FakeApiServer> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        Self::start_on_with(listener, options).await
+    }
+
+    /// Serve on an already bound listener with default options. Errors: its local address is unknown.
+    pub async fn start_on(listener: TcpListener) -> std::io::Result<FakeApiServer> {
+        Self::start_on_with(listener, FakeApiServerOptions::default()).await
+    }
+
+    /// Serve on an already bound listener with `options`. Errors: its local address is unknown.
+    pub async fn start_on_with(listener: TcpListener, options: FakeApiServerOptions) -> std::io::Result<FakeApiServer> {
+        let addr = listener.local_addr()?;
+        let store: SharedStore = Arc::new(Mutex::new(Store::new(options.history_limit)));
+        let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+        let shared = Arc::new(Shared {
+            faults: Faults::new(store.clone()),
+            store,
+            requests: Mutex::new(Vec::new()),
+            options,
+            addr,
+            shutdown: shutdown_rx,
+        });
+        let task = tokio::spawn(accept_loop(listener, shared.clone()));
+        let inner = Arc::new(Handle { shared, shutdown: shutdown_tx, task: Mutex::new(Some(task)) });
+        Ok(FakeApiServer { inner })
+    }
+
+    /// Base URL, `"http://127.0.0.1:PORT"` (no trailing slash).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// The bound socket address.
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.shared.addr
+    }
+
+    /// Create or replace a Service (namespace from `metadata.namespace`, default `"default"`, written into
+    /// the object). Sets `kind`/`apiVersion` if absent; a uid if absent on create (on replace keeps the
+    /// stored uid unless the given object has one); `metadata.resourceVersion` to the new global
+    /// resourceVersion; `creationTimestamp` if absent (kept from the stored object on replace). Emits
+    /// ADDED (new) or MODIFIED (existing). Returns the new resourceVersion.
+    ///
+    /// Panics if `svc` is not a JSON object or has no non-empty string `metadata.name`.
+    pub fn apply(&self, svc: Value) -> String {
+        self.lock().apply(svc).to_string()
+    }
+
+    /// Apply many Services in order (see [`FakeApiServer::apply`]; same panics).
+    pub fn seed(&self, objects: impl IntoIterator<Item = Value>) {
+        let mut store = self.lock();
+        for obj in objects {
+            store.apply(obj);
+        }
+    }
+
+    /// Modify a stored Service in place with `f` (name and namespace are forced back afterwards; the uid
+    /// and creationTimestamp are kept if `f` removes them) and emit MODIFIED. Returns the new
+    /// resourceVersion, or `None` if there is no such Service.
+    pub fn update(&self, namespace: &str, name: &str, f: impl FnOnce(&mut Value)) -> Option<String> {
+        self.lock().update(namespace, name, f).map(|rv| rv.to_string())
+    }
+
+    /// Delete a Service, emitting DELETED with its last state carrying the deletion's resourceVersion.
+    /// `false` if there is no such Service.
+    pub fn delete(&self, namespace: &str, name: &str) -> bool {
+        self.lock().delete(namespace, name).is_some()
+    }
+
+    /// One stored Service (with `kind`/`apiVersion`), or `None`.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.lock().get(namespace, name).cloned()
+    }
+
+    /// All stored Services, ordered by `(namespace, name)`, with `kind`/`apiVersion`.
+    pub fn list(&self) -> Vec<Value> {
+        self.lock().all()
+    }
+
+    /// The current global resourceVersion (starts at `"1"`, +1 per write).
+    pub fn resource_version(&self) -> String {
+        self.lock().rv().to_string()
+    }
+
+    /// Change the history bound at run time (see [`FakeApiServerOptions::history_limit`]).
+    pub fn set_history_limit(&self, limit: usize) {
+        self.lock().set_history_limit(limit);
+    }
+
+    /// The fault switches.
+    pub fn faults(&self) -> &Faults {
+        &self.inner.shared.faults
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.inner.shared.requests.lock().expect("requests lock").clone()
+    }
+
+    /// Number of watch streams currently open (a stream counts until the server notices it ended).
+    pub fn open_watches(&self) -> usize {
+        self.lock().watcher_count()
+    }
+
+    /// Stop accepting, drop every connection (ending all watch streams) and wait for the accept loop.
+    pub async fn shutdown(self) {
+        self.inner.shutdown.send_replace(true);
+        let task = self.inner.task.lock().expect("task lock").take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.inner.shared.store.lock().expect("store lock")
+    }
+}
+
+/// Accept connections until shutdown; each is served by hyper-util's auto (HTTP/1.1 + h2c) builder and
+/// dropped when [`Faults::refuse_connections`] is switched on or the server shuts down.
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let router = http::router(shared.clone());
+    let mut shutdown = shared.shutdown.clone();
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = until_down(&mut shutdown) => break,
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "fake apiserver: accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                if shared.faults.refusing() {
+                    drop(stream);
+                    continue;
+                }
+                let _ = stream.set_nodelay(true);
+                let service = TowerToHyperService::new(router.clone());
+                let mut epoch = shared.faults.conn_epoch();
+                let mut down = shared.shutdown.clone();
+                conns.spawn(async move {
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = epoch.changed() => {}
+                        _ = until_down(&mut down) => {}
+                    }
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    conns.shutdown().await;
+}
+
+/// Resolves once the shutdown flag is `true` or its sender is gone.
+async fn until_down(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|&down| down).await;
+}

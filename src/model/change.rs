@@ -85,7 +85,7 @@ pub enum Decision {
     /// a DELETED of the old object followed by an ADDED of the new one.
     Record(Vec<Recorded>),
     /// No event, but refresh the state row (status-only or resourceVersion-only update).
-    Refresh(Tracked),
+    Refresh(Box<Tracked>),
     /// Nothing to do (out of scope and untracked, or identical).
     Nothing,
 }
@@ -138,10 +138,9 @@ pub fn decide_apply(current: Option<&Tracked>, obs: &Observed) -> Decision {
         (None, false) => Decision::Nothing,
         (None, true) => Decision::Record(vec![Recorded::added(obs)]),
         (Some(cur), false) => Decision::Record(vec![Recorded::deleted(&cur.uid, &obs.resource_version, &cur.view)]),
-        (Some(cur), true) if cur.uid != obs.uid => Decision::Record(vec![
-            Recorded::deleted(&cur.uid, &obs.resource_version, &cur.view),
-            Recorded::added(obs),
-        ]),
+        (Some(cur), true) if cur.uid != obs.uid => {
+            Decision::Record(vec![Recorded::deleted(&cur.uid, &obs.resource_version, &cur.view), Recorded::added(obs)])
+        }
         (Some(cur), true) => modified_or_refresh(cur, obs),
     }
 }
@@ -160,7 +159,7 @@ fn modified_or_refresh(cur: &Tracked, obs: &Observed) -> Decision {
     }
     if cur.resource_version != obs.resource_version || cur.view != obs.view {
         let (uid, resource_version, view) = (obs.uid.clone(), obs.resource_version.clone(), obs.view.clone());
-        return Decision::Refresh(Tracked { uid, resource_version, view });
+        return Decision::Refresh(Box::new(Tracked { uid, resource_version, view }));
     }
     Decision::Nothing
 }
@@ -206,7 +205,7 @@ mod tests {
     fn resource_version_only_is_a_silent_refresh() {
         let old = observed("u1", "1", lb(), true);
         let new = observed("u1", "2", lb(), true);
-        assert_eq!(decide_apply(Some(&tracked(&old)), &new), Decision::Refresh(tracked(&new)));
+        assert_eq!(decide_apply(Some(&tracked(&old)), &new), Decision::Refresh(Box::new(tracked(&new))));
         assert_eq!(decide_apply(Some(&tracked(&new)), &new), Decision::Nothing);
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::{mpsc, watch};
-use tracing::{error, info};
+use tracing::{debug, error, info};
 
 use super::stream::{Observation, ScopeSpec};
 use crate::metrics::Metrics;
@@ -23,6 +23,8 @@ pub struct Recorder {
     store: Store,
     metrics: Arc<Metrics>,
     mirror: HashMap<ServiceKey, Tracked>,
+    /// How many mirrored Services use each VIP (for `vipwatch_vips_in_use`).
+    vip_refs: HashMap<String, usize>,
     awaiting_first_list: HashSet<String>,
     ready: watch::Sender<bool>,
     pending_startup: Vec<StateChange>,
@@ -47,16 +49,23 @@ impl Recorder {
         ready: watch::Sender<bool>,
     ) -> Result<Self, StoreError> {
         let mut mirror = store.load_tracked().await?;
+        let mut vip_refs = HashMap::new();
+        for t in mirror.values() {
+            count_vips(&mut vip_refs, t, 1);
+        }
         let uncovered: BTreeSet<ServiceKey> =
             mirror.keys().filter(|k| !scopes.iter().any(|s| s.covers(k))).cloned().collect();
         let pending_startup = uncovered
             .into_iter()
             .filter_map(|key| mirror.remove(&key).map(|t| (key, t)))
-            .map(|(key, t)| deleted(key, Cause::Startup, &t))
+            .map(|(key, t)| {
+                count_vips(&mut vip_refs, &t, -1);
+                deleted(key, Cause::Startup, &t)
+            })
             .collect();
         let awaiting_first_list = scopes.iter().map(|s| s.label().to_owned()).collect();
         info!(services = mirror.len(), "loaded current state");
-        Ok(Self { store, metrics, mirror, awaiting_first_list, ready, pending_startup })
+        Ok(Self { store, metrics, mirror, vip_refs, awaiting_first_list, ready, pending_startup })
     }
 
     /// Consumes observations until every sender is gone, one transaction per batch of up to
@@ -99,7 +108,7 @@ impl Recorder {
         let vanished: BTreeSet<ServiceKey> =
             self.mirror.keys().filter(|k| scope.covers(k) && !listed.contains(k)).cloned().collect();
         for key in vanished {
-            if let Some(t) = self.mirror.remove(&key) {
+            if let Some(t) = self.unmirror(&key) {
                 plan.changes.push(deleted(key, cause, &t));
             }
         }
@@ -115,13 +124,13 @@ impl Recorder {
         match decision {
             Decision::Nothing => {}
             Decision::Refresh(tracked) => {
-                self.mirror.insert(key.clone(), tracked.clone());
+                self.mirror_set(key.clone(), (*tracked).clone());
                 plan.changes.push(StateChange::Refresh { key, tracked });
             }
             Decision::Record(events) => {
                 for event in events {
                     self.mirror_event(&key, &event);
-                    plan.changes.push(StateChange::Event { key: key.clone(), cause, event });
+                    plan.changes.push(StateChange::Event { key: key.clone(), cause, event: Box::new(event) });
                 }
             }
         }
@@ -129,11 +138,25 @@ impl Recorder {
 
     fn mirror_event(&mut self, key: &ServiceKey, e: &Recorded) {
         if e.kind == ChangeKind::Deleted {
-            self.mirror.remove(key);
+            self.unmirror(key);
         } else {
-            let tracked = Tracked { uid: e.uid.clone(), resource_version: e.resource_version.clone(), view: e.view.clone() };
-            self.mirror.insert(key.clone(), tracked);
+            let tracked =
+                Tracked { uid: e.uid.clone(), resource_version: e.resource_version.clone(), view: e.view.clone() };
+            self.mirror_set(key.clone(), tracked);
         }
+    }
+
+    fn mirror_set(&mut self, key: ServiceKey, tracked: Tracked) {
+        count_vips(&mut self.vip_refs, &tracked, 1);
+        if let Some(old) = self.mirror.insert(key, tracked) {
+            count_vips(&mut self.vip_refs, &old, -1);
+        }
+    }
+
+    fn unmirror(&mut self, key: &ServiceKey) -> Option<Tracked> {
+        let old = self.mirror.remove(key)?;
+        count_vips(&mut self.vip_refs, &old, -1);
+        Some(old)
     }
 
     fn note_progress(&self, plan: &mut Plan, scope: &ScopeSpec, rv: &str, listed: Option<bool>) {
@@ -172,15 +195,19 @@ impl Recorder {
     }
 
     fn after_commit(&mut self, changes: &[StateChange], first_lists: &[String]) {
+        let mut counts = [0usize; 3];
         for change in changes {
             if let StateChange::Event { key, cause, event } = change {
                 self.metrics.event(event.kind.as_str(), cause.as_str());
-                info!(service = %key, event = event.kind.as_str(), cause = cause.as_str(), changed = ?event.changed, "recorded");
+                counts[event.kind as usize] += 1;
+                debug!(service = %key, event = event.kind.as_str(), cause = cause.as_str(), changed = ?event.changed, "recorded");
             }
         }
+        if counts.iter().any(|&n| n > 0) {
+            info!(added = counts[0], modified = counts[1], deleted = counts[2], "recorded events");
+        }
         self.metrics.services_in_scope.set(self.mirror.len() as i64);
-        let vips: HashSet<String> = self.mirror.values().flat_map(|t| t.view.vips()).collect();
-        self.metrics.vips_in_use.set(vips.len() as i64);
+        self.metrics.vips_in_use.set(self.vip_refs.len() as i64);
         for scope in first_lists {
             self.awaiting_first_list.remove(scope);
         }
@@ -191,6 +218,17 @@ impl Recorder {
     }
 }
 
+/// Adds `delta` (+1 / -1) to the use count of each VIP of `t`, dropping addresses no longer used.
+fn count_vips(refs: &mut HashMap<String, usize>, t: &Tracked, delta: isize) {
+    for vip in t.view.vips() {
+        let n = refs.entry(vip.clone()).or_default();
+        *n = n.saturating_add_signed(delta);
+        if *n == 0 {
+            refs.remove(&vip);
+        }
+    }
+}
+
 fn deleted(key: ServiceKey, cause: Cause, t: &Tracked) -> StateChange {
-    StateChange::Event { key, cause, event: Recorded::deleted(&t.uid, &t.resource_version, &t.view) }
+    StateChange::Event { key, cause, event: Box::new(Recorded::deleted(&t.uid, &t.resource_version, &t.view)) }
 }

@@ -132,7 +132,12 @@ impl ScopeTask {
         }
     }
 
-    fn on_event(&self, event: watcher::Event<Service>, buffer: &mut Vec<Observed>, first: &mut bool) -> Option<Observation> {
+    fn on_event(
+        &self,
+        event: watcher::Event<Service>,
+        buffer: &mut Vec<Observed>,
+        first: &mut bool,
+    ) -> Option<Observation> {
         let scope = self.spec.clone();
         match event {
             watcher::Event::Init => {

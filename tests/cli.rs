@@ -1,0 +1,84 @@
+//! The `vipwatch` binary's command line: config validation exits 2 with one message naming the key.
+
+use std::process::{Command, Output};
+
+fn vipwatch(args: &[&str], env: &[(&str, &str)], config: Option<&str>) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vipwatch"));
+    cmd.current_dir(dir.path()).args(args).env_remove("VIPWATCH_CONFIG").env("VIPWATCH_LOG", "warn");
+    if let Some(text) = config {
+        let path = dir.path().join("vipwatch.toml");
+        std::fs::write(&path, text).unwrap();
+        cmd.arg("--config").arg(path);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn assert_invalid(o: &Output, needle: &str) {
+    assert_eq!(o.status.code(), Some(2), "stderr: {}", stderr(o));
+    let err = stderr(o);
+    assert!(err.starts_with("vipwatch: invalid configuration: "), "{err}");
+    assert!(err.contains(needle), "expected {needle:?} in {err}");
+}
+
+#[test]
+fn unknown_key_names_the_key() {
+    let o = vipwatch(&["check-config"], &[], Some("[kubernetes]\nnamespacez = []\n"));
+    assert_invalid(&o, "`kubernetes.namespacez`: unknown field");
+}
+
+#[test]
+fn wrong_type_names_the_key_and_the_expected_type() {
+    let o = vipwatch(&["check-config"], &[], Some("[kubernetes]\nmanage_classless = \"yes\"\n"));
+    assert_invalid(&o, "`kubernetes.manage_classless`: invalid type: found string \"yes\", expected a boolean");
+}
+
+#[test]
+fn unreadable_file_is_named() {
+    let o = vipwatch(&["check-config", "--config", "/nonexistent/vipwatch.toml"], &[], None);
+    assert_invalid(&o, "config file /nonexistent/vipwatch.toml: No such file or directory");
+}
+
+#[test]
+fn invalid_url_and_scheme_are_rejected() {
+    let o = vipwatch(&["check-config"], &[], Some("[kubernetes]\nurl = \"not a url\"\n"));
+    assert_invalid(&o, "`kubernetes.url`: relative URL without a base");
+    let o = vipwatch(&["check-config"], &[], Some("[kubernetes]\nurl = \"ftp://127.0.0.1:8001\"\n"));
+    assert_invalid(&o, "invalid value for `kubernetes.url`: scheme `ftp` is not http or https");
+}
+
+#[test]
+fn bad_duration_and_bad_environment_override_are_named() {
+    let o = vipwatch(&["check-config"], &[], Some("[database]\nevent_retention = \"30 parsecs\"\n"));
+    assert_invalid(&o, "`database.event_retention`: invalid value string \"30 parsecs\", expected a duration");
+    let o = vipwatch(&["check-config"], &[("VIPWATCH_SERVER__LISTEN", "nope")], None);
+    assert_invalid(&o, "`server.listen`: invalid socket address syntax (from `VIPWATCH_` environment variable(s))");
+}
+
+#[test]
+fn unknown_service_type_is_rejected() {
+    let o = vipwatch(&["check-config"], &[], Some("[kubernetes]\nservice_types = [\"Loadbalancer\"]\n"));
+    assert_invalid(&o, "invalid value for `kubernetes.service_types`: `Loadbalancer` is not one of");
+}
+
+#[test]
+fn check_config_prints_the_effective_config_with_environment_overrides_and_redacted_secrets() {
+    let env = [
+        ("VIPWATCH_DATABASE__PATH", "/var/lib/vipwatch/state.db"),
+        ("VIPWATCH_KUBERNETES__URL", "https://admin:hunter2@k8s.example:6443"),
+    ];
+    let o = vipwatch(&["check-config"], &env, Some("[kubernetes]\nnamespaces = [\"shop\"]\n"));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains("path = \"/var/lib/vipwatch/state.db\""), "{out}");
+    assert!(out.contains("namespaces = [\"shop\"]"), "{out}");
+    assert!(out.contains("url = \"https://admin:REDACTED@k8s.example:6443/\""), "{out}");
+    assert!(!out.contains("hunter2"));
+}

@@ -1,0 +1,202 @@
+//! The watch → event log path over real sockets: fake apiserver, real SQLite file, vipwatch in-process.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use vipwatch::model::{ServiceKey, ServiceView};
+use vipwatch::store::{EventRow, ServiceRow};
+
+fn view_of(api: &vipwatch::fake_apiserver::FakeApiServer, ns: &str, name: &str) -> ServiceView {
+    let obj = api.get(ns, name).expect("object exists");
+    ServiceView::from_service(&serde_json::from_value(obj).unwrap())
+}
+
+fn uid_of(api: &vipwatch::fake_apiserver::FakeApiServer, ns: &str, name: &str) -> String {
+    api.get(ns, name).unwrap()["metadata"]["uid"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn create_modify_delete_record_exact_event_and_state_rows() {
+    let h = Harness::new().await;
+    let vw = h.start(h.config()).await;
+    assert_eq!(events(&vw.store).await, vec![]);
+
+    let rv1 = h.api.apply(lb_service("shop", "web", 80));
+    let uid = uid_of(&h.api, "shop", "web");
+    let added = wait_events(&vw.store, 1).await;
+    let expected_view: ServiceView = serde_json::from_value(json!({
+        "type": "LoadBalancer", "loadBalancerClass": null,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": "8080", "nodePort": 30080, "appProtocol": null}],
+        "selector": {"app": "web"}, "externalTrafficPolicy": null, "healthCheckNodePort": null,
+        "sessionAffinity": "None", "sessionAffinityTimeoutSeconds": null, "loadBalancerSourceRanges": [],
+        "externalIps": [], "ipFamilies": [], "ipFamilyPolicy": null, "allocateLoadBalancerNodePorts": null,
+        "loadBalancerIp": null, "requestedIps": [], "ingress": [], "labels": {"app": "web"}, "annotations": {}
+    }))
+    .unwrap();
+    let key = ServiceKey::new("shop", "web");
+    let added_row = EventRow {
+        id: 1,
+        observed_at: 0,
+        event_type: s("ADDED"),
+        key: key.clone(),
+        uid: uid.clone(),
+        resource_version: rv1.clone(),
+        cause: s("watch"),
+        view: expected_view.clone(),
+        previous: None,
+        changed: vec![],
+    };
+    assert_eq!(added, vec![added_row.clone()]);
+    let state = ServiceRow {
+        key: key.clone(),
+        uid: uid.clone(),
+        resource_version: rv1,
+        view: expected_view.clone(),
+        first_seen_at: 0,
+        updated_at: 0,
+    };
+    assert_eq!(services(&vw.store).await, vec![state.clone()]);
+
+    let rv2 = h.api.update("shop", "web", |o| o["spec"]["ports"][0]["port"] = json!(8443)).unwrap();
+    let rows = wait_events(&vw.store, 2).await;
+    let mut modified_view = expected_view.clone();
+    modified_view.ports[0].port = 8443;
+    let modified_row = EventRow {
+        id: 2,
+        event_type: s("MODIFIED"),
+        resource_version: rv2.clone(),
+        view: modified_view.clone(),
+        previous: Some(expected_view.clone()),
+        changed: vec![s("ports")],
+        ..added_row.clone()
+    };
+    assert_eq!(rows, vec![added_row.clone(), modified_row.clone()]);
+    let state2 = ServiceRow { resource_version: rv2, view: modified_view.clone(), ..state };
+    assert_eq!(services(&vw.store).await, vec![state2]);
+
+    assert!(h.api.delete("shop", "web"));
+    let rows = wait_events(&vw.store, 3).await;
+    let deleted_rv = rows[2].resource_version.clone();
+    assert_ne!(deleted_rv, modified_row.resource_version, "DELETED carries the deletion's resourceVersion");
+    let deleted_row = EventRow {
+        id: 3,
+        event_type: s("DELETED"),
+        resource_version: deleted_rv,
+        view: modified_view,
+        previous: None,
+        changed: vec![],
+        ..added_row.clone()
+    };
+    assert_eq!(rows, vec![added_row, modified_row, deleted_row]);
+    assert_eq!(services(&vw.store).await, vec![]);
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn status_only_update_records_nothing_and_annotation_change_is_one_modified() {
+    let h = Harness::new().await;
+    h.api.apply(lb_service("shop", "web", 80));
+    let vw = h.start(h.config()).await;
+    assert_eq!(summary(&wait_events(&vw.store, 1).await), vec![(s("ADDED"), s("startup"), s("shop/web"))]);
+
+    let status_rv = h
+        .api
+        .update("shop", "web", |o| o["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}))
+        .unwrap();
+    // The state row follows the status (silently); no event is written for it.
+    wait_until("state row refreshed to the status write", || async {
+        let rows = vw.store.services().await.unwrap();
+        (rows[0].resource_version == status_rv).then_some(())
+    })
+    .await;
+    assert_eq!(services(&vw.store).await[0].view.vips(), vec![s("192.0.2.10")]);
+    assert_eq!(events(&vw.store).await.len(), 1);
+
+    h.api.update("shop", "web", |o| o["metadata"]["annotations"] = json!({"team": "payments"}));
+    let rows = wait_events(&vw.store, 2).await;
+    assert_eq!(
+        summary(&rows),
+        vec![(s("ADDED"), s("startup"), s("shop/web")), (s("MODIFIED"), s("watch"), s("shop/web"))]
+    );
+    assert_eq!(rows[1].changed, vec![s("annotations")]);
+    assert_eq!(rows[1].previous.as_ref().unwrap().annotations.len(), 0);
+    assert_eq!(rows[1].view, view_of(&h.api, "shop", "web"));
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn changes_made_while_stopped_are_caught_on_restart_and_an_unchanged_restart_records_nothing() {
+    let h = Harness::new().await;
+    h.api.apply(lb_service("shop", "gone", 80));
+    h.api.apply(lb_service("shop", "ports", 81));
+    h.api.apply(lb_service("shop", "steady", 82));
+    h.api.apply(json!({"metadata": {"name": "internal", "namespace": "shop"}, "spec": {"ports": [{"port": 5432}]}}));
+    let vw = h.start(h.config()).await;
+    assert_eq!(wait_events(&vw.store, 3).await.len(), 3);
+    vw.stop().await.unwrap();
+
+    assert!(h.api.delete("shop", "gone"));
+    h.api.update("shop", "ports", |o| o["spec"]["ports"][0]["port"] = json!(8081));
+    h.api.apply(lb_service("shop", "new", 83));
+
+    let vw = h.start(h.config()).await;
+    let rows = wait_events(&vw.store, 6).await;
+    let mut tail = summary(&rows[3..]);
+    tail.sort();
+    assert_eq!(
+        tail,
+        vec![
+            (s("ADDED"), s("startup"), s("shop/new")),
+            (s("DELETED"), s("startup"), s("shop/gone")),
+            (s("MODIFIED"), s("startup"), s("shop/ports"))
+        ]
+    );
+    let modified = rows.iter().find(|r| r.event_type == "MODIFIED").unwrap();
+    assert_eq!(modified.changed, vec![s("ports")]);
+    vw.stop().await.unwrap();
+
+    let vw = h.start(h.config()).await;
+    assert_eq!(events(&vw.store).await.len(), 6, "a restart against an unchanged cluster records nothing");
+    let keys: Vec<String> = services(&vw.store).await.iter().map(|r| r.key.to_string()).collect();
+    assert_eq!(keys, vec![s("shop/new"), s("shop/ports"), s("shop/steady")]);
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_recreated_service_with_a_new_uid_is_deleted_then_added() {
+    let h = Harness::new().await;
+    h.api.apply(lb_service("shop", "web", 80));
+    let vw = h.start(h.config()).await;
+    wait_events(&vw.store, 1).await;
+    let old_uid = uid_of(&h.api, "shop", "web");
+    vw.stop().await.unwrap();
+
+    h.api.delete("shop", "web");
+    h.api.apply(lb_service("shop", "web", 80));
+    let new_uid = uid_of(&h.api, "shop", "web");
+    assert_ne!(old_uid, new_uid);
+
+    let vw = h.start(h.config()).await;
+    let rows = wait_events(&vw.store, 3).await;
+    let tail: Vec<(String, String)> = rows[1..].iter().map(|r| (r.event_type.clone(), r.uid.clone())).collect();
+    assert_eq!(tail, vec![(s("DELETED"), old_uid), (s("ADDED"), new_uid.clone())]);
+    assert_eq!(services(&vw.store).await[0].uid, new_uid);
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn type_changes_move_a_service_in_and_out_of_scope() {
+    let h = Harness::new().await;
+    h.api.apply(json!({"metadata": {"name": "db", "namespace": "shop"}, "spec": {"ports": [{"port": 5432}]}}));
+    let vw = h.start(h.config()).await;
+    assert_eq!(events(&vw.store).await.len(), 0);
+
+    h.api.update("shop", "db", |o| o["spec"]["type"] = json!("LoadBalancer"));
+    wait_events(&vw.store, 1).await;
+    h.api.update("shop", "db", |o| o["spec"]["loadBalancerClass"] = json!("service.k8s.aws/nlb"));
+    let rows = wait_events(&vw.store, 2).await;
+    assert_eq!(summary(&rows), vec![(s("ADDED"), s("watch"), s("shop/db")), (s("DELETED"), s("watch"), s("shop/db"))]);
+    assert_eq!(rows[1].view.load_balancer_class, None, "DELETED carries the view the appliance knew");
+    vw.stop().await.unwrap();
+}
