@@ -40,6 +40,7 @@ pub struct Running {
     /// Every metric.
     pub metrics: Arc<Metrics>,
     ready: signal::Receiver<bool>,
+    committed: signal::Receiver<i64>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<Result<(), AppError>>>,
 }
@@ -49,6 +50,11 @@ impl Running {
     pub async fn ready(&self) {
         let mut ready = self.ready.clone();
         let _ = ready.wait_for(|r| *r).await;
+    }
+
+    /// The highest event id committed so far; changes on every commit.
+    pub fn committed(&self) -> signal::Receiver<i64> {
+        self.committed.clone()
     }
 
     /// Graceful stop: stops watching and serving, lets the recorder finish its batch, closes the
@@ -75,18 +81,20 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     info!(path = %config.database.path.display(), "database open");
     let client = watch::connect(&config.kubernetes).await?;
     let metrics = Metrics::new();
-    let (ready_tx, ready) = watch_channel();
+    let (ready_tx, ready) = signal::channel(false);
+    let (committed_tx, committed) = signal::channel(0);
+    let signals = watch::Signals { metrics: metrics.clone(), ready: ready_tx, committed: committed_tx };
     let cancel = CancellationToken::new();
     let addr = listener.local_addr()?;
     let watch_task = {
-        let (store, metrics, cancel, k8s) = (store.clone(), metrics.clone(), cancel.clone(), config.kubernetes.clone());
-        tokio::spawn(async move { Ok(watch::run(client, &k8s, store, metrics, ready_tx, cancel).await?) })
+        let (store, cancel, k8s) = (store.clone(), cancel.clone(), config.kubernetes.clone());
+        tokio::spawn(async move { Ok(watch::run(client, &k8s, store, signals, cancel).await?) })
     };
     let prune_task = tokio::spawn(prune_loop(store.clone(), config.database.event_retention, cancel.clone()));
     let state = ApiState { store: store.clone(), metrics: metrics.clone(), ready: ready.clone() };
     let api_task = tokio::spawn(serve_api(listener, api::router(state), cancel.clone()));
     info!(%addr, "API listening");
-    Ok(Running { addr, store, metrics, ready, cancel, tasks: vec![watch_task, prune_task, api_task] })
+    Ok(Running { addr, store, metrics, ready, committed, cancel, tasks: vec![watch_task, prune_task, api_task] })
 }
 
 /// Runs until `shutdown` resolves, then stops gracefully (see [`Running::stop`]).
@@ -95,10 +103,6 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
     shutdown.await;
     info!("shutting down");
     running.stop().await
-}
-
-fn watch_channel() -> (signal::Sender<bool>, signal::Receiver<bool>) {
-    signal::channel(false)
 }
 
 async fn serve_api(listener: TcpListener, router: axum::Router, cancel: CancellationToken) -> Result<(), AppError> {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 
 use super::progress::{WatchProgress, write_progress};
 use super::{Store, StoreError, now_ms};
@@ -50,8 +50,7 @@ pub struct ServiceRow {
     pub updated_at: i64,
 }
 
-/// An event row as it travels in the JSON array parameter.
-#[derive(Serialize)]
+/// An event row, serialized for binding.
 struct EventJson<'a> {
     kind: &'static str,
     ns: &'a str,
@@ -81,11 +80,6 @@ enum Final<'a> {
     Upsert { uid: &'a str, rv: &'a str, view: &'a ServiceView },
     Delete,
 }
-
-const INSERT_EVENTS: &str = "INSERT INTO events (observed_at, type, namespace, name, uid, resource_version, cause, \
-     view, previous, changed) SELECT ?1, j.value->>'kind', j.value->>'ns', j.value->>'name', j.value->>'uid', \
-     j.value->>'rv', j.value->>'cause', j.value->>'view', j.value->>'previous', j.value->>'changed' \
-     FROM json_each(?2) AS j ORDER BY j.key RETURNING id";
 
 const UPSERT_SERVICES: &str = "INSERT INTO services (namespace, name, uid, resource_version, type, \
      load_balancer_class, view, first_seen_at, updated_at) SELECT j.value->>'ns', j.value->>'name', \
@@ -143,6 +137,10 @@ fn service_row(r: &sqlx::sqlite::SqliteRow) -> Result<ServiceRow, StoreError> {
     })
 }
 
+/// Rows per multi-row INSERT: 10 parameters each, far below SQLite's 32,766-parameter limit. Batches
+/// are cut into chunks of 128, 64, ..., 1 rows so at most 8 distinct statements get prepared.
+const EVENT_CHUNK: usize = 128;
+
 async fn insert_events(
     tx: &mut Transaction<'_, Sqlite>,
     now: i64,
@@ -164,13 +162,40 @@ async fn insert_events(
             });
         }
     }
-    if rows.is_empty() {
-        return Ok(Vec::new());
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut rest = &rows[..];
+    while !rest.is_empty() {
+        let n = if rest.len() >= EVENT_CHUNK { EVENT_CHUNK } else { 1 << rest.len().ilog2() };
+        let (chunk, tail) = rest.split_at(n);
+        ids.extend(insert_event_chunk(tx, now, chunk).await?);
+        rest = tail;
     }
-    let json = serde_json::to_string(&rows)?;
-    let mut ids: Vec<i64> = sqlx::query_scalar(INSERT_EVENTS).bind(now).bind(json).fetch_all(&mut **tx).await?;
     ids.sort_unstable();
     Ok(ids)
+}
+
+async fn insert_event_chunk(
+    tx: &mut Transaction<'_, Sqlite>,
+    now: i64,
+    chunk: &[EventJson<'_>],
+) -> Result<Vec<i64>, StoreError> {
+    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+        "INSERT INTO events (observed_at, type, namespace, name, uid, resource_version, cause, view, previous, changed) ",
+    );
+    q.push_values(chunk, |mut b, r| {
+        b.push_bind(now)
+            .push_bind(r.kind)
+            .push_bind(r.ns)
+            .push_bind(r.name)
+            .push_bind(r.uid)
+            .push_bind(r.rv)
+            .push_bind(r.cause)
+            .push_bind(&r.view)
+            .push_bind(&r.previous)
+            .push_bind(&r.changed);
+    });
+    q.push(" RETURNING id");
+    Ok(q.build_query_scalar().fetch_all(&mut **tx).await?)
 }
 
 /// Folds the batch into the last operation per Service, then runs one upsert and one delete.

@@ -8,22 +8,22 @@
 mod client;
 mod recorder;
 mod stream;
+mod writer;
 
 pub use client::connect;
 pub use recorder::Recorder;
 pub use stream::{Observation, ScopeSpec};
+pub use writer::Signals;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use kube::Api;
 use kube::runtime::watcher;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::KubernetesConfig;
-use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 
 /// Errors that stop the watch before it starts (once running, errors are logged and retried).
@@ -43,15 +43,15 @@ pub enum WatchError {
 /// Capacity of the observation channel between the stream tasks and the recorder (messages).
 const CHANNEL_CAPACITY: usize = 1024;
 
-/// Runs the watch until `cancel` fires: one stream task per scope plus the recorder. `ready` is set
-/// to `true` once the first full list of every scope is stored. Errors: only start-up failures
-/// ([`WatchError::Store`]); watch errors are logged, counted in `metrics` and retried with backoff.
+/// Runs the watch until `cancel` fires: one stream task per scope plus the recorder and its writer.
+/// `signals` report readiness (first full list of every scope stored) and each commit. Errors: only
+/// start-up failures ([`WatchError::Store`]); watch errors are logged, counted in `signals.metrics`
+/// and retried with backoff.
 pub async fn run(
     client: kube::Client,
     cfg: &KubernetesConfig,
     store: Store,
-    metrics: Arc<Metrics>,
-    ready: watch::Sender<bool>,
+    signals: Signals,
     cancel: CancellationToken,
 ) -> Result<(), WatchError> {
     let scopes = scopes(cfg);
@@ -69,12 +69,12 @@ pub async fn run(
             scope_rule: cfg.scope(),
             relist_interval: cfg.relist_interval,
             tx: tx.clone(),
-            metrics: metrics.clone(),
+            metrics: signals.metrics.clone(),
         };
         tasks.spawn(task.run(cancel.clone()));
     }
     drop(tx);
-    let recorder = Recorder::load(store, metrics, &scopes, ready).await?;
+    let recorder = Recorder::load(store, &scopes, signals).await?;
     recorder.run(rx).await;
     tasks.join_all().await;
     Ok(())

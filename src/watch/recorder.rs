@@ -1,53 +1,33 @@
-//! The recorder: the single writer of the event log and current-state table. Keeps an in-memory mirror
-//! of the state table, decides events with [`crate::model`], and persists each batch of observations
-//! in one transaction (retried with backoff until it succeeds, so nothing decided is ever dropped).
+//! The recorder: keeps an in-memory mirror of the current-state table, decides events with
+//! [`crate::model`], and hands each batch of observations to the [`Writer`] as one transaction.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
-use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
-use tokio::sync::{mpsc, watch};
-use tracing::{debug, error, info};
+use tokio::sync::mpsc;
+use tracing::info;
 
 use super::stream::{Observation, ScopeSpec};
-use crate::metrics::Metrics;
+use super::writer::{Plan, Signals, Writer};
 use crate::model::{Cause, ChangeKind, Decision, Recorded, ServiceKey, Tracked, decide_apply, decide_delete};
 use crate::store::{StateChange, Store, StoreError, WatchProgress};
 
 /// Most observations folded into one transaction.
-const MAX_BATCH: usize = 512;
+const MAX_BATCH: usize = 4096;
 
 /// The single writer of Service events. Build with [`Recorder::load`], drive with [`Recorder::run`].
 pub struct Recorder {
-    store: Store,
-    metrics: Arc<Metrics>,
     mirror: HashMap<ServiceKey, Tracked>,
     /// How many mirrored Services use each VIP (for `vipwatch_vips_in_use`).
     vip_refs: HashMap<String, usize>,
-    awaiting_first_list: HashSet<String>,
-    ready: watch::Sender<bool>,
     pending_startup: Vec<StateChange>,
-}
-
-/// Changes and progress planned for one transaction.
-#[derive(Default)]
-struct Plan {
-    changes: Vec<StateChange>,
-    progress: HashMap<String, WatchProgress>,
-    first_lists: Vec<String>,
+    writer: Writer,
 }
 
 impl Recorder {
     /// Loads the current-state table. Tracked Services in namespaces no scope covers any more (the
     /// namespace list changed while vipwatch was down) are planned as DELETED with cause `startup`.
     /// Errors: [`StoreError`] when the table cannot be read.
-    pub async fn load(
-        store: Store,
-        metrics: Arc<Metrics>,
-        scopes: &[ScopeSpec],
-        ready: watch::Sender<bool>,
-    ) -> Result<Self, StoreError> {
+    pub async fn load(store: Store, scopes: &[ScopeSpec], signals: Signals) -> Result<Self, StoreError> {
         let mut mirror = store.load_tracked().await?;
         let mut vip_refs = HashMap::new();
         for t in mirror.values() {
@@ -63,22 +43,30 @@ impl Recorder {
                 deleted(key, Cause::Startup, &t)
             })
             .collect();
-        let awaiting_first_list = scopes.iter().map(|s| s.label().to_owned()).collect();
         info!(services = mirror.len(), "loaded current state");
-        Ok(Self { store, metrics, mirror, vip_refs, awaiting_first_list, ready, pending_startup })
+        let writer = Writer::new(store, scopes, signals);
+        Ok(Self { mirror, vip_refs, pending_startup, writer })
     }
 
     /// Consumes observations until every sender is gone, one transaction per batch of up to
-    /// [`MAX_BATCH`] queued observations.
+    /// [`MAX_BATCH`] queued observations. Planning the next batch overlaps with writing the previous
+    /// one (the [`Writer`] runs as its own task); writes stay in order.
     pub async fn run(mut self, mut rx: mpsc::Receiver<Observation>) {
+        let (plans, writer) = self.writer.spawn();
         let mut queued = Vec::with_capacity(MAX_BATCH);
         while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
             let mut plan = Plan { changes: std::mem::take(&mut self.pending_startup), ..Plan::default() };
             for observation in queued.drain(..) {
                 self.plan(observation, &mut plan);
             }
-            self.commit(plan).await;
+            plan.services_in_scope = self.mirror.len();
+            plan.vips_in_use = self.vip_refs.len();
+            if plans.send(plan).await.is_err() {
+                break;
+            }
         }
+        drop(plans);
+        let _ = writer.await;
     }
 
     fn plan(&mut self, observation: Observation, plan: &mut Plan) {
@@ -170,50 +158,6 @@ impl Recorder {
         }
         if listed.is_some() {
             entry.listed = listed;
-        }
-    }
-
-    /// Writes the plan, retrying with exponential backoff (0.1 s doubling to 30 s) until it succeeds:
-    /// the mirror already reflects it, so giving up would lose events.
-    async fn commit(&mut self, plan: Plan) {
-        if plan.changes.is_empty() && plan.progress.is_empty() {
-            return;
-        }
-        let progress: Vec<WatchProgress> = plan.progress.into_values().collect();
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_secs(30))
-            .with_jitter()
-            .without_max_times();
-        let write = || self.store.apply(&plan.changes, &progress);
-        let notify = |e: &StoreError, wait: Duration| error!(error = %e, retry_in = ?wait, "cannot store changes");
-        if let Err(e) = write.retry(backoff).notify(notify).await {
-            error!(error = %e, "giving up storing changes");
-            return;
-        }
-        self.after_commit(&plan.changes, &plan.first_lists);
-    }
-
-    fn after_commit(&mut self, changes: &[StateChange], first_lists: &[String]) {
-        let mut counts = [0usize; 3];
-        for change in changes {
-            if let StateChange::Event { key, cause, event } = change {
-                self.metrics.event(event.kind.as_str(), cause.as_str());
-                counts[event.kind as usize] += 1;
-                debug!(service = %key, event = event.kind.as_str(), cause = cause.as_str(), changed = ?event.changed, "recorded");
-            }
-        }
-        if counts.iter().any(|&n| n > 0) {
-            info!(added = counts[0], modified = counts[1], deleted = counts[2], "recorded events");
-        }
-        self.metrics.services_in_scope.set(self.mirror.len() as i64);
-        self.metrics.vips_in_use.set(self.vip_refs.len() as i64);
-        for scope in first_lists {
-            self.awaiting_first_list.remove(scope);
-        }
-        if !first_lists.is_empty() && self.awaiting_first_list.is_empty() {
-            info!(services = self.mirror.len(), "first full list stored: ready");
-            self.ready.send_replace(true);
         }
     }
 }

@@ -1,0 +1,116 @@
+//! The writer: the single writer of the event log and current-state table. Persists each planned batch
+//! in one transaction, retried with backoff until it succeeds (the recorder's mirror already reflects
+//! it, so giving up would lose events), then updates metrics, readiness and the commit signal.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info};
+
+use super::stream::ScopeSpec;
+use crate::metrics::Metrics;
+use crate::store::{StateChange, Store, StoreError, WatchProgress};
+
+/// How many planned batches may wait for the writer (the recorder plans ahead by this much).
+const QUEUED_PLANS: usize = 2;
+
+/// Changes and progress planned for one transaction.
+#[derive(Default)]
+pub(super) struct Plan {
+    pub changes: Vec<StateChange>,
+    pub progress: HashMap<String, WatchProgress>,
+    pub first_lists: Vec<String>,
+    pub services_in_scope: usize,
+    pub vips_in_use: usize,
+}
+
+/// What the writer tells the rest of the process.
+#[derive(Clone)]
+pub struct Signals {
+    /// Every metric.
+    pub metrics: Arc<Metrics>,
+    /// Set to `true` once the first full list of every scope is stored.
+    pub ready: watch::Sender<bool>,
+    /// The highest event id committed so far (0 before the first); the relay wakes on it.
+    pub committed: watch::Sender<i64>,
+}
+
+pub(super) struct Writer {
+    store: Store,
+    signals: Signals,
+    awaiting_first_list: HashSet<String>,
+}
+
+impl Writer {
+    pub fn new(store: Store, scopes: &[ScopeSpec], signals: Signals) -> Self {
+        let awaiting_first_list = scopes.iter().map(|s| s.label().to_owned()).collect();
+        Self { store, signals, awaiting_first_list }
+    }
+
+    /// Starts the writer task; returns where to send plans and the task handle.
+    pub fn spawn(&self) -> (mpsc::Sender<Plan>, JoinHandle<()>) {
+        let (tx, mut rx) = mpsc::channel::<Plan>(QUEUED_PLANS);
+        let mut writer = Writer {
+            store: self.store.clone(),
+            signals: self.signals.clone(),
+            awaiting_first_list: self.awaiting_first_list.clone(),
+        };
+        let task = tokio::spawn(async move {
+            while let Some(plan) = rx.recv().await {
+                writer.commit(plan).await;
+            }
+        });
+        (tx, task)
+    }
+
+    /// Writes the plan, retrying with exponential backoff (0.1 s doubling to 30 s, jittered) until it
+    /// succeeds.
+    async fn commit(&mut self, plan: Plan) {
+        if plan.changes.is_empty() && plan.progress.is_empty() {
+            return;
+        }
+        let progress: Vec<WatchProgress> = plan.progress.values().cloned().collect();
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(30))
+            .with_jitter()
+            .without_max_times();
+        let write = || self.store.apply(&plan.changes, &progress);
+        let notify = |e: &StoreError, wait: Duration| error!(error = %e, retry_in = ?wait, "cannot store changes");
+        match write.retry(backoff).notify(notify).await {
+            Ok(ids) => self.after_commit(&plan, ids.last().copied()),
+            Err(e) => error!(error = %e, "giving up storing changes"),
+        }
+    }
+
+    fn after_commit(&mut self, plan: &Plan, last_id: Option<i64>) {
+        let metrics = &self.signals.metrics;
+        let mut counts = [0usize; 3];
+        for change in &plan.changes {
+            if let StateChange::Event { key, cause, event } = change {
+                metrics.event(event.kind.as_str(), cause.as_str());
+                counts[event.kind as usize] += 1;
+                debug!(service = %key, event = event.kind.as_str(), cause = cause.as_str(), changed = ?event.changed, "recorded");
+            }
+        }
+        if counts.iter().any(|&n| n > 0) {
+            info!(added = counts[0], modified = counts[1], deleted = counts[2], "recorded events");
+        }
+        metrics.services_in_scope.set(plan.services_in_scope as i64);
+        metrics.vips_in_use.set(plan.vips_in_use as i64);
+        if let Some(id) = last_id {
+            self.signals.committed.send_replace(id);
+        }
+        for scope in &plan.first_lists {
+            self.awaiting_first_list.remove(scope);
+        }
+        if !plan.first_lists.is_empty() && self.awaiting_first_list.is_empty() {
+            info!(services = plan.services_in_scope, "first full list stored: ready");
+            self.signals.ready.send_replace(true);
+        }
+    }
+}
