@@ -118,9 +118,15 @@ pub struct ServiceView {
 impl ServiceView {
     /// Normalizes a Kubernetes Service. Never fails: absent fields take Kubernetes' defaults.
     pub fn from_service(svc: &Service) -> Self {
-        let spec = svc.spec.clone().unwrap_or_default();
-        let meta = &svc.metadata;
-        let annotations: BTreeMap<String, String> = meta.annotations.clone().unwrap_or_default();
+        Self::from_owned(svc.clone())
+    }
+
+    /// As [`Self::from_service`], consuming the object (no copy of its fields; the watch path uses it).
+    pub fn from_owned(svc: Service) -> Self {
+        let ingress = ingress_views(&svc);
+        let spec = svc.spec.unwrap_or_default();
+        let meta = svc.metadata;
+        let annotations: BTreeMap<String, String> = meta.annotations.unwrap_or_default();
         Self {
             service_type: spec.type_.unwrap_or_else(|| "ClusterIP".to_owned()),
             load_balancer_class: spec.load_balancer_class,
@@ -140,8 +146,8 @@ impl ServiceView {
             allocate_load_balancer_node_ports: spec.allocate_load_balancer_node_ports,
             load_balancer_ip: spec.load_balancer_ip.filter(|ip| !ip.is_empty()),
             requested_ips: requested_ips(&annotations),
-            ingress: ingress_views(svc),
-            labels: meta.labels.clone().unwrap_or_default(),
+            ingress,
+            labels: meta.labels.unwrap_or_default(),
             annotations,
         }
     }

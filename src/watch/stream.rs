@@ -55,16 +55,13 @@ pub enum Observation {
 }
 
 /// Normalizes a Service for the recorder.
-pub fn observe(svc: &Service, rule: &Scope) -> Observed {
-    let view = ServiceView::from_service(svc);
+pub fn observe(svc: Service, rule: &Scope) -> Observed {
+    let key = ServiceKey::new(svc.namespace().unwrap_or_else(|| "default".to_owned()), svc.name_any());
+    let uid = svc.uid().unwrap_or_default();
+    let resource_version = svc.resource_version().unwrap_or_default();
+    let view = ServiceView::from_owned(svc);
     let in_scope = rule.contains(&view);
-    Observed {
-        key: ServiceKey::new(svc.namespace().unwrap_or_else(|| "default".to_owned()), svc.name_any()),
-        uid: svc.uid().unwrap_or_default(),
-        resource_version: svc.resource_version().unwrap_or_default(),
-        view,
-        in_scope,
-    }
+    Observed { key, uid, resource_version, view, in_scope }
 }
 
 /// Everything one scope's task needs.
@@ -145,7 +142,7 @@ impl ScopeTask {
                 None
             }
             watcher::Event::InitApply(svc) => {
-                buffer.push(observe(&svc, &self.scope_rule));
+                buffer.push(observe(svc, &self.scope_rule));
                 None
             }
             watcher::Event::InitDone => {
@@ -157,8 +154,8 @@ impl ScopeTask {
                 let first = std::mem::replace(first, false);
                 Some(Observation::Listed { scope, objects, first })
             }
-            watcher::Event::Apply(svc) => Some(Observation::Apply(scope, observe(&svc, &self.scope_rule))),
-            watcher::Event::Delete(svc) => Some(Observation::Delete(scope, observe(&svc, &self.scope_rule))),
+            watcher::Event::Apply(svc) => Some(Observation::Apply(scope, observe(svc, &self.scope_rule))),
+            watcher::Event::Delete(svc) => Some(Observation::Delete(scope, observe(svc, &self.scope_rule))),
         }
     }
 
