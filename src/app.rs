@@ -14,6 +14,8 @@ use tracing::{info, warn};
 use crate::api::{self, ApiState};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::relay::{self, RelayError, Router};
+use crate::store::Outbox;
 use crate::store::{Store, StoreError, now_ms};
 use crate::watch::{self, WatchError};
 
@@ -26,6 +28,9 @@ pub enum AppError {
     /// The Kubernetes client could not be configured.
     #[error(transparent)]
     Watch(#[from] WatchError),
+    /// A webhook endpoint could not be set up.
+    #[error(transparent)]
+    Relay(#[from] RelayError),
     /// The API listener failed.
     #[error("API server: {0}")]
     Io(#[from] std::io::Error),
@@ -86,15 +91,30 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let signals = watch::Signals { metrics: metrics.clone(), ready: ready_tx, committed: committed_tx };
     let cancel = CancellationToken::new();
     let addr = listener.local_addr()?;
+    let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&config.webhooks)?);
+    let mut relay_tasks =
+        relay::start(&config, store.clone(), metrics.clone(), committed.clone(), cancel.clone()).await?;
+    let relay_task = tokio::spawn(async move {
+        while relay_tasks.join_next().await.is_some() {}
+        Ok(())
+    });
     let watch_task = {
         let (store, cancel, k8s) = (store.clone(), cancel.clone(), config.kubernetes.clone());
-        tokio::spawn(async move { Ok(watch::run(client, &k8s, store, signals, cancel).await?) })
+        tokio::spawn(async move { Ok(watch::run(client, &k8s, store, outbox, signals, cancel).await?) })
     };
     let prune_task = tokio::spawn(prune_loop(store.clone(), config.database.event_retention, cancel.clone()));
     let state = ApiState { store: store.clone(), metrics: metrics.clone(), ready: ready.clone() };
     let api_task = tokio::spawn(serve_api(listener, api::router(state), cancel.clone()));
     info!(%addr, "API listening");
-    Ok(Running { addr, store, metrics, ready, committed, cancel, tasks: vec![watch_task, prune_task, api_task] })
+    Ok(Running {
+        addr,
+        store,
+        metrics,
+        ready,
+        committed,
+        cancel,
+        tasks: vec![watch_task, relay_task, prune_task, api_task],
+    })
 }
 
 /// Runs until `shutdown` resolves, then stops gracefully (see [`Running::stop`]).

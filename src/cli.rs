@@ -23,4 +23,21 @@ pub enum Command {
     Serve,
     /// Validate the configuration and print the effective config, secrets redacted. Exit 2 if invalid.
     CheckConfig,
+    /// Enqueue a `service.synced` delivery with the current view of every in-scope Service, for
+    /// appliances that drifted or were rebuilt. A running `vipwatch serve` sends them.
+    Resync {
+        /// Only this endpoint (default: every enabled endpoint).
+        #[arg(long)]
+        webhook: Option<String>,
+    },
+    /// Run the simulated Kubernetes API (the fake apiserver the tests use) until Ctrl-C, for trying
+    /// vipwatch without a cluster: `kubectl --server http://LISTEN get svc -A` works against it.
+    FakeApiserver {
+        /// Listen address.
+        #[arg(long, default_value = "127.0.0.1:6443")]
+        listen: std::net::SocketAddr,
+        /// Directory of Service JSON files to seed (one object per `*.json` file).
+        #[arg(long)]
+        seed: Option<PathBuf>,
+    },
 }

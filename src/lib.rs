@@ -11,5 +11,6 @@ pub mod config;
 pub mod fake_apiserver;
 pub mod metrics;
 pub mod model;
+pub mod relay;
 pub mod store;
 pub mod watch;

@@ -24,6 +24,8 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Serve => serve(config),
+        Command::FakeApiserver { listen, seed } => fake_apiserver(listen, seed),
+        Command::Resync { webhook } => resync(config, webhook),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -44,6 +46,31 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let listen = config.server.listen;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     vipwatch::app::run(config, listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn resync(config: Config, webhook: Option<String>) -> anyhow::Result<()> {
+    let store = vipwatch::store::Store::open(&config.database.path).await?;
+    for (name, n) in vipwatch::relay::resync(&store, &config, webhook.as_deref()).await? {
+        println!("{name}: enqueued service.synced for {n} Services");
+    }
+    store.close().await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn fake_apiserver(listen: std::net::SocketAddr, seed: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let api = vipwatch::fake_apiserver::FakeApiServer::start_on(listener).await?;
+    if let Some(dir) = seed {
+        let objects = vipwatch::fake_apiserver::read_seed_dir(&dir)?;
+        tracing::info!(objects = objects.len(), dir = %dir.display(), "seeded");
+        api.seed(objects);
+    }
+    println!("fake apiserver listening on {}", api.url());
+    shutdown_signal().await;
+    api.shutdown().await;
     Ok(())
 }
 

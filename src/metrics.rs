@@ -7,6 +7,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Labels of `vipwatch_events_total`.
@@ -34,8 +35,23 @@ pub struct WatchErrorLabels {
     pub kind: String,
 }
 
+/// Labels of `vipwatch_deliveries_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeliveryLabels {
+    /// Endpoint name.
+    pub webhook: String,
+    /// `succeeded`, `retrying` (attempt failed, will retry) or `failed` (gave up).
+    pub outcome: String,
+}
+
+/// Labels carrying one endpoint.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    /// Endpoint name.
+    pub webhook: String,
+}
+
 /// Every metric vipwatch exports. Clone the `Arc` to share.
-#[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     /// `vipwatch_events_total{type,cause}`: events recorded in the event log.
@@ -53,6 +69,14 @@ pub struct Metrics {
     pub services_in_scope: Gauge,
     /// `vipwatch_vips_in_use`: distinct VIP addresses over in-scope Services.
     pub vips_in_use: Gauge,
+    /// `vipwatch_deliveries_total{webhook,outcome}`: delivery attempts by result.
+    pub deliveries: Family<DeliveryLabels, Counter>,
+    /// `vipwatch_delivery_latency_seconds{webhook}`: event observed → 2xx from the endpoint.
+    pub delivery_latency: Family<WebhookLabels, Histogram>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0])
 }
 
 impl Metrics {
@@ -67,6 +91,8 @@ impl Metrics {
             watch_gone: Family::default(),
             services_in_scope: Gauge::default(),
             vips_in_use: Gauge::default(),
+            deliveries: Family::default(),
+            delivery_latency: Family::new_with_constructor(latency_histogram),
         };
         let registry = &mut m.registry;
         registry.register("events", "Events recorded in the event log", m.events.clone());
@@ -76,6 +102,12 @@ impl Metrics {
         registry.register("watch_gone", "410 Gone answers (expired resourceVersion)", m.watch_gone.clone());
         registry.register("services_in_scope", "Services in the current-state table", m.services_in_scope.clone());
         registry.register("vips_in_use", "Distinct VIP addresses of in-scope Services", m.vips_in_use.clone());
+        registry.register("deliveries", "Delivery attempts by endpoint and outcome", m.deliveries.clone());
+        registry.register(
+            "delivery_latency_seconds",
+            "Time from event observed to 2xx from the endpoint",
+            m.delivery_latency.clone(),
+        );
         Arc::new(m)
     }
 
@@ -89,6 +121,17 @@ impl Metrics {
     pub fn event(&self, event_type: &str, cause: &str) {
         let labels = EventLabels { r#type: event_type.to_owned(), cause: cause.to_owned() };
         self.events.get_or_create(&labels).inc();
+    }
+
+    /// Counts one delivery attempt of `webhook` with `outcome`.
+    pub fn delivery(&self, webhook: &str, outcome: &str) {
+        let labels = DeliveryLabels { webhook: webhook.to_owned(), outcome: outcome.to_owned() };
+        self.deliveries.get_or_create(&labels).inc();
+    }
+
+    /// Records one event → 2xx latency, in seconds.
+    pub fn delivery_latency(&self, webhook: &str, seconds: f64) {
+        self.delivery_latency.get_or_create(&WebhookLabels { webhook: webhook.to_owned() }).observe(seconds);
     }
 
     /// Total of a scope-labelled counter family for `scope` (0 when never incremented); for tests.

@@ -281,3 +281,20 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 async fn until_down(rx: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|&down| down).await;
 }
+
+/// Reads every `*.json` file of `dir` (sorted by name) as one Service object.
+pub fn read_seed_dir(dir: &std::path::Path) -> std::io::Result<Vec<Value>> {
+    let mut paths: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(p)?;
+            serde_json::from_str(&text)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", p.display())))
+        })
+        .collect()
+}

@@ -3,8 +3,10 @@
 
 mod change;
 mod scope;
+mod selector;
 mod view;
 
 pub use change::{Cause, ChangeKind, Decision, Observed, Recorded, Tracked, decide_apply, decide_delete};
 pub use scope::Scope;
+pub use selector::{LabelSelector, SelectorError};
 pub use view::{IngressView, PortView, ServiceKey, ServiceView, changed_fields};

@@ -1,14 +1,18 @@
 //! The SQLite store: event log, current-state table, watch bookkeeping. Owns every SQL statement;
 //! other modules call its typed methods. Schema under `migrations/`, applied at open.
 
+mod deliveries;
 mod error;
 mod events;
 mod open;
+mod outbox;
 mod progress;
 mod state;
 
+pub use deliveries::{AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, Outcome, WebhookState};
 pub use error::StoreError;
 pub use events::{EventFilter, EventRow};
+pub use outbox::{Claimed, NewDelivery, NoOutbox, Outbox, RecordedEvent};
 pub use progress::{ProgressRow, WatchProgress};
 pub use state::{ServiceRow, StateChange};
 

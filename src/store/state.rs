@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 
+use super::outbox::{Outbox, RecordedEvent, enqueue};
 use super::progress::{WatchProgress, write_progress};
 use super::{Store, StoreError, now_ms};
 use crate::model::{Cause, ChangeKind, Recorded, ServiceKey, ServiceView, Tracked};
@@ -94,12 +95,30 @@ const DELETE_SERVICES: &str = "DELETE FROM services WHERE (namespace, name) IN \
 
 impl Store {
     /// Persists `changes` and `progress` in ONE transaction (one commit): all or nothing. Event rows
-    /// get ids in the order given; the state table ends as if each change were applied in order.
-    /// Returns the new event ids, ascending. Errors: [`StoreError`]; nothing is written then.
-    pub async fn apply(&self, changes: &[StateChange], progress: &[WatchProgress]) -> Result<Vec<i64>, StoreError> {
+    /// get ids in the order given, and `outbox` turns each into its deliveries in the same transaction;
+    /// the state table ends as if each change were applied in order. Returns the new event ids,
+    /// ascending. Errors: [`StoreError`]; nothing is written then.
+    pub async fn apply(
+        &self,
+        changes: &[StateChange],
+        progress: &[WatchProgress],
+        outbox: &dyn Outbox,
+    ) -> Result<Vec<i64>, StoreError> {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
         let ids = insert_events(&mut tx, now, changes).await?;
+        let recorded: Vec<(RecordedEvent<'_>, Option<i64>)> = changes
+            .iter()
+            .filter_map(|c| match c {
+                StateChange::Event { key, cause, event } => Some((key, *cause, event.as_ref())),
+                StateChange::Refresh { .. } => None,
+            })
+            .zip(&ids)
+            .map(|((key, cause, event), id)| {
+                (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id))
+            })
+            .collect();
+        enqueue(&mut tx, now, outbox, &recorded).await?;
         write_state(&mut tx, now, changes).await?;
         for p in progress {
             write_progress(&mut tx, now, p).await?;

@@ -15,6 +15,7 @@ pub use recorder::Recorder;
 pub use stream::{Observation, ScopeSpec};
 pub use writer::Signals;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
@@ -24,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::KubernetesConfig;
-use crate::store::{Store, StoreError};
+use crate::store::{Outbox, Store, StoreError};
 
 /// Errors that stop the watch before it starts (once running, errors are logged and retried).
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,7 @@ pub enum WatchError {
 const CHANNEL_CAPACITY: usize = 1024;
 
 /// Runs the watch until `cancel` fires: one stream task per scope plus the recorder and its writer.
+/// Each recorded event is routed to its deliveries by `outbox` in the same transaction.
 /// `signals` report readiness (first full list of every scope stored) and each commit. Errors: only
 /// start-up failures ([`WatchError::Store`]); watch errors are logged, counted in `signals.metrics`
 /// and retried with backoff.
@@ -51,6 +53,7 @@ pub async fn run(
     client: kube::Client,
     cfg: &KubernetesConfig,
     store: Store,
+    outbox: Arc<dyn Outbox>,
     signals: Signals,
     cancel: CancellationToken,
 ) -> Result<(), WatchError> {
@@ -74,7 +77,7 @@ pub async fn run(
         tasks.spawn(task.run(cancel.clone()));
     }
     drop(tx);
-    let recorder = Recorder::load(store, &scopes, signals).await?;
+    let recorder = Recorder::load(store, outbox, &scopes, signals).await?;
     recorder.run(rx).await;
     tasks.join_all().await;
     Ok(())

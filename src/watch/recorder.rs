@@ -2,6 +2,7 @@
 //! [`crate::model`], and hands each batch of observations to the [`Writer`] as one transaction.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tracing::info;
@@ -9,7 +10,7 @@ use tracing::info;
 use super::stream::{Observation, ScopeSpec};
 use super::writer::{Plan, Signals, Writer};
 use crate::model::{Cause, ChangeKind, Decision, Recorded, ServiceKey, Tracked, decide_apply, decide_delete};
-use crate::store::{StateChange, Store, StoreError, WatchProgress};
+use crate::store::{Outbox, StateChange, Store, StoreError, WatchProgress};
 
 /// Most observations folded into one transaction.
 const MAX_BATCH: usize = 4096;
@@ -27,7 +28,12 @@ impl Recorder {
     /// Loads the current-state table. Tracked Services in namespaces no scope covers any more (the
     /// namespace list changed while vipwatch was down) are planned as DELETED with cause `startup`.
     /// Errors: [`StoreError`] when the table cannot be read.
-    pub async fn load(store: Store, scopes: &[ScopeSpec], signals: Signals) -> Result<Self, StoreError> {
+    pub async fn load(
+        store: Store,
+        outbox: Arc<dyn Outbox>,
+        scopes: &[ScopeSpec],
+        signals: Signals,
+    ) -> Result<Self, StoreError> {
         let mut mirror = store.load_tracked().await?;
         let mut vip_refs = HashMap::new();
         for t in mirror.values() {
@@ -44,7 +50,7 @@ impl Recorder {
             })
             .collect();
         info!(services = mirror.len(), "loaded current state");
-        let writer = Writer::new(store, scopes, signals);
+        let writer = Writer::new(store, outbox, scopes, signals);
         Ok(Self { mirror, vip_refs, pending_startup, writer })
     }
 

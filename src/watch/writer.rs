@@ -13,7 +13,7 @@ use tracing::{debug, error, info};
 
 use super::stream::ScopeSpec;
 use crate::metrics::Metrics;
-use crate::store::{StateChange, Store, StoreError, WatchProgress};
+use crate::store::{Outbox, StateChange, Store, StoreError, WatchProgress};
 
 /// How many planned batches may wait for the writer (the recorder plans ahead by this much).
 const QUEUED_PLANS: usize = 2;
@@ -41,14 +41,15 @@ pub struct Signals {
 
 pub(super) struct Writer {
     store: Store,
+    outbox: Arc<dyn Outbox>,
     signals: Signals,
     awaiting_first_list: HashSet<String>,
 }
 
 impl Writer {
-    pub fn new(store: Store, scopes: &[ScopeSpec], signals: Signals) -> Self {
+    pub fn new(store: Store, outbox: Arc<dyn Outbox>, scopes: &[ScopeSpec], signals: Signals) -> Self {
         let awaiting_first_list = scopes.iter().map(|s| s.label().to_owned()).collect();
-        Self { store, signals, awaiting_first_list }
+        Self { store, outbox, signals, awaiting_first_list }
     }
 
     /// Starts the writer task; returns where to send plans and the task handle.
@@ -56,6 +57,7 @@ impl Writer {
         let (tx, mut rx) = mpsc::channel::<Plan>(QUEUED_PLANS);
         let mut writer = Writer {
             store: self.store.clone(),
+            outbox: self.outbox.clone(),
             signals: self.signals.clone(),
             awaiting_first_list: self.awaiting_first_list.clone(),
         };
@@ -79,7 +81,7 @@ impl Writer {
             .with_max_delay(Duration::from_secs(30))
             .with_jitter()
             .without_max_times();
-        let write = || self.store.apply(&plan.changes, &progress);
+        let write = || self.store.apply(&plan.changes, &progress, self.outbox.as_ref());
         let notify = |e: &StoreError, wait: Duration| error!(error = %e, retry_in = ?wait, "cannot store changes");
         match write.retry(backoff).notify(notify).await {
             Ok(ids) => self.after_commit(&plan, ids.last().copied()),

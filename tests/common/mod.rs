@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod receiver;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use vipwatch::app::{self, Running};
-use vipwatch::config::Config;
+use vipwatch::config::{Config, RetryConfig, Secret, WebhookConfig};
 use vipwatch::fake_apiserver::FakeApiServer;
 use vipwatch::store::{EventFilter, EventRow, ServiceRow, Store};
 
@@ -46,6 +48,15 @@ impl Harness {
         self.config_for(&self.api.url())
     }
 
+    /// [`Self::config`] with these endpoints and a 100 ms relay poll.
+    pub fn config_with(&self, webhooks: Vec<WebhookConfig>) -> Config {
+        let mut config = self.config();
+        config.webhooks = webhooks;
+        config.relay.poll_interval = Duration::from_millis(100);
+        config.relay.lease = Duration::from_secs(5);
+        config
+    }
+
     /// Starts vipwatch with `config` on 127.0.0.1:0 and waits until it is ready.
     pub async fn start(&self, config: Config) -> Running {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -58,6 +69,21 @@ impl Harness {
 /// Waits until the fake apiserver has an open watch (a fault switch applies to open watches only).
 pub async fn wait_watching(api: &FakeApiServer) {
     wait_until("an open watch", || async { (api.open_watches() >= 1).then_some(()) }).await;
+}
+
+/// A webhook endpoint with test-friendly timings: 1 s timeout, retries from 50 ms doubling to 1 s.
+pub fn webhook(name: &str, url: &str) -> WebhookConfig {
+    let toml = format!("name = \"{name}\"\nurl = \"{url}\"\n");
+    let mut w: WebhookConfig = toml::from_str(&toml).unwrap();
+    w.secret = Some(Secret::new(receiver::SECRET));
+    w.timeout = Duration::from_secs(1);
+    w.retry = RetryConfig {
+        max_attempts: 50,
+        max_age: Duration::from_secs(600),
+        initial_delay: Duration::from_millis(50),
+        max_delay: Duration::from_secs(1),
+    };
+    w
 }
 
 /// Logs to the test's captured output (`VIPWATCH_LOG` or `info`).

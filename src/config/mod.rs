@@ -10,7 +10,11 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 use url::Url;
 
-use crate::model::Scope;
+use crate::model::{LabelSelector, Scope};
+
+mod relay;
+
+pub use relay::{RelayConfig, RetryConfig, Secret, TlsConfig, WebhookConfig};
 
 /// The file read when `--config` is not given, if it exists (otherwise built-in defaults apply).
 pub const DEFAULT_CONFIG_FILE: &str = "vipwatch.toml";
@@ -41,6 +45,16 @@ pub enum ConfigError {
         /// Where the value came from: the file, or the `VIPWATCH_` environment variables.
         origin: String,
     },
+    /// A `[[webhooks]]` entry is not acceptable.
+    #[error("invalid value for `webhooks.{name}.{key}`: {reason}")]
+    Webhook {
+        /// The endpoint's `name`.
+        name: String,
+        /// The key within the entry, e.g. `secret`.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A value parsed but is not acceptable.
     #[error("invalid value for `{key}`: {reason}")]
     Value {
@@ -61,6 +75,10 @@ pub struct Config {
     pub database: DatabaseConfig,
     /// `[server]`: the REST API listener.
     pub server: ServerConfig,
+    /// `[relay]`: webhook dispatch settings.
+    pub relay: RelayConfig,
+    /// `[[webhooks]]`: the outbound endpoints (the LB appliance).
+    pub webhooks: Vec<WebhookConfig>,
 }
 
 /// `[kubernetes]` table.
@@ -190,11 +208,34 @@ impl Config {
             let reason = "empty namespace name".into();
             return Err(ConfigError::Value { key: "kubernetes.namespaces", reason });
         }
+        LabelSelector::parse(&k.label_selector)
+            .map_err(|e| ConfigError::Value { key: "kubernetes.label_selector", reason: e.to_string() })?;
+        self.validate_webhooks()?;
         if k.relist_interval < Duration::from_secs(1) {
             return Err(ConfigError::Value { key: "kubernetes.relist_interval", reason: "must be at least 1s".into() });
         }
         if k.watch_timeout.as_secs() == 0 {
             return Err(ConfigError::Value { key: "kubernetes.watch_timeout", reason: "must be at least 1s".into() });
+        }
+        Ok(())
+    }
+
+    fn validate_webhooks(&self) -> Result<(), ConfigError> {
+        let mut names = std::collections::HashSet::new();
+        for w in &self.webhooks {
+            w.validate()?;
+            w.resolve_secret()?;
+            if !names.insert(&w.name) {
+                let reason = format!("`{}` is used by more than one endpoint", w.name);
+                return Err(ConfigError::Value { key: "webhooks.name", reason });
+            }
+            if w.timeout >= self.relay.lease {
+                let reason = format!("must be longer than every webhook timeout (`{}` has {:?})", w.name, w.timeout);
+                return Err(ConfigError::Value { key: "relay.lease", reason });
+            }
+        }
+        if self.relay.concurrency == 0 {
+            return Err(ConfigError::Value { key: "relay.concurrency", reason: "must be at least 1".into() });
         }
         Ok(())
     }

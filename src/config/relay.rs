@@ -1,0 +1,228 @@
+//! `[relay]` and `[[webhooks]]`: the outbound webhook endpoints (the LB appliance) and how deliveries
+//! to them are dispatched and retried.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize, Serializer};
+use url::Url;
+
+use super::ConfigError;
+
+/// A secret value: deserialized from the config as given, never printed. `Debug` and `Serialize`
+/// (used by `check-config`) show `"<redacted>"`.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself: pass it to the signer or the HTTP header, never to a log.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("<redacted>")
+    }
+}
+
+/// `[relay]`: dispatcher settings shared by every endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// Deliveries in flight at once per endpoint (each to a different Service).
+    pub concurrency: usize,
+    /// How long a claimed delivery is reserved for its attempt before another worker may take it.
+    /// Must exceed the endpoint `timeout`; leases are also cleared at start (crash recovery).
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// On SIGTERM / Ctrl-C: how long in-flight attempts may finish before the process exits anyway.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Fallback poll period for work enqueued by another process (`vipwatch resync`).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 32,
+            lease: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// `retry = { ... }` of a webhook: exponential backoff with jitter between attempts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Give up (state `failed`) after this many attempts.
+    pub max_attempts: u32,
+    /// Give up once the delivery is this old (since enqueued) and its last attempt failed.
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
+    /// Delay after the first failure; doubles per attempt.
+    #[serde(with = "humantime_serde")]
+    pub initial_delay: Duration,
+    /// Ceiling of the delay between attempts (also the clamp for `Retry-After`).
+    #[serde(with = "humantime_serde")]
+    pub max_delay: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 400,
+            max_age: Duration::from_secs(24 * 3600),
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(300),
+        }
+    }
+}
+
+/// `tls = { ... }` of a webhook: private CA and client certificate (mTLS), as appliances need.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM file of CA certificates trusted in addition to the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate chain (with `client_key_file`).
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM private key of the client certificate.
+    pub client_key_file: Option<PathBuf>,
+}
+
+/// One `[[webhooks]]` table: an outbound endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Unique name, used in the API, metrics and the delivery log.
+    pub name: String,
+    /// Where to POST.
+    pub url: Url,
+    /// Standard Webhooks secret (`whsec_` + base64 key).
+    #[serde(default)]
+    pub secret: Option<Secret>,
+    /// File holding the secret (trailing whitespace ignored).
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// Environment variable holding the secret.
+    #[serde(default)]
+    pub secret_env: Option<String>,
+    /// Event types sent: `ADDED`, `MODIFIED`, `DELETED` (default all). `service.synced` is always sent.
+    #[serde(default = "all_events")]
+    pub events: Vec<String>,
+    /// Only Services in these namespaces (default: all in scope).
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    /// Only Services whose labels match (before or after the change).
+    #[serde(default)]
+    pub label_selector: String,
+    /// Whole-attempt timeout (connect, request, response body).
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// TCP + TLS connect timeout.
+    #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Static extra headers (values are secrets: never logged or printed).
+    #[serde(default)]
+    pub headers: BTreeMap<String, Secret>,
+    /// TLS settings.
+    #[serde(default)]
+    pub tls: TlsConfig,
+    /// Retry policy.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// `false`: nothing is enqueued for or sent to this endpoint.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn all_events() -> Vec<String> {
+    ["ADDED", "MODIFIED", "DELETED"].map(str::to_owned).to_vec()
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+fn yes() -> bool {
+    true
+}
+
+impl WebhookConfig {
+    /// Resolves the secret from `secret`, `secret_file` or `secret_env` (exactly one must be set).
+    /// Errors: [`ConfigError::Value`] naming `webhooks.<name>.secret*` when none, several, or an
+    /// unreadable source is given, or when the value is not a valid Standard Webhooks secret.
+    pub fn resolve_secret(&self) -> Result<Secret, ConfigError> {
+        let value = match (&self.secret, &self.secret_file, &self.secret_env) {
+            (Some(s), None, None) => s.expose().to_owned(),
+            (None, Some(path), None) => std::fs::read_to_string(path)
+                .map_err(|e| self.invalid("secret_file", format!("{}: {e}", path.display())))?
+                .trim_end()
+                .to_owned(),
+            (None, None, Some(var)) => {
+                std::env::var(var).map_err(|_| self.invalid("secret_env", format!("`{var}` is not set")))?
+            }
+            (None, None, None) => {
+                return Err(self.invalid("secret", "one of secret, secret_file, secret_env is required".into()));
+            }
+            _ => return Err(self.invalid("secret", "set only one of secret, secret_file, secret_env".into())),
+        };
+        standardwebhooks::Webhook::new(&value)
+            .map_err(|_| self.invalid("secret", "not a Standard Webhooks secret (`whsec_` + base64 key)".into()))?;
+        Ok(Secret(value))
+    }
+
+    fn invalid(&self, key: &str, reason: String) -> ConfigError {
+        ConfigError::Webhook { name: self.name.clone(), key: key.to_owned(), reason }
+    }
+
+    /// Checks everything but the secret. Errors: [`ConfigError::Webhook`] naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.name.is_empty() || self.name.contains(['/', ' ', '.']) {
+            return Err(self.invalid("name", "must be non-empty, without `/`, `.` or spaces".into()));
+        }
+        if !matches!(self.url.scheme(), "http" | "https") {
+            return Err(self.invalid("url", format!("scheme `{}` is not http or https", self.url.scheme())));
+        }
+        if let Some(bad) = self.events.iter().find(|e| !["ADDED", "MODIFIED", "DELETED"].contains(&e.as_str())) {
+            return Err(self.invalid("events", format!("`{bad}` is not ADDED, MODIFIED or DELETED")));
+        }
+        if self.timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(self.invalid("timeout", "timeouts must be positive".into()));
+        }
+        if self.retry.max_attempts == 0 || self.retry.initial_delay.is_zero() {
+            return Err(self.invalid("retry", "max_attempts and initial_delay must be positive".into()));
+        }
+        if self.tls.client_cert_file.is_some() != self.tls.client_key_file.is_some() {
+            return Err(self.invalid("tls", "client_cert_file and client_key_file go together".into()));
+        }
+        for header in self.headers.keys() {
+            if reqwest::header::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                return Err(self.invalid("headers", format!("`{header}` is not a valid header name")));
+            }
+        }
+        crate::model::LabelSelector::parse(&self.label_selector)
+            .map_err(|e| self.invalid("label_selector", e.to_string()))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,192 @@
+//! One endpoint's dispatcher: claims due queue heads (one per Service, so per-Service order holds),
+//! sends them concurrently, records each attempt, and retries per the policy. Stops claiming on
+//! shutdown and lets in-flight attempts finish within `relay.shutdown_grace`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::policy::{Verdict, after_failure};
+use super::sender::{AttemptResult, Sender};
+use crate::config::{RelayConfig, RetryConfig};
+use crate::metrics::Metrics;
+use crate::store::{Claimed, Completion, Outcome, Store, StoreError, now_ms};
+
+/// Everything one endpoint's loop needs.
+pub(super) struct Dispatcher {
+    pub name: String,
+    pub url: String,
+    pub store: Store,
+    pub sender: Arc<Sender>,
+    pub retry: RetryConfig,
+    pub relay: RelayConfig,
+    pub metrics: Arc<Metrics>,
+}
+
+type InFlight = JoinSet<(Claimed, AttemptResult)>;
+
+impl Dispatcher {
+    /// Runs until `cancel`; wakes on every commit (`committed`), on finished attempts, when the next
+    /// retry is due, and every `relay.poll_interval` (work enqueued by another process).
+    pub async fn run(self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
+        let mut in_flight = InFlight::new();
+        let mut failing = false;
+        let mut committed_open = true;
+        loop {
+            let disabled = self.is_disabled().await;
+            if !disabled {
+                self.fill(&mut in_flight).await;
+            }
+            let nap = self.nap(disabled).await;
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    let mut done = vec![joined];
+                    while let Some(more) = in_flight.try_join_next() {
+                        done.push(more);
+                    }
+                    self.finish(done.into_iter().filter_map(Result::ok).collect(), &mut failing).await;
+                }
+                changed = committed.changed(), if committed_open => committed_open = changed.is_ok(),
+                _ = tokio::time::sleep(nap) => {}
+            }
+        }
+        self.drain(in_flight, &mut failing).await;
+    }
+
+    async fn is_disabled(&self) -> bool {
+        matches!(self.store.webhook_state(&self.name).await, Ok(Some(s)) if s.disabled_reason.is_some())
+    }
+
+    /// Claims as many due heads as there are free slots and starts their attempts.
+    async fn fill(&self, in_flight: &mut InFlight) {
+        let free = self.relay.concurrency.saturating_sub(in_flight.len());
+        if free == 0 {
+            return;
+        }
+        let lease = i64::try_from(self.relay.lease.as_millis()).unwrap_or(i64::MAX);
+        match self.store.claim(&self.name, now_ms(), lease, free).await {
+            Ok(claimed) => {
+                for c in claimed {
+                    let sender = self.sender.clone();
+                    in_flight.spawn(async move {
+                        let result = sender.send(&c.msg_id, &c.payload).await;
+                        (c, result)
+                    });
+                }
+            }
+            Err(e) => error!(webhook = %self.name, error = %e, "cannot claim deliveries"),
+        }
+    }
+
+    /// How long to wait when nothing else wakes us: until the next retry is due, at most `poll_interval`.
+    async fn nap(&self, disabled: bool) -> Duration {
+        let poll = self.relay.poll_interval;
+        if disabled {
+            return poll;
+        }
+        match self.store.next_due(&self.name).await {
+            Ok(Some(at)) => Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0)).min(poll),
+            _ => poll,
+        }
+    }
+
+    /// Records finished attempts in one transaction and applies their consequences.
+    async fn finish(&self, done: Vec<(Claimed, AttemptResult)>, failing: &mut bool) {
+        let now = now_ms();
+        let mut completions = Vec::with_capacity(done.len());
+        let mut recovered = false;
+        for (claimed, result) in &done {
+            let outcome = self.outcome(claimed, result, now).await;
+            self.observe(claimed, result, outcome, now);
+            match outcome {
+                Outcome::Succeeded => recovered |= std::mem::replace(failing, false),
+                _ => *failing = true,
+            }
+            completions.push(Completion { delivery_id: claimed.id, attempt: result.record.clone(), outcome });
+        }
+        if let Err(e) = self.store.complete(&completions).await {
+            error!(webhook = %self.name, error = %e, "cannot record attempts; their leases will expire and they will be sent again");
+        }
+        if recovered {
+            self.catch_up(now).await;
+        }
+    }
+
+    async fn outcome(&self, claimed: &Claimed, result: &AttemptResult, now: i64) -> Outcome {
+        match result.verdict {
+            Verdict::Success => Outcome::Succeeded,
+            Verdict::Gone => {
+                warn!(webhook = %self.name, url = %self.url, "receiver answered 410 Gone: endpoint disabled until re-enabled");
+                if let Err(e) = self.disable().await {
+                    error!(webhook = %self.name, error = %e, "cannot record the endpoint as disabled");
+                }
+                Outcome::Retry(now)
+            }
+            Verdict::Retry { retry_after } => {
+                let attempts = u32::try_from(claimed.attempts + 1).unwrap_or(u32::MAX);
+                let age = Duration::from_millis(u64::try_from(now - claimed.created_at).unwrap_or(0));
+                after_failure(&self.retry, attempts, age, now, retry_after)
+            }
+        }
+    }
+
+    async fn disable(&self) -> Result<(), StoreError> {
+        self.store.disable_webhook(&self.name, "receiver answered 410 Gone", &self.url).await
+    }
+
+    fn observe(&self, c: &Claimed, result: &AttemptResult, outcome: Outcome, now: i64) {
+        let label = match outcome {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Retry(_) => "retrying",
+            Outcome::Failed => "failed",
+        };
+        self.metrics.delivery(&self.name, label);
+        let r = &result.record;
+        match outcome {
+            Outcome::Succeeded => {
+                self.metrics.delivery_latency(&self.name, (now - c.created_at) as f64 / 1000.0);
+                debug!(webhook = %self.name, delivery = c.id, service = %c.key, kind = %c.kind, status = ?r.status_code, "delivered");
+            }
+            Outcome::Retry(at) => {
+                debug!(webhook = %self.name, delivery = c.id, service = %c.key, error = ?r.error, retry_in_ms = at - now, "attempt failed")
+            }
+            Outcome::Failed => {
+                warn!(webhook = %self.name, delivery = c.id, service = %c.key, kind = %c.kind, error = ?r.error, attempts = c.attempts + 1, "delivery failed for good; replay it through the API when the receiver is fixed")
+            }
+        }
+    }
+
+    /// The endpoint answered 2xx after failures: every waiting delivery is due now (order is kept,
+    /// since only queue heads are ever claimed).
+    async fn catch_up(&self, now: i64) {
+        match self.store.make_due(&self.name, now).await {
+            Ok(0) => {}
+            Ok(n) => info!(webhook = %self.name, deliveries = n, "endpoint recovered: waiting deliveries are due now"),
+            Err(e) => error!(webhook = %self.name, error = %e, "cannot reschedule waiting deliveries"),
+        }
+    }
+
+    /// Graceful stop: waits up to `shutdown_grace` for attempts in flight, records them, abandons the
+    /// rest (their leases are cleared at the next start, so they are sent again).
+    async fn drain(&self, mut in_flight: InFlight, failing: &mut bool) {
+        if in_flight.is_empty() {
+            return;
+        }
+        info!(webhook = %self.name, in_flight = in_flight.len(), "waiting for attempts in flight");
+        let deadline = tokio::time::Instant::now() + self.relay.shutdown_grace;
+        let mut done = Vec::new();
+        while let Ok(Some(joined)) = tokio::time::timeout_at(deadline, in_flight.join_next()).await {
+            done.extend(joined.ok());
+        }
+        if !in_flight.is_empty() {
+            warn!(webhook = %self.name, abandoned = in_flight.len(), "shutdown grace over; unfinished deliveries stay pending");
+            in_flight.abort_all();
+        }
+        self.finish(done, failing).await;
+    }
+}

@@ -1,0 +1,106 @@
+//! The retry policy (shared/reference/webhooks.md, "Delivery policy"): what an attempt's result
+//! means for the delivery, and when to try again.
+
+use std::time::{Duration, SystemTime};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+use crate::config::RetryConfig;
+use crate::store::Outcome;
+
+/// What the receiver (or the network) said, as far as the policy cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// 2xx.
+    Success,
+    /// 410 Gone: the receiver wants no more deliveries; the endpoint is disabled.
+    Gone,
+    /// Anything else (timeout, connect, TLS, redirect, non-2xx): retry per schedule.
+    Retry {
+        /// `Retry-After` of a 429/503, if any.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// The delay before attempt `attempts + 1`, after `attempts` failures (1-based): `initial_delay`
+/// doubling per failure up to `max_delay`, with jitter (backon's exponential backoff).
+pub fn backoff(retry: &RetryConfig, attempts: u32) -> Duration {
+    ExponentialBuilder::default()
+        .with_min_delay(retry.initial_delay)
+        .with_max_delay(retry.max_delay)
+        .with_jitter()
+        .without_max_times()
+        .build()
+        .nth(attempts.saturating_sub(1) as usize)
+        .unwrap_or(retry.max_delay)
+        .min(retry.max_delay)
+}
+
+/// The delivery's next state after a failed attempt: `Failed` once `max_attempts` attempts are spent
+/// or the delivery is older than `max_age`; else `Retry` after the backoff, or after `Retry-After`
+/// clamped to `max_delay` when the receiver sent one. `attempts` counts the attempt just made.
+pub fn after_failure(
+    retry: &RetryConfig,
+    attempts: u32,
+    age: Duration,
+    now_ms: i64,
+    retry_after: Option<Duration>,
+) -> Outcome {
+    if attempts >= retry.max_attempts || age >= retry.max_age {
+        return Outcome::Failed;
+    }
+    let delay = retry_after.map(|d| d.min(retry.max_delay)).unwrap_or_else(|| backoff(retry, attempts));
+    Outcome::Retry(now_ms + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Parses `Retry-After`: delay-seconds or an HTTP date (RFC 9110 §10.2.3). A date in the past is 0.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry() -> RetryConfig {
+        RetryConfig {
+            max_attempts: 5,
+            max_age: Duration::from_secs(3600),
+            initial_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let r = retry();
+        let first = backoff(&r, 1);
+        assert!(first >= Duration::from_secs(1) && first <= Duration::from_secs(2), "{first:?}");
+        let third = backoff(&r, 3);
+        assert!(third >= Duration::from_secs(4) && third <= Duration::from_secs(8), "{third:?}");
+        assert_eq!(backoff(&r, 30), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn gives_up_on_attempts_or_age_and_clamps_retry_after() {
+        let r = retry();
+        assert_eq!(after_failure(&r, 5, Duration::ZERO, 0, None), Outcome::Failed);
+        assert_eq!(after_failure(&r, 1, Duration::from_secs(3600), 0, None), Outcome::Failed);
+        assert_eq!(after_failure(&r, 1, Duration::ZERO, 1000, Some(Duration::from_secs(2))), Outcome::Retry(3000));
+        assert_eq!(after_failure(&r, 1, Duration::ZERO, 0, Some(Duration::from_secs(999))), Outcome::Retry(60_000));
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_and_http_dates() {
+        let now = httpdate::parse_http_date("Sun, 29 Nov 2026 12:00:00 GMT").unwrap();
+        assert_eq!(parse_retry_after("2", now), Some(Duration::from_secs(2)));
+        assert_eq!(parse_retry_after("Sun, 29 Nov 2026 12:00:30 GMT", now), Some(Duration::from_secs(30)));
+        assert_eq!(parse_retry_after("Sun, 29 Nov 2026 11:00:00 GMT", now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+    }
+}

@@ -1,0 +1,206 @@
+//! One endpoint's HTTP side: a reqwest client with the endpoint's timeouts, TLS material and no
+//! redirects, and one signed attempt (Standard Webhooks headers over the exact bytes sent).
+
+use std::time::{Duration, Instant, SystemTime};
+
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
+use url::Url;
+
+use super::RelayError;
+use super::policy::{Verdict, parse_retry_after};
+use crate::config::WebhookConfig;
+use crate::store::{AttemptRecord, now_ms};
+
+/// Most response-body bytes read per attempt (64 KiB); the rest is dropped with the connection.
+pub const MAX_BODY_READ: usize = 64 * 1024;
+/// Most response-body bytes kept in the attempt log (4 KiB).
+pub const MAX_BODY_KEPT: usize = 4 * 1024;
+
+/// The `User-Agent` of every request.
+pub const USER_AGENT: &str = concat!("vipwatch/", env!("CARGO_PKG_VERSION"));
+
+/// What one attempt produced.
+#[derive(Debug, Clone)]
+pub struct AttemptResult {
+    /// For the attempt log.
+    pub record: AttemptRecord,
+    /// For the retry policy.
+    pub verdict: Verdict,
+    /// The body read (at most [`MAX_BODY_READ`] bytes).
+    pub body: Vec<u8>,
+}
+
+/// Sends deliveries to one endpoint.
+pub struct Sender {
+    client: reqwest::Client,
+    url: Url,
+    signer: standardwebhooks::Webhook,
+    headers: HeaderMap,
+    timeout: Duration,
+}
+
+impl Sender {
+    /// Builds the client from the endpoint's config. Errors: [`RelayError::Endpoint`] for unreadable or
+    /// invalid TLS material, a bad header value, or an invalid secret.
+    pub fn new(cfg: &WebhookConfig) -> Result<Self, RelayError> {
+        let err = |what: String| RelayError::Endpoint { name: cfg.name.clone(), reason: what };
+        let secret = cfg.resolve_secret().map_err(|e| err(e.to_string()))?;
+        let signer = standardwebhooks::Webhook::new(secret.expose()).map_err(|e| err(format!("secret: {e}")))?;
+        let mut builder = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(cfg.timeout)
+            .connect_timeout(cfg.connect_timeout)
+            .user_agent(USER_AGENT);
+        if let Some(path) = &cfg.tls.ca_file {
+            let pem = std::fs::read(path).map_err(|e| err(format!("tls.ca_file {}: {e}", path.display())))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| err(format!("tls.ca_file: {e}")))?;
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if let (Some(cert), Some(key)) = (&cfg.tls.client_cert_file, &cfg.tls.client_key_file) {
+            let mut pem = std::fs::read(cert).map_err(|e| err(format!("tls.client_cert_file: {e}")))?;
+            pem.extend(std::fs::read(key).map_err(|e| err(format!("tls.client_key_file: {e}")))?);
+            let identity = reqwest::Identity::from_pem(&pem).map_err(|e| err(format!("tls client identity: {e}")))?;
+            builder = builder.identity(identity);
+        }
+        let mut headers = HeaderMap::new();
+        for (name, value) in &cfg.headers {
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| err(format!("header name: {e}")))?;
+            let mut value =
+                HeaderValue::from_str(value.expose()).map_err(|_| err(format!("header `{name}`: bad value")))?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        let client = builder.build().map_err(|e| err(format!("HTTP client: {e}")))?;
+        Ok(Self { client, url: cfg.url.clone(), signer, headers, timeout: cfg.timeout })
+    }
+
+    /// POSTs `payload` with `webhook-id: msg_id`, a fresh `webhook-timestamp` and its signature. Never
+    /// fails: transport errors become the attempt's `error_class`.
+    pub async fn send(&self, msg_id: &str, payload: &str) -> AttemptResult {
+        let started_at = now_ms();
+        let clock = Instant::now();
+        let safety = self.timeout + Duration::from_secs(1);
+        let result = tokio::time::timeout(safety, self.exchange(msg_id, payload)).await;
+        let mut out = match result {
+            Ok(out) => out,
+            Err(_) => failure("timeout", format!("no complete answer within {:?}", self.timeout)),
+        };
+        out.record.started_at = started_at;
+        out.record.duration_ms = i64::try_from(clock.elapsed().as_millis()).unwrap_or(i64::MAX);
+        out
+    }
+
+    async fn exchange(&self, msg_id: &str, payload: &str) -> AttemptResult {
+        let timestamp = jiff::Timestamp::now().as_second();
+        let signature = match self.signer.sign(msg_id, timestamp, payload.as_bytes()) {
+            Ok(s) => s,
+            Err(e) => return failure("http", format!("cannot sign: {e}")),
+        };
+        let request = self
+            .client
+            .post(self.url.clone())
+            .headers(self.headers.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header("webhook-id", msg_id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(payload.to_owned());
+        match request.send().await {
+            Ok(response) => read_response(response).await,
+            Err(e) => failure(classify(&e), error_chain(&e)),
+        }
+    }
+}
+
+async fn read_response(mut response: reqwest::Response) -> AttemptResult {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let mut body = Vec::new();
+    let mut body_error = None;
+    while body.len() < MAX_BODY_READ {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) => break,
+            Err(e) => {
+                body_error = Some((classify(&e), error_chain(&e)));
+                break;
+            }
+        }
+    }
+    body.truncate(MAX_BODY_READ);
+    drop(response);
+    let kept = String::from_utf8_lossy(&body[..body.len().min(MAX_BODY_KEPT)]).into_owned();
+    let header = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok()).map(str::to_owned);
+    let mut record = AttemptRecord {
+        status_code: Some(status.as_u16()),
+        response_body: (!kept.is_empty()).then_some(kept),
+        ..AttemptRecord::default()
+    };
+    let verdict = if status.is_success() {
+        if let Some((class, error)) = body_error {
+            // The status counts; a body cut short by our own limits is noted, not held against it.
+            record.error = Some(format!("{class} while reading the body: {error}"));
+        }
+        Verdict::Success
+    } else if status.is_redirection() {
+        record.error_class = Some("redirect");
+        record.location = header(LOCATION);
+        record.error = Some(format!("HTTP {status}: redirects are not followed"));
+        Verdict::Retry { retry_after: None }
+    } else if status == reqwest::StatusCode::GONE {
+        record.error_class = Some("http");
+        record.error = Some("HTTP 410 Gone: endpoint disabled".into());
+        Verdict::Gone
+    } else {
+        record.error_class = Some("http");
+        record.error = Some(format!("HTTP {status}"));
+        let retry_after = header(RETRY_AFTER).and_then(|v| parse_retry_after(&v, SystemTime::now()));
+        Verdict::Retry { retry_after }
+    };
+    AttemptResult { record, verdict, body }
+}
+
+fn failure(class: &'static str, error: String) -> AttemptResult {
+    let record = AttemptRecord { error_class: Some(class), error: Some(error), ..AttemptRecord::default() };
+    AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new() }
+}
+
+/// `timeout`, `tls` or `connect` for a transport error.
+fn classify(e: &reqwest::Error) -> &'static str {
+    if e.is_timeout() {
+        "timeout"
+    } else if is_tls(e) {
+        "tls"
+    } else {
+        "connect"
+    }
+}
+
+fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.get_ref().is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        out.push_str(": ");
+        out.push_str(&err.to_string());
+        cur = err.source();
+    }
+    out
+}

@@ -1,0 +1,299 @@
+//! Completing deliveries (attempt log + new state), endpoint state, replay, resync, and the delivery
+//! log queries.
+
+use serde::Serialize;
+use sqlx::{QueryBuilder, Row, Sqlite};
+
+use super::outbox::{NewDelivery, insert_deliveries};
+use super::{ServiceRow, Store, StoreError, now_ms};
+use crate::model::ServiceKey;
+
+/// What one attempt did, for the attempt log.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct AttemptRecord {
+    /// When the attempt started (Unix ms).
+    pub started_at: i64,
+    /// How long it took, in milliseconds.
+    pub duration_ms: i64,
+    /// HTTP status, when a response arrived.
+    pub status_code: Option<u16>,
+    /// `timeout`, `connect`, `tls`, `redirect` or `http` (non-2xx); `None` on success.
+    pub error_class: Option<&'static str>,
+    /// Human-readable error.
+    pub error: Option<String>,
+    /// `Location` of a 3xx answer.
+    pub location: Option<String>,
+    /// At most 4 KiB of the response body (UTF-8, lossy).
+    pub response_body: Option<String>,
+}
+
+/// The delivery's state after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// 2xx: done.
+    Succeeded,
+    /// Try again at this time (Unix ms).
+    Retry(i64),
+    /// Gave up (`max_attempts` / `max_age` reached): kept, replayable; releases the Service's queue.
+    Failed,
+}
+
+/// One finished attempt to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The delivery.
+    pub delivery_id: i64,
+    /// What happened.
+    pub attempt: AttemptRecord,
+    /// What the delivery becomes.
+    pub outcome: Outcome,
+}
+
+/// A delivery-log row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeliveryRow {
+    /// Delivery id.
+    pub id: i64,
+    /// Endpoint name.
+    pub webhook: String,
+    /// The event carried (`None` for `service.synced`).
+    pub event_id: Option<i64>,
+    /// The Service.
+    pub key: ServiceKey,
+    /// `ADDED`, `MODIFIED`, `DELETED` or `SYNCED`.
+    pub kind: String,
+    /// The `webhook-id` header.
+    pub msg_id: String,
+    /// `pending`, `succeeded`, `failed` or `superseded`.
+    pub state: String,
+    /// Attempts made.
+    pub attempts: i64,
+    /// Enqueued at (Unix ms).
+    pub created_at: i64,
+    /// Next attempt due at (Unix ms; meaningful while pending).
+    pub next_attempt_at: i64,
+    /// Finished at (Unix ms).
+    pub finished_at: Option<i64>,
+    /// Status code of the last attempt.
+    pub last_status: Option<i64>,
+    /// Error of the last attempt.
+    pub last_error: Option<String>,
+    /// The exact body.
+    pub payload: String,
+}
+
+/// Filters of [`Store::deliveries`]; results by id ascending.
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryFilter {
+    /// Only ids greater than this.
+    pub after_id: Option<i64>,
+    /// Only this endpoint.
+    pub webhook: Option<String>,
+    /// Only this state.
+    pub state: Option<String>,
+    /// Only this event.
+    pub event_id: Option<i64>,
+    /// Only this namespace.
+    pub namespace: Option<String>,
+    /// Only this Service name.
+    pub name: Option<String>,
+    /// At most this many.
+    pub limit: Option<i64>,
+}
+
+/// Runtime state of an endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WebhookState {
+    /// Endpoint name.
+    pub name: String,
+    /// Why it is disabled (`None` = enabled).
+    pub disabled_reason: Option<String>,
+    /// Since when (Unix ms).
+    pub disabled_at: Option<i64>,
+    /// The URL that answered 410.
+    pub disabled_url: Option<String>,
+}
+
+const DELIVERY_COLUMNS: &str = "SELECT id, webhook, event_id, namespace, name, kind, msg_id, state, attempts, \
+    created_at, next_attempt_at, finished_at, last_status, last_error, payload FROM deliveries";
+
+impl Store {
+    /// Records finished attempts and moves their deliveries on, in one transaction.
+    pub async fn complete(&self, done: &[Completion]) -> Result<(), StoreError> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        for c in done {
+            let a = &c.attempt;
+            let sql = "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, error, \
+                       location, response_body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
+            sqlx::query(sql)
+                .bind(c.delivery_id)
+                .bind(a.started_at)
+                .bind(a.duration_ms)
+                .bind(a.status_code.map(i64::from))
+                .bind(a.error_class)
+                .bind(&a.error)
+                .bind(&a.location)
+                .bind(&a.response_body)
+                .execute(&mut *tx)
+                .await?;
+            let (state, next, finished) = match c.outcome {
+                Outcome::Succeeded => ("succeeded", None, Some(now)),
+                Outcome::Retry(at) => ("pending", Some(at), None),
+                Outcome::Failed => ("failed", None, Some(now)),
+            };
+            let sql = "UPDATE deliveries SET state = ?, attempts = attempts + 1, claimed_until = NULL, \
+                       next_attempt_at = COALESCE(?, next_attempt_at), finished_at = ?, last_status = ?, last_error = ? \
+                       WHERE id = ?";
+            sqlx::query(sql)
+                .bind(state)
+                .bind(next)
+                .bind(finished)
+                .bind(a.status_code.map(i64::from))
+                .bind(&a.error)
+                .bind(c.delivery_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Replays delivery `id` (any state): enqueues a copy with the same body at the END of its
+    /// Service's queue (so it never overtakes newer changes) under a new `webhook-id` (so receivers that
+    /// dedupe still process it). Returns the new delivery id, or `None` if `id` does not exist.
+    pub async fn replay(&self, id: i64, new_msg_id: &str) -> Result<Option<i64>, StoreError> {
+        let sql = "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, created_at, \
+                   next_attempt_at) SELECT webhook, event_id, namespace, name, kind, ?2, payload, ?3, ?3 \
+                   FROM deliveries WHERE id = ?1 RETURNING id";
+        let now = now_ms();
+        Ok(sqlx::query_scalar(sql).bind(id).bind(new_msg_id).bind(now).fetch_optional(&self.pool).await?)
+    }
+
+    /// Enqueues the `service.synced` delivery `build` returns for each in-scope Service (`None` =
+    /// skip it), in one transaction. Returns how many were enqueued.
+    pub async fn enqueue_synced(
+        &self,
+        mut build: impl FnMut(&ServiceRow) -> Option<NewDelivery>,
+    ) -> Result<usize, StoreError> {
+        let services = self.services().await?;
+        let rows: Vec<(NewDelivery, Option<i64>, &ServiceKey)> =
+            services.iter().filter_map(|s| build(s).map(|d| (d, None, &s.key))).collect();
+        let mut tx = self.pool.begin().await?;
+        insert_deliveries(&mut tx, now_ms(), &rows).await?;
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    /// Deliveries matching `filter`, by id ascending.
+    pub async fn deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<DeliveryRow>, StoreError> {
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(DELIVERY_COLUMNS);
+        q.push(" WHERE 1 = 1");
+        if let Some(v) = filter.after_id {
+            q.push(" AND id > ").push_bind(v);
+        }
+        if let Some(v) = filter.event_id {
+            q.push(" AND event_id = ").push_bind(v);
+        }
+        for (column, value) in [
+            ("webhook", &filter.webhook),
+            ("state", &filter.state),
+            ("namespace", &filter.namespace),
+            ("name", &filter.name),
+        ] {
+            if let Some(v) = value {
+                q.push(format!(" AND {column} = ")).push_bind(v.clone());
+            }
+        }
+        q.push(" ORDER BY id");
+        if let Some(limit) = filter.limit {
+            q.push(" LIMIT ").push_bind(limit);
+        }
+        let rows = q.build().fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(delivery_row).collect())
+    }
+
+    /// The attempt log of one delivery, oldest first.
+    pub async fn attempts(&self, delivery_id: i64) -> Result<Vec<AttemptRow>, StoreError> {
+        let sql = "SELECT started_at, duration_ms, status_code, error_class, error, location, response_body \
+                   FROM attempts WHERE delivery_id = ? ORDER BY id";
+        let rows = sqlx::query(sql).bind(delivery_id).fetch_all(&self.pool).await?;
+        Ok(rows
+            .iter()
+            .map(|r| AttemptRow {
+                started_at: r.get("started_at"),
+                duration_ms: r.get("duration_ms"),
+                status_code: r.get("status_code"),
+                error_class: r.get("error_class"),
+                error: r.get("error"),
+                location: r.get("location"),
+                response_body: r.get("response_body"),
+            })
+            .collect())
+    }
+
+    /// Marks `webhook` disabled (a 410 from `url`).
+    pub async fn disable_webhook(&self, webhook: &str, reason: &str, url: &str) -> Result<(), StoreError> {
+        let sql = "INSERT INTO webhook_state (name, disabled_reason, disabled_at, disabled_url) VALUES (?, ?, ?, ?) \
+                   ON CONFLICT (name) DO UPDATE SET disabled_reason = excluded.disabled_reason, \
+                   disabled_at = excluded.disabled_at, disabled_url = excluded.disabled_url";
+        sqlx::query(sql).bind(webhook).bind(reason).bind(now_ms()).bind(url).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Re-enables `webhook`; returns whether it was disabled.
+    pub async fn enable_webhook(&self, webhook: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM webhook_state WHERE name = ?").bind(webhook).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// The stored state of `webhook` (`None` when enabled and never disabled).
+    pub async fn webhook_state(&self, webhook: &str) -> Result<Option<WebhookState>, StoreError> {
+        let sql = "SELECT name, disabled_reason, disabled_at, disabled_url FROM webhook_state WHERE name = ?";
+        let row = sqlx::query(sql).bind(webhook).fetch_optional(&self.pool).await?;
+        Ok(row.map(|r| WebhookState {
+            name: r.get("name"),
+            disabled_reason: r.get("disabled_reason"),
+            disabled_at: r.get("disabled_at"),
+            disabled_url: r.get("disabled_url"),
+        }))
+    }
+}
+
+/// One attempt-log row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttemptRow {
+    /// Started at (Unix ms).
+    pub started_at: i64,
+    /// Duration in milliseconds.
+    pub duration_ms: i64,
+    /// HTTP status, if a response arrived.
+    pub status_code: Option<i64>,
+    /// `timeout`, `connect`, `tls`, `redirect`, `http`, or `None` on success.
+    pub error_class: Option<String>,
+    /// Error text.
+    pub error: Option<String>,
+    /// `Location` of a 3xx.
+    pub location: Option<String>,
+    /// At most 4 KiB of the response body.
+    pub response_body: Option<String>,
+}
+
+fn delivery_row(r: &sqlx::sqlite::SqliteRow) -> DeliveryRow {
+    DeliveryRow {
+        id: r.get("id"),
+        webhook: r.get("webhook"),
+        event_id: r.get("event_id"),
+        key: ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")),
+        kind: r.get("kind"),
+        msg_id: r.get("msg_id"),
+        state: r.get("state"),
+        attempts: r.get("attempts"),
+        created_at: r.get("created_at"),
+        next_attempt_at: r.get("next_attempt_at"),
+        finished_at: r.get("finished_at"),
+        last_status: r.get("last_status"),
+        last_error: r.get("last_error"),
+        payload: r.get("payload"),
+    }
+}

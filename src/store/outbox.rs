@@ -1,0 +1,214 @@
+//! The transactional outbox: deliveries enqueued with their event, claimed with a lease by the relay,
+//! completed with an attempt row. Per (endpoint, Service) the pending deliveries form a FIFO queue
+//! whose head (lowest id) is the only one ever claimed, which is what keeps per-Service order.
+
+use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
+
+use super::{Store, StoreError};
+use crate::model::{Cause, Recorded, ServiceKey};
+
+/// A newly recorded event, as the [`Outbox`] router sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordedEvent<'a> {
+    /// Its event-log id.
+    pub id: i64,
+    /// When it was observed (Unix ms).
+    pub observed_at: i64,
+    /// The Service.
+    pub key: &'a ServiceKey,
+    /// Why it was recorded.
+    pub cause: Cause,
+    /// The event.
+    pub event: &'a Recorded,
+}
+
+/// One delivery to enqueue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDelivery {
+    /// Endpoint name.
+    pub webhook: String,
+    /// `ADDED`, `MODIFIED`, `DELETED` or `SYNCED`.
+    pub kind: &'static str,
+    /// The `webhook-id`: unique, without `.`.
+    pub msg_id: String,
+    /// The exact JSON body.
+    pub payload: String,
+}
+
+/// Routes a recorded event to endpoints; called inside the event's transaction, so it must not block.
+pub trait Outbox: Send + Sync {
+    /// Deliveries to enqueue for `event` (empty when no endpoint subscribes).
+    fn route(&self, event: RecordedEvent<'_>) -> Vec<NewDelivery>;
+}
+
+/// An [`Outbox`] with no endpoints.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoOutbox;
+
+impl Outbox for NoOutbox {
+    fn route(&self, _: RecordedEvent<'_>) -> Vec<NewDelivery> {
+        Vec::new()
+    }
+}
+
+/// A pending delivery claimed for one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// Delivery id.
+    pub id: i64,
+    /// The Service.
+    pub key: ServiceKey,
+    /// `ADDED`, `MODIFIED`, `DELETED` or `SYNCED`.
+    pub kind: String,
+    /// The `webhook-id`.
+    pub msg_id: String,
+    /// The exact body.
+    pub payload: String,
+    /// Attempts made before this one.
+    pub attempts: i64,
+    /// When it was enqueued (Unix ms).
+    pub created_at: i64,
+    /// The event it carries (`None` for `service.synced`).
+    pub event_id: Option<i64>,
+}
+
+/// Rows per multi-row delivery INSERT (6 parameters each), cut as 128, 64, ..., 1.
+const CHUNK: usize = 128;
+
+/// Supersedes, among deliveries touched by this batch (a newer pending MODIFIED with id >= ?2), every
+/// pending MODIFIED that is not its queue's head and is followed by a newer pending MODIFIED with no
+/// pending ADDED/DELETED/SYNCED in between. ADDED, DELETED and SYNCED are never superseded.
+const SUPERSEDE: &str = "UPDATE deliveries SET state = 'superseded', finished_at = ?1 WHERE id IN ( \
+    SELECT d.id FROM deliveries d JOIN deliveries m ON m.webhook = d.webhook AND m.namespace = d.namespace \
+      AND m.name = d.name AND m.state = 'pending' AND m.kind = 'MODIFIED' AND m.id > d.id AND m.id >= ?2 \
+    WHERE d.state = 'pending' AND d.kind = 'MODIFIED' \
+      AND EXISTS (SELECT 1 FROM deliveries p WHERE p.webhook = d.webhook AND p.namespace = d.namespace \
+                  AND p.name = d.name AND p.state = 'pending' AND p.id < d.id) \
+      AND NOT EXISTS (SELECT 1 FROM deliveries x WHERE x.webhook = d.webhook AND x.namespace = d.namespace \
+                  AND x.name = d.name AND x.state = 'pending' AND x.kind <> 'MODIFIED' \
+                  AND x.id > d.id AND x.id < m.id))";
+
+/// Enqueues the deliveries of freshly inserted events (ids in order) inside the batch transaction.
+pub(super) async fn enqueue(
+    tx: &mut Transaction<'_, Sqlite>,
+    now: i64,
+    outbox: &dyn Outbox,
+    events: &[(RecordedEvent<'_>, Option<i64>)],
+) -> Result<(), StoreError> {
+    let rows: Vec<(NewDelivery, Option<i64>, &ServiceKey)> = events
+        .iter()
+        .flat_map(|(e, event_id)| outbox.route(*e).into_iter().map(move |d| (d, *event_id, e.key)))
+        .collect();
+    insert_deliveries(tx, now, &rows).await
+}
+
+/// Inserts deliveries (multi-row), then supersedes what they make redundant.
+pub(super) async fn insert_deliveries(
+    tx: &mut Transaction<'_, Sqlite>,
+    now: i64,
+    rows: &[(NewDelivery, Option<i64>, &ServiceKey)],
+) -> Result<(), StoreError> {
+    let mut first_modified: Option<i64> = None;
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let n = if rest.len() >= CHUNK { CHUNK } else { 1 << rest.len().ilog2() };
+        let (chunk, tail) = rest.split_at(n);
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, created_at, next_attempt_at) ",
+        );
+        q.push_values(chunk, |mut b, (d, event_id, key)| {
+            b.push_bind(&d.webhook)
+                .push_bind(*event_id)
+                .push_bind(&key.namespace)
+                .push_bind(&key.name)
+                .push_bind(d.kind)
+                .push_bind(&d.msg_id)
+                .push_bind(&d.payload)
+                .push_bind(now)
+                .push_bind(now);
+        });
+        q.push(" RETURNING id, kind");
+        for row in q.build().fetch_all(&mut **tx).await? {
+            if row.get::<&str, _>("kind") == "MODIFIED" {
+                let id: i64 = row.get("id");
+                first_modified = Some(first_modified.map_or(id, |f| f.min(id)));
+            }
+        }
+        rest = tail;
+    }
+    if let Some(first) = first_modified {
+        sqlx::query(SUPERSEDE).bind(now).bind(first).execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+const CLAIM: &str = "UPDATE deliveries SET claimed_until = ?3 WHERE id IN ( \
+    SELECT h.id FROM (SELECT MIN(id) AS id FROM deliveries WHERE webhook = ?1 AND state = 'pending' \
+                      GROUP BY namespace, name) AS heads \
+    JOIN deliveries h ON h.id = heads.id \
+    WHERE h.next_attempt_at <= ?2 AND (h.claimed_until IS NULL OR h.claimed_until < ?2) \
+    ORDER BY h.next_attempt_at, h.id LIMIT ?4) \
+    RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id";
+
+const NEXT_DUE: &str = "SELECT MIN(MAX(h.next_attempt_at, COALESCE(h.claimed_until, 0))) FROM \
+    (SELECT MIN(id) AS id FROM deliveries WHERE webhook = ?1 AND state = 'pending' GROUP BY namespace, name) AS heads \
+    JOIN deliveries h ON h.id = heads.id";
+
+impl Store {
+    /// Claims up to `limit` due queue heads of `webhook` for `lease_ms`: each is the lowest pending id
+    /// of its Service, due (`next_attempt_at <= now`) and not leased. Ordered by due time.
+    pub async fn claim(
+        &self,
+        webhook: &str,
+        now: i64,
+        lease_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let rows = sqlx::query(CLAIM)
+            .bind(webhook)
+            .bind(now)
+            .bind(now + lease_ms)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut claimed: Vec<Claimed> = rows
+            .iter()
+            .map(|r| Claimed {
+                id: r.get("id"),
+                key: ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")),
+                kind: r.get("kind"),
+                msg_id: r.get("msg_id"),
+                payload: r.get("payload"),
+                attempts: r.get("attempts"),
+                created_at: r.get("created_at"),
+                event_id: r.get("event_id"),
+            })
+            .collect();
+        claimed.sort_by_key(|c| c.id);
+        Ok(claimed)
+    }
+
+    /// When the next queue head of `webhook` becomes claimable (Unix ms), if any is pending.
+    pub async fn next_due(&self, webhook: &str) -> Result<Option<i64>, StoreError> {
+        Ok(sqlx::query_scalar(NEXT_DUE).bind(webhook).fetch_one(&self.pool).await?)
+    }
+
+    /// Clears every lease: after a crash the attempts that were in flight are due again at once.
+    pub async fn release_leases(&self) -> Result<u64, StoreError> {
+        let sql = "UPDATE deliveries SET claimed_until = NULL WHERE state = 'pending' AND claimed_until IS NOT NULL";
+        Ok(sqlx::query(sql).execute(&self.pool).await?.rows_affected())
+    }
+
+    /// Makes every pending delivery of `webhook` due at `now` (the endpoint recovered).
+    pub async fn make_due(&self, webhook: &str, now: i64) -> Result<u64, StoreError> {
+        let sql = "UPDATE deliveries SET next_attempt_at = ?2 WHERE webhook = ?1 AND state = 'pending' AND next_attempt_at > ?2";
+        Ok(sqlx::query(sql).bind(webhook).bind(now).execute(&self.pool).await?.rows_affected())
+    }
+
+    /// Pending deliveries per endpoint: `(webhook, count, oldest created_at)`.
+    pub async fn outbox_depth(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
+        let sql = "SELECT webhook, COUNT(*), MIN(created_at) FROM deliveries WHERE state = 'pending' GROUP BY webhook";
+        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+    }
+}

@@ -1,0 +1,273 @@
+//! The relay over real sockets: fake apiserver → vipwatch → real HTTP receivers on 127.0.0.1:0.
+
+mod common;
+
+use std::time::Duration;
+
+use common::receiver::{Receiver, Reply, SECRET, WAIT};
+use common::*;
+use serde_json::json;
+use vipwatch::store::DeliveryFilter;
+
+async fn wait_accepted(r: &Receiver, n: usize) -> Vec<receiver::Hit> {
+    let what = format!("{n} accepted deliveries");
+    wait_until(&what, || async { (r.accepted().len() >= n).then(|| r.accepted()) }).await
+}
+
+async fn wait_hits(r: &Receiver, n: usize) -> Vec<receiver::Hit> {
+    wait_until(&format!("{n} requests"), || async { (r.hits().len() >= n).then(|| r.hits()) }).await
+}
+
+#[tokio::test]
+async fn an_added_service_is_delivered_signed_with_the_documented_payload() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    let hit = wait_accepted(&rx, 1).await.remove(0);
+
+    let wh = standardwebhooks::Webhook::new(SECRET).unwrap();
+    wh.verify(&hit.body, &hit.headers).expect("signature verifies with the standardwebhooks crate");
+    assert_eq!(hit.header("content-type"), "application/json");
+    assert_eq!(hit.header("user-agent"), format!("vipwatch/{}", env!("CARGO_PKG_VERSION")));
+    assert!(hit.header("webhook-id").starts_with("msg_") && !hit.header("webhook-id").contains('.'));
+    let ts: i64 = hit.header("webhook-timestamp").parse().unwrap();
+    assert!((ts - jiff::Timestamp::now().as_second()).abs() < 60);
+
+    let body = hit.json();
+    let uid = h.api.get("shop", "web").unwrap()["metadata"]["uid"].clone();
+    let rv = h.api.get("shop", "web").unwrap()["metadata"]["resourceVersion"].clone();
+    let expected = json!({
+        "type": "service.added",
+        "timestamp": body["timestamp"],
+        "data": {"event_id": 1, "event": "ADDED", "cause": "watch",
+                 "service": {"namespace": "shop", "name": "web", "uid": uid, "resourceVersion": rv,
+                             "vips": [], "type": "LoadBalancer", "loadBalancerClass": null,
+                             "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": "8080", "nodePort": 30080, "appProtocol": null}],
+                             "selector": {"app": "web"}, "externalTrafficPolicy": null, "healthCheckNodePort": null,
+                             "sessionAffinity": "None", "sessionAffinityTimeoutSeconds": null,
+                             "loadBalancerSourceRanges": [], "externalIps": [], "ipFamilies": [], "ipFamilyPolicy": null,
+                             "allocateLoadBalancerNodePorts": null, "loadBalancerIp": null, "requestedIps": [],
+                             "ingress": [], "labels": {"app": "web"}, "annotations": {}},
+                 "previous": null, "changed": []}
+    });
+    assert_eq!(body, expected);
+    let stamp = body["timestamp"].as_str().unwrap();
+    assert!(stamp.ends_with('Z') && stamp.parse::<jiff::Timestamp>().is_ok(), "RFC 3339: {stamp}");
+
+    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].state.as_str(), rows[0].attempts, rows[0].event_id), ("succeeded", 1, Some(1)));
+    assert_eq!(rows[0].payload.as_bytes(), &hit.body[..], "the stored payload is the exact body sent");
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_receiver_failing_three_times_gets_the_same_message_id_until_it_succeeds() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|i, _| if i < 3 { Reply::Status(500) } else { Reply::Status(200) }).await;
+    let vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_accepted(&rx, 1).await;
+    let hits = rx.hits();
+    assert_eq!(hits.len(), 4);
+    let ids: Vec<String> = hits.iter().map(|h| h.header("webhook-id")).collect();
+    assert!(ids.iter().all(|id| *id == ids[0]), "webhook-id is stable across retries: {ids:?}");
+    let wh = standardwebhooks::Webhook::new(SECRET).unwrap();
+    assert!(hits.iter().all(|hit| wh.verify(&hit.body, &hit.headers).is_ok()));
+
+    let row = wait_until("delivery recorded as succeeded", || async {
+        let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+        (rows[0].state == "succeeded").then(|| rows[0].clone())
+    })
+    .await;
+    assert_eq!(row.attempts, 4);
+    let attempts = vw.store.attempts(row.id).await.unwrap();
+    let summary: Vec<(Option<i64>, Option<String>)> =
+        attempts.iter().map(|a| (a.status_code, a.error_class.clone())).collect();
+    let http = Some("http".to_owned());
+    assert_eq!(
+        summary,
+        vec![(Some(500), http.clone()), (Some(500), http.clone()), (Some(500), http), (Some(200), None)]
+    );
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|i, _| {
+        if i == 0 { Reply::WithHeaders(429, vec![("retry-after", "2".into())]) } else { Reply::Status(204) }
+    })
+    .await;
+    let mut w = webhook("lab", &rx.url);
+    w.retry.max_delay = Duration::from_secs(5); // Retry-After is clamped to the schedule's maximum
+    let vw = h.start(h.config_with(vec![w])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_accepted(&rx, 1).await;
+    let hits = rx.hits();
+    let gap = hits[1].at - hits[0].at;
+    assert!(gap >= Duration::from_millis(1900), "second attempt {gap:?} after a 429 with Retry-After: 2");
+    assert!(gap < Duration::from_secs(5), "{gap:?}");
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn timeout_redirect_and_endless_body_are_logged_and_retried() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|i, _| match i {
+        0 => Reply::Hang,
+        1 => Reply::WithHeaders(302, vec![("location", "https://elsewhere.example/hook".into())]),
+        2 => Reply::Endless(500),
+        _ => Reply::Endless(200),
+    })
+    .await;
+    let mut w = webhook("lab", &rx.url);
+    w.timeout = Duration::from_millis(500);
+    let vw = h.start(h.config_with(vec![w])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_hits(&rx, 4).await;
+    let row = wait_until("delivered", || async {
+        let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+        (rows[0].state == "succeeded").then(|| rows[0].clone())
+    })
+    .await;
+    let attempts = vw.store.attempts(row.id).await.unwrap();
+    let classes: Vec<(Option<i64>, Option<String>)> =
+        attempts.iter().map(|a| (a.status_code, a.error_class.clone())).collect();
+    assert_eq!(
+        classes,
+        vec![
+            (None, Some("timeout".into())),
+            (Some(302), Some("redirect".into())),
+            (Some(500), Some("http".into())),
+            (Some(200), None)
+        ]
+    );
+    assert_eq!(attempts[1].location.as_deref(), Some("https://elsewhere.example/hook"));
+    assert_eq!(attempts[2].response_body.as_ref().map(String::len), Some(4096), "at most 4 KiB kept");
+    assert!(
+        attempts[3].duration_ms < 500,
+        "an endless 2xx body does not hold the worker: {} ms",
+        attempts[3].duration_ms
+    );
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_410_disables_the_endpoint_until_it_is_re_enabled() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|i, _| if i == 0 { Reply::Status(410) } else { Reply::Status(204) }).await;
+    let vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    let state = wait_until("endpoint disabled", || async { vw.store.webhook_state("lab").await.unwrap() }).await;
+    assert_eq!(state.disabled_reason.as_deref(), Some("receiver answered 410 Gone"));
+    assert_eq!(state.disabled_url.as_deref(), Some(rx.url.as_str()));
+    h.api.apply(lb_service("shop", "api", 81));
+    wait_events(&vw.store, 2).await;
+    let pending =
+        vw.store.deliveries(&DeliveryFilter { state: Some("pending".into()), ..Default::default() }).await.unwrap();
+    assert_eq!(pending.len(), 2, "deliveries wait while the endpoint is disabled");
+    assert_eq!(rx.hits().len(), 1);
+
+    assert!(vw.store.enable_webhook("lab").await.unwrap());
+    let accepted = wait_accepted(&rx, 2).await;
+    let names: Vec<String> =
+        accepted.iter().map(|h| h.json()["data"]["service"]["name"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(names, vec!["web", "api"]);
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn per_service_order_holds_while_the_receiver_fails_every_other_request() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|i, _| if i % 2 == 0 { Reply::Status(503) } else { Reply::Status(200) }).await;
+    let vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    for port in 1..=20 {
+        h.api.update("shop", "web", |o| o["spec"]["ports"][0]["port"] = json!(8000 + port));
+    }
+    assert!(h.api.delete("shop", "web"));
+    wait_events(&vw.store, 22).await;
+    let accepted = wait_until("DELETED delivered", || async {
+        let a = rx.accepted();
+        (a.last().map(|h| h.event().0) == Some("DELETED".into())).then_some(a)
+    })
+    .await;
+    let events: Vec<(String, i64)> = accepted.iter().map(|h| h.event()).collect();
+    assert_eq!(events.first().unwrap().0, "ADDED");
+    assert_eq!(events.last().unwrap().0, "DELETED");
+    let ids: Vec<i64> = events.iter().map(|e| e.1).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "strictly in event order: {ids:?}");
+
+    // Every event was either delivered or superseded, never both, never lost.
+    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    assert_eq!(rows.len(), 22);
+    for row in &rows {
+        let delivered = ids.contains(&row.event_id.unwrap());
+        match row.state.as_str() {
+            "succeeded" => assert!(delivered),
+            "superseded" => assert!(!delivered && row.kind == "MODIFIED"),
+            other => panic!("delivery {} is {other}", row.id),
+        }
+    }
+    assert!(rows.iter().any(|r| r.state == "superseded"), "MODIFIEDs queued behind a retrying head collapse");
+    assert_eq!(rx.hits().len(), accepted.len() * 2, "nothing sent after DELETED");
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_does_not_delay_a_healthy_one() {
+    let h = Harness::new().await;
+    let healthy = Receiver::ok().await;
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_url = format!("http://{}/hook", closed.local_addr().unwrap());
+    drop(closed);
+    let vw = h.start(h.config_with(vec![webhook("dead", &dead_url), webhook("healthy", &healthy.url)])).await;
+    for i in 0..50 {
+        h.api.apply(lb_service("shop", &format!("svc-{i:02}"), 80));
+    }
+    let accepted = tokio::time::timeout(Duration::from_secs(10), wait_accepted(&healthy, 50))
+        .await
+        .expect("healthy endpoint gets all 50 on time");
+    assert_eq!(accepted.len(), 50);
+    let dead =
+        vw.store.deliveries(&DeliveryFilter { webhook: Some("dead".into()), ..Default::default() }).await.unwrap();
+    assert_eq!(dead.len(), 50);
+    assert!(dead.iter().all(|d| d.state == "pending"));
+    let first = vw.store.attempts(dead[0].id).await.unwrap();
+    assert_eq!(first[0].error_class.as_deref(), Some("connect"));
+    vw.stop().await.unwrap();
+    let _ = WAIT;
+}
+
+#[tokio::test]
+async fn resync_enqueues_one_synced_delivery_per_service() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(lb_service("shop", "a", 80));
+    h.api.apply(lb_service("shop", "b", 81));
+    let config = h.config_with(vec![webhook("lab", &rx.url)]);
+    let vw = h.start(config.clone()).await;
+    wait_accepted(&rx, 2).await;
+    let counts = vipwatch::relay::resync(&vw.store, &config, Some("lab")).await.unwrap();
+    assert_eq!(counts, vec![("lab".to_owned(), 2)]);
+    let hits = wait_accepted(&rx, 4).await;
+    let synced: Vec<(String, String, String)> = hits[2..]
+        .iter()
+        .map(|h| {
+            let v = h.json();
+            (
+                s(v["type"].as_str().unwrap()),
+                s(v["data"]["cause"].as_str().unwrap()),
+                s(v["data"]["service"]["name"].as_str().unwrap()),
+            )
+        })
+        .collect();
+    let mut synced = synced;
+    synced.sort();
+    assert_eq!(synced, vec![(s("service.synced"), s("resync"), s("a")), (s("service.synced"), s("resync"), s("b"))]);
+    let err = vipwatch::relay::resync(&vw.store, &config, Some("nope")).await.unwrap_err();
+    assert_eq!(err.to_string(), "no enabled webhook named `nope` in the configuration");
+    vw.stop().await.unwrap();
+}
