@@ -1,5 +1,6 @@
-//! HTTP routes of the fake apiserver: discovery for kubectl, list / get / watch of `services` (core v1),
-//! merge-style PATCH of a Service and its `status` subresource, and `Status` error bodies.
+//! HTTP routes of the fake apiserver: discovery (and a minimal OpenAPI v3) for kubectl; list / get /
+//! watch / create / replace / patch / delete of `services` (core v1) and their `status` subresource
+//! ([`super::services`]); `events` through core/v1 and events.k8s.io/v1 ([`super::events_http`]).
 //!
 //! Routing is done by hand on the path segments behind one axum fallback handler, so every request (also
 //! unknown paths) is recorded and subject to [`super::Faults::fail_requests`].
@@ -8,41 +9,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use axum::http::{Method, StatusCode};
+use axum::response::Response;
 
-use super::discovery::{api_versions, resource_list, version};
-use super::patch::patch;
+use super::discovery::{self, api_versions, resource_list, version};
+use super::errors::{ApiError, bad_request, json_response, status};
+use super::events::EventApi;
 use super::selector::{FieldSelector, LabelSelector, Matcher};
 use super::state::StartFrom;
 use super::watch::{self, WatchSpec};
-use super::{RecordedRequest, Shared};
+use super::{RecordedRequest, Shared, events_http, list, services};
 
 /// The service for one server: a single fallback handler over shared state.
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
     Router::new().fallback(handle).with_state(shared)
-}
-
-/// A `Status` error response: `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
-/// "message":…,"reason":…,"code":…}` with the same HTTP status code.
-pub(crate) fn status(code: u16, reason: &str, message: impl Into<String>) -> Response {
-    let body = json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-        "message": message.into(), "reason": reason, "code": code,
-    });
-    json_response(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), &body)
-}
-
-/// A JSON body with `Content-Type: application/json`.
-pub(crate) fn json_response(code: StatusCode, body: &Value) -> Response {
-    (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
-}
-
-/// A 400 `Status` with reason `BadRequest`.
-pub(crate) fn bad_request(message: impl Into<String>) -> Response {
-    status(400, "BadRequest", message)
 }
 
 /// Decoded query pairs. Empty pairs (`?&limit=500`) are skipped; `+` means space; `%XX` is decoded.
@@ -64,11 +46,13 @@ impl Params {
         self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
-    fn flag(&self, key: &str) -> bool {
+    /// Whether `key` is given as a true boolean (`true`, `1`, `t`, …).
+    pub(crate) fn flag(&self, key: &str) -> bool {
         matches!(self.get(key), Some("true" | "1" | "t" | "T" | "TRUE" | "True"))
     }
 
-    fn number(&self, key: &str) -> Result<Option<u64>, String> {
+    /// `key` as a non-negative integer (`None` if absent or empty); errors name the parameter.
+    pub(crate) fn number(&self, key: &str) -> Result<Option<u64>, String> {
         match self.get(key).filter(|v| !v.is_empty()) {
             None => Ok(None),
             Some(v) => v.parse().map(Some).map_err(|_| format!("invalid {key}: {v:?}")),
@@ -104,17 +88,29 @@ enum Route<'a> {
     Api,
     Apis,
     ApiV1,
+    EventsGroup,
+    EventsV1,
+    OpenApiV3,
+    OpenApiV3Doc(String),
     Collection { ns: Option<&'a str>, watch: bool },
     Item { ns: &'a str, name: &'a str, watch: bool },
     Status { ns: &'a str, name: &'a str },
+    Events { api: EventApi, ns: Option<&'a str> },
+    Event { api: EventApi, ns: &'a str, name: &'a str },
 }
 
 fn route<'a>(segs: &[&'a str]) -> Option<Route<'a>> {
+    use EventApi::{Core, EventsV1};
+    const GROUP: &str = "events.k8s.io";
     Some(match segs {
         ["version"] => Route::Version,
         ["api"] => Route::Api,
         ["apis"] => Route::Apis,
         ["api", "v1"] => Route::ApiV1,
+        ["apis", GROUP] => Route::EventsGroup,
+        ["apis", GROUP, "v1"] => Route::EventsV1,
+        ["openapi", "v3"] => Route::OpenApiV3,
+        ["openapi", "v3", rest @ ..] => Route::OpenApiV3Doc(rest.join("/")),
         ["api", "v1", "services"] => Route::Collection { ns: None, watch: false },
         ["api", "v1", "namespaces", ns, "services"] => Route::Collection { ns: Some(ns), watch: false },
         ["api", "v1", "namespaces", ns, "services", name] => Route::Item { ns, name, watch: false },
@@ -122,8 +118,21 @@ fn route<'a>(segs: &[&'a str]) -> Option<Route<'a>> {
         ["api", "v1", "watch", "services"] => Route::Collection { ns: None, watch: true },
         ["api", "v1", "watch", "namespaces", ns, "services"] => Route::Collection { ns: Some(ns), watch: true },
         ["api", "v1", "watch", "namespaces", ns, "services", name] => Route::Item { ns, name, watch: true },
+        ["api", "v1", "events"] => Route::Events { api: Core, ns: None },
+        ["api", "v1", "namespaces", ns, "events"] => Route::Events { api: Core, ns: Some(ns) },
+        ["api", "v1", "namespaces", ns, "events", name] => Route::Event { api: Core, ns, name },
+        ["apis", GROUP, "v1", "events"] => Route::Events { api: EventsV1, ns: None },
+        ["apis", GROUP, "v1", "namespaces", ns, "events"] => Route::Events { api: EventsV1, ns: Some(ns) },
+        ["apis", GROUP, "v1", "namespaces", ns, "events", name] => Route::Event { api: EventsV1, ns, name },
         _ => return None,
     })
+}
+
+/// The request body (at most 16 MiB; more answers 413).
+async fn read_body(req: Request) -> Result<Bytes, Response> {
+    axum::body::to_bytes(req.into_body(), 16 << 20)
+        .await
+        .map_err(|_| status(413, "RequestEntityTooLarge", "the request body is too large (limit 16 MiB)"))
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
@@ -144,31 +153,60 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         return status(404, "NotFound", "the server could not find the requested resource");
     };
     let headers = req.headers().clone();
-    match (method, route) {
-        (Method::GET, Route::Version) => json_response(StatusCode::OK, &version()),
-        (Method::GET, Route::Api) => json_response(StatusCode::OK, &api_versions(&shared)),
-        (Method::GET, Route::Apis) => {
-            json_response(StatusCode::OK, &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}))
+    let ok = |v: &serde_json::Value| json_response(StatusCode::OK, v);
+    let writes = matches!(method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE);
+    let body = if writes {
+        match read_body(req).await {
+            Ok(b) => b,
+            Err(resp) => return resp,
         }
-        (Method::GET, Route::ApiV1) => json_response(StatusCode::OK, &resource_list()),
+    } else {
+        Bytes::new()
+    };
+    match (method, route) {
+        (Method::GET, Route::Version) => ok(&version()),
+        (Method::GET, Route::Api) => ok(&api_versions(&shared)),
+        (Method::GET, Route::Apis) => ok(&discovery::api_groups()),
+        (Method::GET, Route::ApiV1) => ok(&resource_list()),
+        (Method::GET, Route::EventsGroup) => ok(&discovery::events_api_group()),
+        (Method::GET, Route::EventsV1) => ok(&discovery::events_resource_list()),
+        (Method::GET, Route::OpenApiV3) => ok(&discovery::openapi_v3_root()),
+        (Method::GET, Route::OpenApiV3Doc(gv)) => match discovery::openapi_v3_doc(&gv) {
+            Some(doc) => ok(&doc),
+            None => status(404, "NotFound", "the server could not find the requested resource"),
+        },
         (Method::GET, Route::Collection { ns, watch }) => collection(&shared, ns, None, watch, &params),
+        (Method::POST, Route::Collection { ns: Some(ns), watch: false }) => {
+            services::create(&shared, ns, &params, &body)
+        }
         (Method::GET, Route::Item { ns, name, watch }) if watch || params.flag("watch") => {
             collection(&shared, Some(ns), Some(name), true, &params)
         }
         (Method::GET, Route::Item { ns, name, .. } | Route::Status { ns, name }) => {
             match shared.store.lock().expect("store lock").get(ns, name) {
-                Some(obj) => json_response(StatusCode::OK, obj),
+                Some(obj) => ok(obj),
                 None => not_found(name),
             }
         }
+        (Method::PUT, Route::Item { ns, name, watch: false }) => {
+            services::replace(&shared, ns, name, &params, &body, false)
+        }
+        (Method::PUT, Route::Status { ns, name }) => services::replace(&shared, ns, name, &params, &body, true),
         (Method::PATCH, Route::Item { ns, name, watch: false }) => {
-            let body = axum::body::to_bytes(req.into_body(), 16 << 20).await.unwrap_or_default();
-            patch(&shared, ns, name, &headers, &body, false)
+            services::patch(&shared, ns, name, &params, &headers, &body, false)
         }
         (Method::PATCH, Route::Status { ns, name }) => {
-            let body = axum::body::to_bytes(req.into_body(), 16 << 20).await.unwrap_or_default();
-            patch(&shared, ns, name, &headers, &body, true)
+            services::patch(&shared, ns, name, &params, &headers, &body, true)
         }
+        (Method::DELETE, Route::Item { ns, name, watch: false }) => services::delete(&shared, ns, name, &params, &body),
+        (Method::GET, Route::Events { api, ns }) => events_http::list(&shared, api, ns, &params),
+        (Method::POST, Route::Events { api, ns: Some(ns) }) => events_http::create(&shared, api, ns, &body),
+        (Method::GET, Route::Event { api, ns, name }) => events_http::get(&shared, api, ns, name),
+        (Method::PUT, Route::Event { api, ns, name }) => events_http::write(&shared, api, ns, name, None, &body),
+        (Method::PATCH, Route::Event { api, ns, name }) => {
+            events_http::write(&shared, api, ns, name, Some(&headers), &body)
+        }
+        (Method::DELETE, Route::Event { api, ns, name }) => events_http::delete(&shared, api, ns, name),
         (m, _) => status(
             405,
             "MethodNotAllowed",
@@ -179,7 +217,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
 
 /// A 404 `Status` for the Service `name`.
 pub(crate) fn not_found(name: &str) -> Response {
-    status(404, "NotFound", format!("services \"{name}\" not found"))
+    ApiError::not_found("services", name).response()
 }
 
 /// List or watch a collection (`name` narrows a watch to one object, as the named watch paths do).
@@ -197,7 +235,11 @@ fn collection(shared: &Arc<Shared>, ns: Option<&str>, name: Option<&str>, watch:
         Err(e) => return bad_request(e),
     };
     let matcher = Matcher { namespace: ns.map(str::to_string), labels, fields };
-    if watch || params.flag("watch") { watch_request(shared, matcher, params) } else { list(shared, &matcher, params) }
+    if watch || params.flag("watch") {
+        watch_request(shared, matcher, params)
+    } else {
+        list::services(shared, &matcher, params)
+    }
 }
 
 fn watch_request(shared: &Arc<Shared>, matcher: Matcher, params: &Params) -> Response {
@@ -218,74 +260,6 @@ fn watch_request(shared: &Arc<Shared>, matcher: Matcher, params: &Params) -> Res
     watch::start(shared, WatchSpec { matcher, from, timeout, bookmarks, initial_events_end: initial_events })
 }
 
-/// Continue tokens: hex of `"{snapshot rv}\n{namespace}\n{name}"` (last key served).
-fn encode_token(rv: u64, ns: &str, name: &str) -> String {
-    format!("{rv}\n{ns}\n{name}").bytes().map(|b| format!("{b:02x}")).collect()
-}
-
-fn decode_token(tok: &str) -> Option<(u64, String, String)> {
-    if tok.len() % 2 != 0 || !tok.is_ascii() {
-        return None;
-    }
-    let bytes: Option<Vec<u8>> =
-        (0..tok.len()).step_by(2).map(|i| u8::from_str_radix(&tok[i..i + 2], 16).ok()).collect();
-    let text = String::from_utf8(bytes?).ok()?;
-    let mut parts = text.splitn(3, '\n');
-    let rv = parts.next()?.parse().ok()?;
-    Some((rv, parts.next()?.to_string(), parts.next()?.to_string()))
-}
-
-fn list(shared: &Arc<Shared>, matcher: &Matcher, params: &Params) -> Response {
-    let limit = match params.number("limit") {
-        Ok(l) => l.unwrap_or(0) as usize,
-        Err(e) => return bad_request(e),
-    };
-    let token = match params.get("continue").filter(|c| !c.is_empty()) {
-        None => None,
-        Some(_) if shared.faults.continue_expired() => {
-            return status(
-                410,
-                "Expired",
-                "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
-            );
-        }
-        Some(c) => match decode_token(c) {
-            Some(t) => Some(t),
-            None => return bad_request(format!("continue key is not valid: {c:?}")),
-        },
-    };
-    let store = shared.store.lock().expect("store lock");
-    let (rv, after) = match token {
-        Some((rv, ns, name)) => (rv, Some((ns, name))),
-        None => (store.rv(), None),
-    };
-    let mut items = Vec::new();
-    let mut next = None;
-    let mut last: Option<&Value> = None;
-    for obj in store.objects_after(matcher.namespace.as_deref(), after).filter(|o| matcher.matches(o)) {
-        if limit > 0 && items.len() == limit {
-            let key = |p: &str| last.and_then(|l| l.pointer(p)).and_then(Value::as_str).unwrap_or("").to_string();
-            next = Some(encode_token(rv, &key("/metadata/namespace"), &key("/metadata/name")));
-            break;
-        }
-        let mut item = obj.clone();
-        if let Some(map) = item.as_object_mut() {
-            map.remove("kind");
-            map.remove("apiVersion");
-        }
-        items.push(item);
-        last = Some(obj);
-    }
-    let mut metadata = json!({ "resourceVersion": rv.to_string() });
-    if let Some(next) = next {
-        metadata["continue"] = Value::String(next);
-    }
-    json_response(
-        StatusCode::OK,
-        &json!({ "kind": "ServiceList", "apiVersion": "v1", "metadata": metadata, "items": items }),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,12 +272,5 @@ mod tests {
         assert_eq!(p.get("x"), Some(""));
         assert_eq!(decode("100%"), "100%");
         assert_eq!(decode("%zz%41"), "%zzA");
-    }
-
-    #[test]
-    fn token_roundtrip() {
-        let t = encode_token(42, "ns", "a-b");
-        assert_eq!(decode_token(&t), Some((42, "ns".into(), "a-b".into())));
-        assert_eq!(decode_token("zz"), None);
     }
 }

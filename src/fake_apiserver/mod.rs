@@ -1,6 +1,6 @@
 //! An in-process fake Kubernetes API server for tests and the demo: real HTTP/1.1 (and h2c) on
-//! `127.0.0.1:0`, serving only core/v1 `services`, stored as `serde_json::Value` objects exactly as given
-//! (unknown fields kept).
+//! `127.0.0.1:0`, serving core/v1 `services` (stored as `serde_json::Value` objects exactly as given,
+//! unknown fields kept) and `events` (core/v1 and events.k8s.io/v1).
 //!
 //! What it speaks (see `shared/reference/kubernetes-list-watch.md`):
 //! - `GET /api/v1/services`, `GET /api/v1/namespaces/{ns}/services`: list with `limit`/`continue` paging
@@ -12,17 +12,41 @@
 //!   line per event, flushed at once; `resourceVersion` absent/`"0"` = synthetic ADDED for current
 //!   objects first, `N` = replay history after `N`, too old = HTTP 200 + in-band ERROR 410 line, then end.
 //!   `timeoutSeconds`, `allowWatchBookmarks`, selectors (with ADDED/DELETED on selector transitions).
-//! - `GET`/`PATCH /api/v1/namespaces/{ns}/services/{name}[/status]` (PATCH as a JSON merge patch).
-//! - Discovery for kubectl: `/version` (1.32), `/api`, `/apis`, `/api/v1`. Anything else: 404 `Status`.
+//! - Service writes (details in `services.rs`): `POST /api/v1/namespaces/{ns}/services` (create, 201;
+//!   409 `AlreadyExists`; `generateName`), `GET`/`PUT`/`PATCH /api/v1/namespaces/{ns}/services/{name}` and
+//!   `.../{name}/status` (409 `Conflict` on a stale `resourceVersion`; PATCH as merge patch, strategic
+//!   merge patch, JSON patch or apply patch), `DELETE .../services/{name}` (200 with the object).
+//! - Finalizers: deleting an object with `metadata.finalizers` only sets `metadata.deletionTimestamp`
+//!   (now, RFC 3339) and `deletionGracePeriodSeconds: 0` (MODIFIED); any later write that leaves it
+//!   without finalizers deletes it (DELETED, carrying the state stored before that write); adding a new
+//!   finalizer to it over HTTP answers 422 `Invalid`. [`FakeApiServer::delete`] follows the same rules,
+//!   [`FakeApiServer::delete_now`] does not.
+//! - Events (details in `events_http.rs`): `POST`/`GET /api/v1/namespaces/{ns}/events`,
+//!   `GET /api/v1/events` (`fieldSelector=involvedObject.name=X` etc.), the same under
+//!   `/apis/events.k8s.io/v1/...` (what kube-runtime's `Recorder` uses, including PATCH of an event
+//!   series), and `GET`/`PUT`/`PATCH`/`DELETE` of one event. Both APIs share one store (field names
+//!   converted), with their own resourceVersion counter; events never appear in Service watches, and
+//!   cannot be watched.
+//! - Discovery for kubectl: `/version` (1.32), `/api`, `/apis` (group `events.k8s.io`), `/api/v1`,
+//!   `/apis/events.k8s.io[/v1]`, and a minimal `/openapi/v3` so that `kubectl create`/`apply` validate
+//!   server-side. Anything else: 404 `Status`.
 //!
 //! [`Faults`] injects the failures a watcher must survive. Every request is recorded
 //! ([`FakeApiServer::requests`]).
 
 mod discovery;
+mod errors;
+mod events;
+mod events_http;
 mod faults;
 mod http;
+mod jsonpatch;
+mod list;
+mod meta;
 mod patch;
 mod selector;
+mod services;
+mod smp;
 mod state;
 mod watch;
 
@@ -37,6 +61,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
+use events::EventStore;
 pub use faults::Faults;
 use state::{SharedStore, Store};
 
@@ -70,6 +95,8 @@ pub struct RecordedRequest {
 /// State shared by the handle, the accept loop, the handlers and the watch tasks.
 pub(crate) struct Shared {
     pub(crate) store: SharedStore,
+    /// Events of both APIs (own lock, own resourceVersion counter).
+    pub(crate) events: Mutex<EventStore>,
     pub(crate) faults: Faults,
     pub(crate) requests: Mutex<Vec<RecordedRequest>>,
     pub(crate) options: FakeApiServerOptions,
@@ -134,6 +161,7 @@ impl FakeApiServer {
         let shared = Arc::new(Shared {
             faults: Faults::new(store.clone()),
             store,
+            events: Mutex::new(EventStore::default()),
             requests: Mutex::new(Vec::new()),
             options,
             addr,
@@ -160,6 +188,11 @@ impl FakeApiServer {
     /// resourceVersion; `creationTimestamp` if absent (kept from the stored object on replace). Emits
     /// ADDED (new) or MODIFIED (existing). Returns the new resourceVersion.
     ///
+    /// No admission checks (unlike HTTP writes, this may add finalizers to a terminating object), but
+    /// replacing a terminating Service keeps its `deletionTimestamp`/`deletionGracePeriodSeconds`, and if
+    /// the new object has no finalizers the Service is deleted instead (DELETED; the returned
+    /// resourceVersion is the deletion's).
+    ///
     /// Panics if `svc` is not a JSON object or has no non-empty string `metadata.name`.
     pub fn apply(&self, svc: Value) -> String {
         self.lock().apply(svc).to_string()
@@ -175,15 +208,33 @@ impl FakeApiServer {
 
     /// Modify a stored Service in place with `f` (name and namespace are forced back afterwards; the uid
     /// and creationTimestamp are kept if `f` removes them) and emit MODIFIED. Returns the new
-    /// resourceVersion, or `None` if there is no such Service.
+    /// resourceVersion, or `None` if there is no such Service. Same finalizer rules as
+    /// [`FakeApiServer::apply`]: leaving a terminating Service without finalizers deletes it.
     pub fn update(&self, namespace: &str, name: &str, f: impl FnOnce(&mut Value)) -> Option<String> {
         self.lock().update(namespace, name, f).map(|rv| rv.to_string())
     }
 
-    /// Delete a Service, emitting DELETED with its last state carrying the deletion's resourceVersion.
-    /// `false` if there is no such Service.
+    /// Delete a Service as the apiserver does. With a non-empty `metadata.finalizers` it only gets
+    /// `metadata.deletionTimestamp` (now, RFC 3339) and `deletionGracePeriodSeconds: 0`, a new
+    /// resourceVersion and a MODIFIED event, and stays (nothing happens if it already has a
+    /// `deletionTimestamp`); otherwise it is removed, emitting DELETED with its last state carrying the
+    /// deletion's resourceVersion. `false` if there is no such Service.
     pub fn delete(&self, namespace: &str, name: &str) -> bool {
         self.lock().delete(namespace, name).is_some()
+    }
+
+    /// Remove a Service at once, ignoring finalizers (DELETED with its last state carrying the
+    /// deletion's resourceVersion). `false` if there is no such Service.
+    pub fn delete_now(&self, namespace: &str, name: &str) -> bool {
+        self.lock().remove(namespace, name).is_some()
+    }
+
+    /// Every stored Event in creation order, each as shown by the API it was created through: core/v1
+    /// (`apiVersion: "v1"`, `involvedObject`, `message`, …) or events.k8s.io/v1
+    /// (`apiVersion: "events.k8s.io/v1"`, `regarding`, `note`, …), with `kind: "Event"` and the server-set
+    /// `metadata` (`uid`, `creationTimestamp`, `resourceVersion` from the events' own counter).
+    pub fn events(&self) -> Vec<Value> {
+        self.inner.shared.events.lock().expect("events lock").all()
     }
 
     /// One stored Service (with `kind`/`apiVersion`), or `None`.
@@ -282,7 +333,8 @@ async fn until_down(rx: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|&down| down).await;
 }
 
-/// Reads every `*.json` file of `dir` (sorted by name) as one Service object.
+/// Reads every `*.json` file of `dir` (sorted by name) as one Service object, for [`FakeApiServer::seed`].
+/// Errors: the directory or a file cannot be read, or a file is not JSON (the message names the file).
 pub fn read_seed_dir(dir: &std::path::Path) -> std::io::Result<Vec<Value>> {
     let mut paths: Vec<_> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -1,23 +1,59 @@
-//! PATCH of a Service and of its `status` subresource, applied as a JSON merge patch (RFC 7386).
+//! PATCH bodies by `Content-Type`, computed against a copy of the stored object:
+//! - `application/merge-patch+json`: JSON merge patch (RFC 7386);
+//! - `application/strategic-merge-patch+json`: the strategic merge subset of [`super::smp`] (kubectl's
+//!   default for `patch`, `label`, `annotate` and client-side `apply`);
+//! - `application/json-patch+json`: JSON patch (RFC 6902, [`super::jsonpatch`]);
+//! - `application/apply-patch+yaml` (server-side apply): the body must be JSON and is applied as a merge
+//!   patch (no field ownership).
 //!
-//! Accepted content types: `application/merge-patch+json`, `application/strategic-merge-patch+json` and
-//! `application/apply-patch+yaml` (the body must be JSON; lists are replaced, not merged by key). Other
-//! types answer 415. A `metadata.resourceVersion` in the patch that differs from the stored one answers
-//! 409 Conflict. On the main resource `status` and `metadata.name/namespace/resourceVersion` are ignored;
-//! on `/status` only the patch's `status` is applied. A successful patch emits MODIFIED.
+//! Any other type answers 415. What a resource does with the patched object (preconditions, status vs
+//! main resource, finalizer rules) is up to its write path.
 
-use std::sync::Arc;
-
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::Response;
+use axum::http::{HeaderMap, header};
 use serde_json::{Value, json};
 
-use super::Shared;
-use super::http::{bad_request, json_response, not_found, status};
+use super::errors::ApiError;
+use super::jsonpatch::{self, JsonPatchError};
+use super::smp;
+
+/// A patch format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PatchKind {
+    /// `application/merge-patch+json`.
+    Merge,
+    /// `application/strategic-merge-patch+json`.
+    Strategic,
+    /// `application/json-patch+json`.
+    Json,
+    /// `application/apply-patch+yaml` (JSON body, applied as a merge patch).
+    Apply,
+}
+
+impl PatchKind {
+    /// The format named by the request's `Content-Type` (parameters ignored). Errors: 415 for any other.
+    pub(crate) fn from_headers(headers: &HeaderMap) -> Result<PatchKind, ApiError> {
+        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let ct = ct.split(';').next().unwrap_or("").trim();
+        Ok(match ct {
+            "application/merge-patch+json" => PatchKind::Merge,
+            "application/strategic-merge-patch+json" => PatchKind::Strategic,
+            "application/json-patch+json" => PatchKind::Json,
+            "application/apply-patch+yaml" => PatchKind::Apply,
+            _ => {
+                return Err(ApiError::new(
+                    415,
+                    "UnsupportedMediaType",
+                    format!(
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct:?})"
+                    ),
+                ));
+            }
+        })
+    }
+}
 
 /// JSON merge patch (RFC 7386) of `patch` into `target`.
-fn merge(target: &mut Value, patch: &Value) {
+pub(crate) fn merge(target: &mut Value, patch: &Value) {
     let Some(p) = patch.as_object() else {
         *target = patch.clone();
         return;
@@ -35,63 +71,56 @@ fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
-/// PATCH with a JSON body, applied as a merge patch (merge-patch, strategic-merge-patch and apply-patch
-/// content types; an apply body must be JSON here). `status_only` applies just the patch's `status`.
-pub(crate) fn patch(
-    shared: &Arc<Shared>,
-    ns: &str,
-    name: &str,
-    headers: &HeaderMap,
-    body: &Bytes,
-    status_only: bool,
-) -> Response {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let ct = ct.split(';').next().unwrap_or("").trim();
-    if !matches!(
-        ct,
-        "application/merge-patch+json" | "application/strategic-merge-patch+json" | "application/apply-patch+yaml"
-    ) {
-        return status(
-            415,
-            "UnsupportedMediaType",
-            format!(
-                "the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json, application/apply-patch+yaml (got {ct:?})"
-            ),
-        );
-    }
-    let Ok(mut p) = serde_json::from_slice::<Value>(body) else {
-        return bad_request("the patch body is not valid JSON");
-    };
-    let mut store = shared.store.lock().expect("store lock");
-    let Some(mut obj) = store.get(ns, name).cloned() else {
-        return not_found(name);
-    };
-    let want_rv = p.pointer("/metadata/resourceVersion").and_then(Value::as_str).filter(|s| !s.is_empty());
-    if want_rv.is_some_and(|w| Some(w) != obj.pointer("/metadata/resourceVersion").and_then(Value::as_str)) {
-        return status(
-            409,
-            "Conflict",
-            format!(
-                "Operation cannot be fulfilled on services \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
-            ),
-        );
-    }
-    if status_only {
-        if let Some(st) = p.get("status") {
-            merge(&mut obj["status"], st);
-        }
-    } else if let Some(map) = p.as_object_mut() {
-        map.remove("status");
-        if let Some(meta) = map.get_mut("metadata").and_then(Value::as_object_mut) {
-            for k in ["name", "namespace", "resourceVersion"] {
-                meta.remove(k);
+/// `current` with the patch `body` applied as `kind`. Errors: 400 if the body is not JSON or not a valid
+/// patch document of that kind; 422 if a JSON patch operation fails (e.g. a `test`).
+pub(crate) fn patched(kind: PatchKind, current: &Value, body: &[u8]) -> Result<Value, ApiError> {
+    let patch: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the patch body is not valid JSON: {e}")))?;
+    let mut out = current.clone();
+    match kind {
+        PatchKind::Merge | PatchKind::Apply => {
+            if !patch.is_object() {
+                return Err(ApiError::bad_request("a merge patch must be a JSON object"));
             }
+            merge(&mut out, &patch);
         }
-        merge(&mut obj, &p);
+        PatchKind::Strategic => smp::apply(&mut out, &patch).map_err(ApiError::bad_request)?,
+        PatchKind::Json => match jsonpatch::apply(&mut out, &patch) {
+            Ok(()) => {}
+            Err(JsonPatchError::Malformed(m)) => return Err(ApiError::bad_request(m)),
+            Err(JsonPatchError::Failed(m)) => return Err(ApiError::new(422, "Invalid", m)),
+        },
     }
-    store.update(ns, name, |o| *o = obj);
-    match store.get(ns, name) {
-        Some(obj) => json_response(StatusCode::OK, obj),
-        None => not_found(name),
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(ct: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, ct.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn kinds_by_content_type() {
+        assert_eq!(PatchKind::from_headers(&headers("application/json-patch+json")), Ok(PatchKind::Json));
+        assert_eq!(
+            PatchKind::from_headers(&headers("application/strategic-merge-patch+json; charset=utf-8")),
+            Ok(PatchKind::Strategic)
+        );
+        assert_eq!(PatchKind::from_headers(&headers("text/plain")).unwrap_err().code, 415);
+    }
+
+    #[test]
+    fn patched_maps_errors_to_codes() {
+        let cur = json!({"metadata": {"name": "a"}});
+        let m = patched(PatchKind::Merge, &cur, br#"{"metadata":{"labels":{"x":"y"}}}"#).unwrap();
+        assert_eq!(m["metadata"]["labels"]["x"], "y");
+        assert_eq!(patched(PatchKind::Merge, &cur, b"nope").unwrap_err().code, 400);
+        let failed = patched(PatchKind::Json, &cur, br#"[{"op":"test","path":"/metadata/name","value":"b"}]"#);
+        assert_eq!(failed.unwrap_err().code, 422);
     }
 }

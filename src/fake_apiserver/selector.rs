@@ -114,8 +114,21 @@ fn parse_term(term: &str) -> Result<LabelReq, String> {
 pub(crate) struct FieldSelector(Vec<(&'static str, String, bool)>);
 
 impl FieldSelector {
-    /// Parse the `fieldSelector` query value; unsupported fields and malformed terms are errors.
+    /// Parse a Service `fieldSelector` query value (`metadata.name`, `metadata.namespace`, `spec.type`,
+    /// `spec.clusterIP`); unsupported fields and malformed terms are errors.
     pub(crate) fn parse(s: &str) -> Result<FieldSelector, String> {
+        FieldSelector::parse_with(s, |field| match field {
+            "metadata.name" => Some("/metadata/name"),
+            "metadata.namespace" => Some("/metadata/namespace"),
+            "spec.type" => Some("/spec/type"),
+            "spec.clusterIP" => Some("/spec/clusterIP"),
+            _ => None,
+        })
+    }
+
+    /// Parse a `fieldSelector` query value, mapping each field label to a JSON pointer with `resolve`
+    /// (`None` = "field label not supported"); malformed terms are errors.
+    pub(crate) fn parse_with(s: &str, resolve: impl Fn(&str) -> Option<&'static str>) -> Result<FieldSelector, String> {
         let mut terms = Vec::new();
         for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let (field, value, negate) = if let Some((f, v)) = term.split_once("!=") {
@@ -125,13 +138,8 @@ impl FieldSelector {
             } else {
                 return Err(format!("invalid selector: {term:?}; can't understand it"));
             };
-            let pointer = match field.trim() {
-                "metadata.name" => "/metadata/name",
-                "metadata.namespace" => "/metadata/namespace",
-                "spec.type" => "/spec/type",
-                "spec.clusterIP" => "/spec/clusterIP",
-                other => return Err(format!("field label not supported: {other}")),
-            };
+            let field = field.trim();
+            let pointer = resolve(field).ok_or_else(|| format!("field label not supported: {field}"))?;
             terms.push((pointer, value.trim().to_string(), negate));
         }
         Ok(FieldSelector(terms))

@@ -4,14 +4,18 @@
 //! Everything here lives behind one `std::sync::Mutex` (see [`SharedStore`]); no `.await` happens while it
 //! is held. Taking the watch snapshot and registering the subscriber happen under that one lock
 //! ([`Store::subscribe`]), so no write can fall between them.
+//!
+//! Finalizers: [`Store::delete`] of an object with finalizers only marks it terminating
+//! (`deletionTimestamp`), and [`Store::commit`] turns a write that leaves a terminating object without
+//! finalizers into its removal. Admission checks of HTTP writes live in `services.rs`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use super::meta::{finalizers, is_terminating, meta_mut, new_uid, normalise_with, now_rfc3339};
 
 /// The store as shared between the server handle, the HTTP handlers, the watch tasks and [`super::Faults`].
 pub(crate) type SharedStore = Arc<Mutex<Store>>;
@@ -91,6 +95,16 @@ pub(crate) struct TooOld {
     pub oldest: u64,
 }
 
+/// The outcome of a write: the new global resourceVersion and the object as stored, or, when the write
+/// removed it, its last state as carried by the DELETED event.
+#[derive(Debug, Clone)]
+pub(crate) struct Committed {
+    /// The global resourceVersion after the write (for an already terminating delete: the object's).
+    pub rv: u64,
+    /// The object as stored, or its last state when removed.
+    pub object: Value,
+}
+
 /// The object store. See the module docs.
 pub(crate) struct Store {
     objects: BTreeMap<(String, String), Value>,
@@ -129,14 +143,15 @@ impl Store {
         self.trim();
     }
 
-    /// Create or replace a Service; returns the new resourceVersion. Panics if `obj` is not a JSON object
-    /// or has no string `metadata.name`.
+    /// Create or replace a Service through the Rust API (no admission checks); returns the new
+    /// resourceVersion. Panics if `obj` is not a JSON object or has no non-empty string `metadata.name`.
+    /// uid and creationTimestamp are kept from the stored object when `obj` lacks them (fresh ones on
+    /// create); see [`Store::commit`] for terminating objects.
     pub(crate) fn apply(&mut self, mut obj: Value) -> u64 {
-        let key = normalise(&mut obj);
-        self.rv += 1;
-        let rv = self.rv;
-        let prev = self.objects.get(&key).cloned();
-        let meta = obj.get_mut("metadata").and_then(Value::as_object_mut).expect("normalise makes metadata an object");
+        let (ns, name) = normalise(&mut obj);
+        assert!(!name.is_empty(), "a Service needs a non-empty string metadata.name");
+        let prev = self.objects.get(&(ns, name)).cloned();
+        let meta = meta_mut(&mut obj);
         let keep = |meta: &mut Map<String, Value>, field: &str, fallback: Option<Value>| {
             let absent = meta.get(field).is_none_or(|v| v.is_null() || v == "");
             if let (true, Some(v)) = (absent, fallback) {
@@ -153,11 +168,37 @@ impl Store {
                 keep(meta, "creationTimestamp", Some(Value::String(now_rfc3339())));
             }
         }
-        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+        self.commit(obj).rv
+    }
+
+    /// Store a normalised object (key from its metadata) as a create or replace, bumping the global
+    /// resourceVersion and emitting ADDED or MODIFIED. When the stored object is terminating (has a
+    /// `deletionTimestamp`), its `deletionTimestamp` and `deletionGracePeriodSeconds` are carried over,
+    /// and if the new state has no finalizers the object is removed instead: DELETED with the stored state
+    /// at the new resourceVersion (as the real apiserver's delete-during-update does).
+    pub(crate) fn commit(&mut self, mut obj: Value) -> Committed {
+        let (ns, name) = normalise(&mut obj);
+        let key = (ns, name);
+        let prev = self.objects.get(&key).cloned();
+        if let Some(p) = prev.as_ref().filter(|p| is_terminating(p)) {
+            let meta = meta_mut(&mut obj);
+            for field in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
+                match p.pointer(&format!("/metadata/{field}")) {
+                    Some(v) => meta.insert(field.to_string(), v.clone()),
+                    None => meta.remove(field),
+                };
+            }
+            if finalizers(&obj).is_empty() {
+                return self.remove(&key.0, &key.1).expect("stored object exists");
+            }
+        }
+        self.rv += 1;
+        let rv = self.rv;
+        meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
         self.objects.insert(key, obj.clone());
         let kind = if prev.is_some() { EventType::Modified } else { EventType::Added };
-        self.push(HistEntry { rv, kind, object: obj, prev });
-        rv
+        self.push(HistEntry { rv, kind, object: obj.clone(), prev });
+        Committed { rv, object: obj }
     }
 
     /// Modify a stored Service with `f` and store it as a replace (name and namespace are forced back to
@@ -165,25 +206,40 @@ impl Store {
     pub(crate) fn update(&mut self, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Option<u64> {
         let mut obj = self.objects.get(&(ns.to_string(), name.to_string()))?.clone();
         f(&mut obj);
-        if !obj.is_object() {
-            obj = json!({});
-        }
-        if !obj.get("metadata").is_some_and(Value::is_object) {
-            obj["metadata"] = json!({});
-        }
-        obj["metadata"]["namespace"] = Value::String(ns.to_string());
-        obj["metadata"]["name"] = Value::String(name.to_string());
+        let meta = meta_mut(&mut obj);
+        meta.insert("namespace".into(), Value::String(ns.to_string()));
+        meta.insert("name".into(), Value::String(name.to_string()));
         Some(self.apply(obj))
     }
 
-    /// Delete a Service (DELETED carries its last state with the deletion's rv). `None` if absent.
-    pub(crate) fn delete(&mut self, ns: &str, name: &str) -> Option<u64> {
+    /// Delete a Service honouring finalizers: with a non-empty `metadata.finalizers` the object only
+    /// gets `deletionTimestamp` (now) and `deletionGracePeriodSeconds: 0` (MODIFIED; nothing changes if
+    /// it is already terminating); otherwise it is removed (DELETED). `None` if absent.
+    pub(crate) fn delete(&mut self, ns: &str, name: &str) -> Option<Committed> {
+        let obj = self.objects.get(&(ns.to_string(), name.to_string()))?.clone();
+        if finalizers(&obj).is_empty() {
+            return self.remove(ns, name);
+        }
+        if is_terminating(&obj) {
+            let rv = obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|s| s.parse().ok());
+            return Some(Committed { rv: rv.unwrap_or(self.rv), object: obj });
+        }
+        let mut next = obj;
+        let meta = meta_mut(&mut next);
+        meta.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
+        meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+        Some(self.commit(next))
+    }
+
+    /// Remove a Service regardless of finalizers (DELETED carries its last state with the deletion's
+    /// rv). `None` if absent.
+    pub(crate) fn remove(&mut self, ns: &str, name: &str) -> Option<Committed> {
         let mut obj = self.objects.remove(&(ns.to_string(), name.to_string()))?;
         self.rv += 1;
         let rv = self.rv;
-        obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
-        self.push(HistEntry { rv, kind: EventType::Deleted, object: obj, prev: None });
-        Some(rv)
+        meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
+        self.push(HistEntry { rv, kind: EventType::Deleted, object: obj.clone(), prev: None });
+        Some(Committed { rv, object: obj })
     }
 
     /// One stored Service (with `kind`/`apiVersion`).
@@ -279,76 +335,15 @@ impl Store {
     }
 }
 
-/// Fill in `kind`, `apiVersion`, `metadata.namespace` (default `"default"`) and return the key.
+/// Fill in `kind: Service`, `apiVersion: v1`, `metadata.namespace` (default `"default"`) and return the
+/// key (name `""` if missing). Panics if `obj` is not a JSON object.
 fn normalise(obj: &mut Value) -> (String, String) {
-    let map = obj.as_object_mut().expect("a Service must be a JSON object");
-    map.entry("kind").or_insert_with(|| Value::String("Service".into()));
-    map.entry("apiVersion").or_insert_with(|| Value::String("v1".into()));
-    let meta = map.entry("metadata").or_insert_with(|| json!({}));
-    if !meta.is_object() {
-        *meta = json!({});
-    }
-    let meta = meta.as_object_mut().expect("just made an object");
-    let name = meta
-        .get("name")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .expect("a Service needs a non-empty string metadata.name")
-        .to_string();
-    let ns = match meta.get("namespace").and_then(Value::as_str) {
-        Some(ns) if !ns.is_empty() => ns.to_string(),
-        _ => {
-            meta.insert("namespace".into(), Value::String("default".into()));
-            "default".to_string()
-        }
-    };
-    (ns, name)
-}
-
-/// A fresh UUID-shaped uid, unique within this process.
-fn new_uid() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(1);
-    static SEED: OnceLock<u64> = OnceLock::new();
-    let seed =
-        *SEED.get_or_init(|| SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0));
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{:08x}-{:04x}-4{:03x}-a{:03x}-{:012x}",
-        (seed >> 32) as u32,
-        (seed >> 16) & 0xffff,
-        seed & 0xfff,
-        (n >> 48) & 0xfff,
-        n & 0xffff_ffff_ffff
-    )
-}
-
-/// Current UTC time as RFC 3339 with second precision, e.g. `2025-01-31T12:00:00Z`.
-fn now_rfc3339() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    normalise_with(obj, "Service", "v1")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamp_shape() {
-        let t = now_rfc3339();
-        assert_eq!(t.len(), 20, "{t}");
-        assert!(t.ends_with('Z') && t.as_bytes()[10] == b'T', "{t}");
-    }
 
     #[test]
     fn history_bound_moves_floor() {

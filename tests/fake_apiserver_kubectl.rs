@@ -1,0 +1,237 @@
+//! The installed `kubectl` (1.32) driving the fake apiserver: create, label, annotate, patch (strategic,
+//! JSON, merge), delete and client-side apply, each checked through a kube-rs watch; and the
+//! `vipwatch fake-apiserver` binary serving a seed directory to `kubectl get`.
+//!
+//! Every kubectl run gets a fresh temporary `HOME` (kubectl caches discovery under it).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, WatchEvent, WatchParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::time::timeout;
+use vipwatch::fake_apiserver::FakeApiServer;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Run `kubectl --server URL ARGS…` with a fresh `HOME`, feeding `stdin` if given.
+async fn kubectl(server: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = tokio::process::Command::new("kubectl");
+    cmd.env("HOME", home.path())
+        .env_remove("KUBECONFIG")
+        .arg("--server")
+        .arg(server)
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("kubectl must be installed (see README)");
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(input.as_bytes()).await.unwrap();
+        drop(pipe);
+    }
+    timeout(WAIT, child.wait_with_output()).await.unwrap_or_else(|_| panic!("kubectl {args:?} timed out")).unwrap()
+}
+
+/// [`kubectl`] that must succeed; returns its stdout.
+async fn kubectl_ok(server: &str, args: &[&str], stdin: Option<&str>) -> String {
+    let out = kubectl(server, args, stdin).await;
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "kubectl {args:?} failed:\n{stdout}\n{stderr}");
+    stdout.into_owned()
+}
+
+fn client(server: &FakeApiServer) -> kube::Client {
+    kube::Client::try_from(kube::Config::new(server.url().parse().expect("url"))).expect("kube client")
+}
+
+type Events = std::pin::Pin<Box<dyn Stream<Item = kube::Result<WatchEvent<Service>>> + Send>>;
+
+async fn watch_from(api: &Api<Service>, rv: &str) -> Events {
+    api.watch(&WatchParams::default(), rv).await.expect("watch request").boxed()
+}
+
+/// Next non-bookmark event as `("ADDED"|"MODIFIED"|"DELETED", object as JSON)`.
+async fn next(events: &mut Events) -> (&'static str, Value) {
+    loop {
+        let item = timeout(WAIT, events.next()).await.expect("timed out waiting for a watch event");
+        let (ty, svc) = match item.expect("watch ended").expect("watch error") {
+            WatchEvent::Added(s) => ("ADDED", s),
+            WatchEvent::Modified(s) => ("MODIFIED", s),
+            WatchEvent::Deleted(s) => ("DELETED", s),
+            WatchEvent::Bookmark(_) => continue,
+            WatchEvent::Error(e) => panic!("watch ERROR {e:?}"),
+        };
+        return (ty, serde_json::to_value(svc).unwrap());
+    }
+}
+
+const WEB: &str = r#"{"apiVersion": "v1", "kind": "Service",
+  "metadata": {"name": "web", "labels": {"app": "web"}},
+  "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}"#;
+
+#[tokio::test]
+async fn kubectl_writes_show_up_as_watch_events() {
+    let server = FakeApiServer::start().await.unwrap();
+    let url = server.url();
+    let api: Api<Service> = Api::namespaced(client(&server), "default");
+    let mut events = watch_from(&api, &server.resource_version()).await;
+
+    let out = kubectl_ok(&url, &["create", "-f", "-"], Some(WEB)).await;
+    assert_eq!(out.trim(), "service/web created");
+    let (ty, obj) = next(&mut events).await;
+    assert_eq!((ty, &obj["metadata"]["name"]), ("ADDED", &json!("web")));
+    assert!(obj["metadata"]["uid"].is_string() && obj["metadata"]["creationTimestamp"].is_string());
+
+    assert_eq!(kubectl_ok(&url, &["label", "svc", "web", "team=payments"], None).await.trim(), "service/web labeled");
+    let (ty, obj) = next(&mut events).await;
+    assert_eq!((ty, &obj["metadata"]["labels"]), ("MODIFIED", &json!({"app": "web", "team": "payments"})));
+
+    let out = kubectl_ok(&url, &["annotate", "svc", "web", "vipwatch.example.com/pool=blue"], None).await;
+    assert_eq!(out.trim(), "service/web annotated");
+    let (ty, obj) = next(&mut events).await;
+    assert_eq!((ty, &obj["metadata"]["annotations"]["vipwatch.example.com/pool"]), ("MODIFIED", &json!("blue")));
+
+    let patch = r#"{"spec":{"loadBalancerSourceRanges":["10.0.0.0/8"],"ports":[{"port":80,"targetPort":9090}]}}"#;
+    assert_eq!(kubectl_ok(&url, &["patch", "svc", "web", "-p", patch], None).await.trim(), "service/web patched");
+    let (ty, obj) = next(&mut events).await;
+    assert_eq!(ty, "MODIFIED");
+    assert_eq!(obj["spec"]["loadBalancerSourceRanges"], json!(["10.0.0.0/8"]));
+    // Strategic merge: the port is merged by its key, its name kept.
+    assert_eq!(obj["spec"]["ports"], json!([{"name": "http", "port": 80, "targetPort": 9090}]));
+
+    let add = r#"[{"op":"add","path":"/metadata/finalizers","value":["example.com/hold"]}]"#;
+    kubectl_ok(&url, &["patch", "svc", "web", "--type=json", "-p", add], None).await;
+    let (ty, obj) = next(&mut events).await;
+    assert_eq!((ty, &obj["metadata"]["finalizers"]), ("MODIFIED", &json!(["example.com/hold"])));
+
+    // Delete with a finalizer: terminating, still there.
+    kubectl_ok(&url, &["delete", "svc", "web", "--wait=false"], None).await;
+    let (ty, obj) = next(&mut events).await;
+    assert!(ty == "MODIFIED" && obj["metadata"]["deletionTimestamp"].is_string(), "{ty} {obj}");
+    let listed = kubectl_ok(&url, &["get", "svc", "-o", "json"], None).await;
+    assert_eq!(serde_json::from_str::<Value>(&listed).unwrap()["items"].as_array().unwrap().len(), 1);
+    // A new finalizer is refused; removing the label works; removing the finalizer deletes.
+    let refused =
+        kubectl(&url, &["patch", "svc", "web", "-p", r#"{"metadata":{"finalizers":["example.com/late"]}}"#], None)
+            .await;
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("no new finalizers can be added if the object is being deleted"), "{stderr}");
+    kubectl_ok(&url, &["label", "svc", "web", "team-"], None).await;
+    let (ty, obj) = next(&mut events).await;
+    assert_eq!((ty, &obj["metadata"]["labels"]), ("MODIFIED", &json!({"app": "web"})));
+    kubectl_ok(&url, &["patch", "svc", "web", "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#], None).await;
+    assert_eq!(next(&mut events).await.0, "DELETED");
+
+    // Plain delete (kubectl waits for the object to go, through a watch).
+    kubectl_ok(&url, &["create", "-f", "-"], Some(WEB)).await;
+    assert_eq!(next(&mut events).await.0, "ADDED");
+    assert_eq!(kubectl_ok(&url, &["delete", "svc", "web"], None).await.trim(), "service \"web\" deleted");
+    let (ty, obj) = next(&mut events).await;
+    assert_eq!((ty, &obj["metadata"]["name"]), ("DELETED", &json!("web")));
+    assert!(server.list().is_empty());
+    let methods: BTreeSet<String> = server.requests().into_iter().map(|r| r.method).collect();
+    assert!(["POST", "PATCH", "DELETE"].iter().all(|m| methods.contains(*m)), "{methods:?}");
+}
+
+#[tokio::test]
+async fn kubectl_apply_creates_then_patches_strategically() {
+    let server = FakeApiServer::start().await.unwrap();
+    let url = server.url();
+    let api: Api<Service> = Api::namespaced(client(&server), "default");
+    let mut events = watch_from(&api, &server.resource_version()).await;
+    let v1 = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "app", "namespace": "default", "labels": {"tier": "web"}},
+        "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80, "targetPort": 8080},
+                                                    {"name": "https", "port": 443, "targetPort": 8443}]}});
+    assert_eq!(kubectl_ok(&url, &["apply", "-f", "-"], Some(&v1.to_string())).await.trim(), "service/app created");
+    let (ty, obj) = next(&mut events).await;
+    assert_eq!(ty, "ADDED");
+    assert!(obj["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"].is_string());
+
+    // What the cluster adds on its own (node ports, cluster IP) must survive the next apply.
+    server.update("default", "app", |o| {
+        o["spec"]["clusterIP"] = json!("10.96.0.7");
+        o["spec"]["ports"][0]["nodePort"] = json!(30080);
+        o["spec"]["ports"][1]["nodePort"] = json!(30443);
+    });
+    assert_eq!(next(&mut events).await.0, "MODIFIED");
+
+    let mut v2 = v1.clone();
+    v2["metadata"]["labels"]["tier"] = json!("api");
+    v2["spec"]["ports"] = json!([{"name": "http", "port": 80, "targetPort": 9090}]);
+    assert_eq!(kubectl_ok(&url, &["apply", "-f", "-"], Some(&v2.to_string())).await.trim(), "service/app configured");
+    let (ty, obj) = next(&mut events).await;
+    assert_eq!(ty, "MODIFIED");
+    assert_eq!(obj["metadata"]["labels"], json!({"tier": "api"}));
+    assert_eq!(obj["spec"]["ports"], json!([{"name": "http", "port": 80, "targetPort": 9090, "nodePort": 30080}]));
+    assert_eq!(obj["spec"]["clusterIP"], "10.96.0.7");
+
+    let rv = server.resource_version();
+    assert_eq!(kubectl_ok(&url, &["apply", "-f", "-"], Some(&v2.to_string())).await.trim(), "service/app unchanged");
+    assert_eq!(server.resource_version(), rv, "an unchanged apply writes nothing");
+    assert!(server.requests().iter().any(|r| r.path == "/openapi/v3"), "kubectl looked for OpenAPI v3");
+}
+
+#[tokio::test]
+async fn binary_serves_seed_dir_to_kubectl() {
+    let seed = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kubernetes/real-world");
+    let mut expected = BTreeSet::new();
+    for entry in std::fs::read_dir(&seed).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|x| x == "json") {
+            let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let ns = v["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+            expected.insert(format!("{ns}/{}", v["metadata"]["name"].as_str().unwrap()));
+        }
+    }
+    // A free port: bind :0, read it, release it for the binary.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vipwatch"))
+        .current_dir(cwd.path())
+        .env_remove("VIPWATCH_CONFIG")
+        .env("VIPWATCH_LOG", "warn")
+        .args(["fake-apiserver", "--listen", &addr.to_string(), "--seed"])
+        .arg(&seed)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = timeout(WAIT, lines.next_line()).await.expect("startup line in time").unwrap();
+    assert_eq!(line.as_deref(), Some(format!("fake apiserver listening on http://{addr}").as_str()));
+
+    let url = format!("http://{addr}");
+    let listed: Value =
+        serde_json::from_str(&kubectl_ok(&url, &["get", "svc", "-A", "-o", "json"], None).await).unwrap();
+    let got: BTreeSet<String> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            format!("{}/{}", i["metadata"]["namespace"].as_str().unwrap(), i["metadata"]["name"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(got, expected);
+    // It takes writes too.
+    kubectl_ok(&url, &["label", "svc", "-n", "kube-system", "kube-dns", "seen=yes"], None).await;
+    let dns = kubectl_ok(
+        &url,
+        &["get", "svc", "-n", "kube-system", "kube-dns", "-o", "jsonpath={.metadata.labels.seen}"],
+        None,
+    )
+    .await;
+    assert_eq!(dns, "yes");
+
+    child.kill().await.unwrap();
+}
