@@ -24,6 +24,8 @@ CREATE TABLE deliveries (
 );
 -- Per (endpoint, Service) queue: the head is the lowest pending id.
 CREATE INDEX deliveries_queue ON deliveries (webhook, namespace, name, id) WHERE state = 'pending';
+-- Claim order: pending deliveries of an endpoint by id.
+CREATE INDEX deliveries_pending ON deliveries (webhook, id) WHERE state = 'pending';
 CREATE INDEX deliveries_by_webhook ON deliveries (webhook, id);
 CREATE INDEX deliveries_by_event ON deliveries (event_id);
 CREATE INDEX deliveries_by_service ON deliveries (namespace, name, id);

@@ -82,6 +82,7 @@ impl Running {
 /// Starts everything: opens the database, connects the Kubernetes client, spawns the watch, the
 /// retention pruner and the API on `listener`. Errors: [`AppError`] for anything that fails at start.
 pub async fn start(config: Config, listener: TcpListener) -> Result<Running, AppError> {
+    relay::sender::install_crypto_provider();
     let store = Store::open(&config.database.path).await?;
     info!(path = %config.database.path.display(), "database open");
     let client = watch::connect(&config.kubernetes).await?;

@@ -41,7 +41,9 @@ impl Dispatcher {
             if !disabled {
                 self.fill(&mut in_flight).await;
             }
-            let nap = self.nap(disabled).await;
+            // With attempts in flight, their completion wakes us; the next-due query (a scan of the
+            // queue heads) is only needed when idle.
+            let nap = if in_flight.is_empty() { self.nap(disabled).await } else { self.relay.poll_interval };
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
@@ -62,10 +64,11 @@ impl Dispatcher {
         matches!(self.store.webhook_state(&self.name).await, Ok(Some(s)) if s.disabled_reason.is_some())
     }
 
-    /// Claims as many due heads as there are free slots and starts their attempts.
+    /// Claims as many due heads as there are free slots and starts their attempts. Claims in batches
+    /// (when at least half the slots are free, or none is busy): each claim scans the queue heads.
     async fn fill(&self, in_flight: &mut InFlight) {
         let free = self.relay.concurrency.saturating_sub(in_flight.len());
-        if free == 0 {
+        if free == 0 || (!in_flight.is_empty() && free < self.relay.concurrency.div_ceil(2)) {
             return;
         }
         let lease = i64::try_from(self.relay.lease.as_millis()).unwrap_or(i64::MAX);

@@ -43,6 +43,7 @@ impl Sender {
     /// Builds the client from the endpoint's config. Errors: [`RelayError::Endpoint`] for unreadable or
     /// invalid TLS material, a bad header value, or an invalid secret.
     pub fn new(cfg: &WebhookConfig) -> Result<Self, RelayError> {
+        install_crypto_provider();
         let err = |what: String| RelayError::Endpoint { name: cfg.name.clone(), reason: what };
         let secret = cfg.resolve_secret().map_err(|e| err(e.to_string()))?;
         let signer = standardwebhooks::Webhook::new(secret.expose()).map_err(|e| err(format!("secret: {e}")))?;
@@ -160,6 +161,12 @@ async fn read_response(mut response: reqwest::Response) -> AttemptResult {
         Verdict::Retry { retry_after }
     };
     AttemptResult { record, verdict, body }
+}
+
+/// Installs rustls' `ring` provider as the process default (idempotent). reqwest is built without a
+/// provider of its own (kube already brings `ring`; a second provider would make rustls refuse to pick).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 fn failure(class: &'static str, error: String) -> AttemptResult {

@@ -121,7 +121,7 @@ impl Store {
     /// Records finished attempts and moves their deliveries on, in one transaction.
     pub async fn complete(&self, done: &[Completion]) -> Result<(), StoreError> {
         let now = now_ms();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write.begin().await?;
         for c in done {
             let a = &c.attempt;
             let sql = "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, error, \
@@ -167,7 +167,7 @@ impl Store {
                    next_attempt_at) SELECT webhook, event_id, namespace, name, kind, ?2, payload, ?3, ?3 \
                    FROM deliveries WHERE id = ?1 RETURNING id";
         let now = now_ms();
-        Ok(sqlx::query_scalar(sql).bind(id).bind(new_msg_id).bind(now).fetch_optional(&self.pool).await?)
+        Ok(sqlx::query_scalar(sql).bind(id).bind(new_msg_id).bind(now).fetch_optional(&self.write).await?)
     }
 
     /// Enqueues the `service.synced` delivery `build` returns for each in-scope Service (`None` =
@@ -179,7 +179,7 @@ impl Store {
         let services = self.services().await?;
         let rows: Vec<(NewDelivery, Option<i64>, &ServiceKey)> =
             services.iter().filter_map(|s| build(s).map(|d| (d, None, &s.key))).collect();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write.begin().await?;
         insert_deliveries(&mut tx, now_ms(), &rows).await?;
         tx.commit().await?;
         Ok(rows.len())
@@ -237,13 +237,13 @@ impl Store {
         let sql = "INSERT INTO webhook_state (name, disabled_reason, disabled_at, disabled_url) VALUES (?, ?, ?, ?) \
                    ON CONFLICT (name) DO UPDATE SET disabled_reason = excluded.disabled_reason, \
                    disabled_at = excluded.disabled_at, disabled_url = excluded.disabled_url";
-        sqlx::query(sql).bind(webhook).bind(reason).bind(now_ms()).bind(url).execute(&self.pool).await?;
+        sqlx::query(sql).bind(webhook).bind(reason).bind(now_ms()).bind(url).execute(&self.write).await?;
         Ok(())
     }
 
     /// Re-enables `webhook`; returns whether it was disabled.
     pub async fn enable_webhook(&self, webhook: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM webhook_state WHERE name = ?").bind(webhook).execute(&self.pool).await?;
+        let done = sqlx::query("DELETE FROM webhook_state WHERE name = ?").bind(webhook).execute(&self.write).await?;
         Ok(done.rows_affected() > 0)
     }
 

@@ -88,7 +88,7 @@ impl Store {
 
     /// Deletes events observed before `cutoff_ms` (Unix ms); returns how many were deleted.
     pub async fn prune_events(&self, cutoff_ms: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query("DELETE FROM events WHERE observed_at < ?").bind(cutoff_ms).execute(&self.pool).await?;
+        let done = sqlx::query("DELETE FROM events WHERE observed_at < ?").bind(cutoff_ms).execute(&self.write).await?;
         Ok(done.rows_affected())
     }
 }

@@ -18,11 +18,13 @@ pub use state::{ServiceRow, StateChange};
 
 use sqlx::SqlitePool;
 
-/// Handle on the SQLite database. Cheap to clone (a connection pool inside). Writers should be few:
-/// SQLite has one writer at a time; the recorder batches its writes.
+/// Handle on the SQLite database. Cheap to clone. Reads use a pool of connections; every write goes
+/// through one dedicated connection, so writers queue in-process instead of meeting SQLite's busy
+/// handler (which sleeps in steps of up to 100 ms and made delivery latency spiky).
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: SqlitePool,
+    write: SqlitePool,
 }
 
 /// Current time as Unix milliseconds (UTC), the unit of every `*_at` column.

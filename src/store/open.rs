@@ -23,15 +23,16 @@ impl Store {
             .busy_timeout(Duration::from_secs(5))
             .foreign_keys(true)
             .pragma("temp_store", "memory");
+        let write = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+        sqlx::migrate!("./migrations").run(&write).await?;
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self { pool, write })
     }
 
     /// True when the write lock of the main database can be taken (`BEGIN IMMEDIATE`, then rolled
     /// back) within the busy timeout: what `/readyz` reports as "database writable".
     pub async fn is_writable(&self) -> bool {
-        match self.pool.begin_with("BEGIN IMMEDIATE").await {
+        match self.write.begin_with("BEGIN IMMEDIATE").await {
             Ok(tx) => tx.rollback().await.is_ok(),
             Err(_) => false,
         }
@@ -39,6 +40,7 @@ impl Store {
 
     /// Closes every connection (waits for running statements).
     pub async fn close(&self) {
+        self.write.close().await;
         self.pool.close().await;
     }
 }

@@ -142,17 +142,29 @@ pub(super) async fn insert_deliveries(
     Ok(())
 }
 
-const CLAIM: &str = "UPDATE deliveries SET claimed_until = ?3 WHERE id IN ( \
-    SELECT h.id FROM (SELECT MIN(id) AS id FROM deliveries WHERE webhook = ?1 AND state = 'pending' \
-                      GROUP BY namespace, name) AS heads \
-    JOIN deliveries h ON h.id = heads.id \
-    WHERE h.next_attempt_at <= ?2 AND (h.claimed_until IS NULL OR h.claimed_until < ?2) \
-    ORDER BY h.next_attempt_at, h.id LIMIT ?4) \
-    RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id";
+/// A pending delivery `d` is its queue's head when no pending delivery of the same (endpoint, Service)
+/// has a lower id. Walking pending deliveries by id (index `deliveries_pending`) and probing that
+/// (index `deliveries_queue`) finds the oldest due heads without scanning every queue.
+macro_rules! is_head {
+    () => {
+        "NOT EXISTS (SELECT 1 FROM deliveries p WHERE p.webhook = d.webhook AND p.namespace = d.namespace \
+         AND p.name = d.name AND p.state = 'pending' AND p.id < d.id)"
+    };
+}
 
-const NEXT_DUE: &str = "SELECT MIN(MAX(h.next_attempt_at, COALESCE(h.claimed_until, 0))) FROM \
-    (SELECT MIN(id) AS id FROM deliveries WHERE webhook = ?1 AND state = 'pending' GROUP BY namespace, name) AS heads \
-    JOIN deliveries h ON h.id = heads.id";
+const CLAIM: &str = concat!(
+    "UPDATE deliveries SET claimed_until = ?3 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_pending \
+     WHERE d.webhook = ?1 AND d.state = 'pending' AND d.next_attempt_at <= ?2 \
+     AND (d.claimed_until IS NULL OR d.claimed_until < ?2) AND ",
+    is_head!(),
+    " ORDER BY d.id LIMIT ?4) RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id"
+);
+
+const NEXT_DUE: &str = concat!(
+    "SELECT MIN(MAX(d.next_attempt_at, COALESCE(d.claimed_until, 0))) FROM deliveries d INDEXED BY deliveries_pending \
+     WHERE d.webhook = ?1 AND d.state = 'pending' AND ",
+    is_head!()
+);
 
 impl Store {
     /// Claims up to `limit` due queue heads of `webhook` for `lease_ms`: each is the lowest pending id
@@ -169,7 +181,7 @@ impl Store {
             .bind(now)
             .bind(now + lease_ms)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.write)
             .await?;
         let mut claimed: Vec<Claimed> = rows
             .iter()
@@ -196,13 +208,13 @@ impl Store {
     /// Clears every lease: after a crash the attempts that were in flight are due again at once.
     pub async fn release_leases(&self) -> Result<u64, StoreError> {
         let sql = "UPDATE deliveries SET claimed_until = NULL WHERE state = 'pending' AND claimed_until IS NOT NULL";
-        Ok(sqlx::query(sql).execute(&self.pool).await?.rows_affected())
+        Ok(sqlx::query(sql).execute(&self.write).await?.rows_affected())
     }
 
     /// Makes every pending delivery of `webhook` due at `now` (the endpoint recovered).
     pub async fn make_due(&self, webhook: &str, now: i64) -> Result<u64, StoreError> {
         let sql = "UPDATE deliveries SET next_attempt_at = ?2 WHERE webhook = ?1 AND state = 'pending' AND next_attempt_at > ?2";
-        Ok(sqlx::query(sql).bind(webhook).bind(now).execute(&self.pool).await?.rows_affected())
+        Ok(sqlx::query(sql).bind(webhook).bind(now).execute(&self.write).await?.rows_affected())
     }
 
     /// Pending deliveries per endpoint: `(webhook, count, oldest created_at)`.

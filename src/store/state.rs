@@ -105,7 +105,7 @@ impl Store {
         outbox: &dyn Outbox,
     ) -> Result<Vec<i64>, StoreError> {
         let now = now_ms();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write.begin().await?;
         let ids = insert_events(&mut tx, now, changes).await?;
         let recorded: Vec<(RecordedEvent<'_>, Option<i64>)> = changes
             .iter()

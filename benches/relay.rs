@@ -1,0 +1,156 @@
+//! Relay benchmark (issue 3): deliveries/s to a local receiver that answers 204 at once, and
+//! event→delivery latency at a steady 500 events/s.
+//!
+//! Run: `cargo bench --bench relay` (optional args: BACKLOG RATE SECONDS, default 20000 500 10).
+//!
+//! - throughput: BACKLOG Services exist before vipwatch starts, so its first list records BACKLOG ADDED
+//!   events at once; measured from ready to the last 2xx, next to the baseline of a bare reqwest client
+//!   POSTing the same number of bodies with the same concurrency (32) to the same receiver.
+//! - latency: RATE Service updates per second for SECONDS seconds written to the fake apiserver; for
+//!   each, the time from the write to the receiver getting its delivery. p50 / p99 reported.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde_json::json;
+use vipwatch::config::{Config, Secret, WebhookConfig};
+use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
+
+type Arrivals = Arc<Mutex<HashMap<(String, i64), Instant>>>;
+
+async fn receiver() -> (String, Arrivals, Arc<std::sync::atomic::AtomicUsize>) {
+    let arrivals: Arrivals = Arc::default();
+    let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let state = (arrivals.clone(), count.clone());
+    let app = Router::new()
+        .fallback(
+            |State((arrivals, count)): State<(Arrivals, Arc<std::sync::atomic::AtomicUsize>)>, body: Bytes| async move {
+                let now = Instant::now();
+                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) {
+                    let svc = &v["data"]["service"];
+                    let key =
+                        (svc["name"].as_str().unwrap_or("").to_owned(), svc["ports"][0]["port"].as_i64().unwrap_or(0));
+                    arrivals.lock().unwrap().insert(key, now);
+                }
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                StatusCode::NO_CONTENT
+            },
+        )
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, arrivals, count)
+}
+
+fn service(i: usize, port: i64) -> serde_json::Value {
+    json!({"metadata": {"name": format!("svc-{i:05}"), "namespace": "bench"},
+           "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": port, "targetPort": 8080}]}})
+}
+
+async fn baseline(url: &str, n: usize, body: String) -> Duration {
+    vipwatch::relay::sender::install_crypto_provider();
+    let client = reqwest::Client::new();
+    let start = Instant::now();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let (client, url, body, next) = (client.clone(), url.to_owned(), body.clone(), next.clone());
+        tasks.spawn(async move {
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
+                let r = client.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
+                assert!(r.unwrap().status().is_success());
+            }
+        });
+    }
+    tasks.join_all().await;
+    start.elapsed()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1).min(sorted.len() - 1)]
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let (backlog, rate, seconds) = (
+        args.first().copied().unwrap_or(20_000),
+        args.get(1).copied().unwrap_or(500),
+        args.get(2).copied().unwrap_or(10),
+    );
+    let api = FakeApiServer::start_with(FakeApiServerOptions {
+        history_limit: backlog + rate * seconds * 2,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    api.seed((0..backlog).map(|i| service(i, 80)));
+    let (url, arrivals, count) = receiver().await;
+    let sample_body =
+        serde_json::to_string(&json!({"type": "service.added", "data": {"service": service(0, 80)}})).unwrap();
+    let base = baseline(&url, backlog, sample_body).await;
+    count.store(0, std::sync::atomic::Ordering::Relaxed);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.kubernetes.url = Some(api.url().parse().unwrap());
+    config.database.path = dir.path().join("bench.db");
+    let mut w: WebhookConfig = toml::from_str(&format!("name = \"bench\"\nurl = \"{url}\"\n")).unwrap();
+    w.secret = Some(Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"));
+    config.webhooks = vec![w];
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = vipwatch::app::start(config, listener).await.unwrap();
+    running.ready().await;
+    let start = Instant::now();
+    while count.load(std::sync::atomic::Ordering::Relaxed) < backlog {
+        tokio::time::sleep(Duration::from_millis(2)).await; // ok: benchmark polling, not a test
+    }
+    let relay_time = start.elapsed();
+
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate as u32);
+    let mut written = Vec::with_capacity(rate * seconds);
+    for n in 0..rate * seconds {
+        tick.tick().await;
+        let i = n % backlog;
+        let port = 1000 + (n / backlog) as i64;
+        api.update("bench", &format!("svc-{i:05}"), |o| o["spec"]["ports"][0]["port"] = json!(port));
+        written.push(((format!("svc-{i:05}"), port), Instant::now()));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut latencies = Vec::new();
+    while Instant::now() < deadline {
+        latencies = {
+            let got = arrivals.lock().unwrap();
+            written.iter().filter_map(|(k, at)| got.get(k).map(|r| r.saturating_duration_since(*at))).collect()
+        };
+        if latencies.len() == written.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await; // ok: benchmark polling, not a test
+    }
+    running.stop().await.unwrap();
+    latencies.sort();
+
+    let per_sec = |n: usize, d: Duration| n as f64 / d.as_secs_f64();
+    println!("relay benchmark: receiver on loopback answering 204 at once");
+    println!(
+        "throughput : {:>8.0} deliveries/s ({backlog} signed deliveries, outbox → 2xx recorded)  baseline bare reqwest x32 {:.0} req/s; ratio {:.2}",
+        per_sec(backlog, relay_time),
+        per_sec(backlog, base),
+        per_sec(backlog, relay_time) / per_sec(backlog, base)
+    );
+    println!(
+        "latency    : {} of {} updates at {rate}/s delivered; write → receiver p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        latencies.len(),
+        written.len(),
+        percentile(&latencies, 0.50).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
+        latencies.last().unwrap().as_secs_f64() * 1e3
+    );
+}
