@@ -82,3 +82,51 @@ fn check_config_prints_the_effective_config_with_environment_overrides_and_redac
     assert!(out.contains("url = \"https://admin:REDACTED@k8s.example:6443/\""), "{out}");
     assert!(!out.contains("hunter2"));
 }
+
+const WEBHOOK: &str = "[[webhooks]]\nname = \"f5-lab\"\nurl = \"https://lb.example.net/hooks/vip\"\n\
+    secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\nheaders = { Authorization = \"Bearer s3cr3t-token\" }\n";
+
+#[test]
+fn webhook_secrets_and_header_values_are_redacted_in_check_config() {
+    let o = vipwatch(&["check-config"], &[], Some(WEBHOOK));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains("name = \"f5-lab\""), "{out}");
+    assert!(out.contains("secret = \"<redacted>\""), "{out}");
+    assert!(out.contains("Authorization = \"<redacted>\""), "{out}");
+    assert!(!out.contains("MfKQ9r8") && !out.contains("s3cr3t-token"), "{out}");
+}
+
+#[test]
+fn webhook_errors_name_the_endpoint_and_key() {
+    let bad_secret = WEBHOOK.replace("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "hunter2");
+    let o = vipwatch(&["check-config"], &[], Some(&bad_secret));
+    assert_invalid(&o, "invalid value for `webhooks.f5-lab.secret`: not a Standard Webhooks secret");
+    assert!(!stderr(&o).contains("hunter2"), "the bad secret is not echoed");
+
+    let missing_env =
+        WEBHOOK.replace("secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"", "secret_env = \"NO_SUCH_VAR_X\"");
+    let o = vipwatch(&["check-config"], &[], Some(&missing_env));
+    assert_invalid(&o, "invalid value for `webhooks.f5-lab.secret_env`: `NO_SUCH_VAR_X` is not set");
+
+    let twice = format!("{WEBHOOK}{WEBHOOK}");
+    let o = vipwatch(&["check-config"], &[], Some(&twice));
+    assert_invalid(&o, "invalid value for `webhooks.name`: `f5-lab` is used by more than one endpoint");
+
+    let bad_event = format!("{WEBHOOK}events = [\"ADDED\", \"CREATED\"]\n");
+    let o = vipwatch(&["check-config"], &[], Some(&bad_event));
+    assert_invalid(&o, "invalid value for `webhooks.f5-lab.events`: `CREATED` is not ADDED, MODIFIED or DELETED");
+
+    let bad_selector = format!("{WEBHOOK}label_selector = \"tier in db\"\n");
+    let o = vipwatch(&["check-config"], &[], Some(&bad_selector));
+    assert_invalid(&o, "invalid value for `webhooks.f5-lab.label_selector`: invalid label selector term `tier in db`");
+}
+
+#[test]
+fn secret_from_an_environment_variable_is_accepted() {
+    let from_env =
+        WEBHOOK.replace("secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"", "secret_env = \"LAB_SECRET\"");
+    let o = vipwatch(&["check-config"], &[("LAB_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")], Some(&from_env));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(String::from_utf8(o.stdout).unwrap().contains("secret_env = \"LAB_SECRET\""));
+}
