@@ -6,107 +6,30 @@
 //! Field selectors: `metadata.name`, `metadata.namespace`, `spec.type`, `spec.clusterIP` with `=`, `==`,
 //! `!=`; any other field is an error ("field label not supported").
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
-/// One label requirement.
-#[derive(Debug, Clone, PartialEq)]
-enum LabelReq {
-    Eq(String, String),
-    NotEq(String, String),
-    Exists(String),
-    NotExists(String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-}
-
-/// A parsed label selector: all requirements must hold. Empty = matches everything.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct LabelSelector(Vec<LabelReq>);
+/// A parsed label selector (the crate's own parser, [`crate::model::LabelSelector`], which also filters
+/// webhooks): all requirements must hold. Empty = matches everything.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LabelSelector(crate::model::LabelSelector);
 
 impl LabelSelector {
     /// Parse the `labelSelector` query value. Errors are human-readable messages for a 400 Status.
     pub(crate) fn parse(s: &str) -> Result<LabelSelector, String> {
-        let mut reqs = Vec::new();
-        for term in split_top_level(s) {
-            let term = term.trim();
-            if term.is_empty() {
-                continue;
-            }
-            reqs.push(parse_term(term).map_err(|e| format!("unable to parse requirement {term:?}: {e}"))?);
-        }
-        Ok(LabelSelector(reqs))
+        crate::model::LabelSelector::parse(s).map(LabelSelector).map_err(|e| e.to_string())
     }
 
     /// Whether an object's `metadata.labels` (absent or `null` = no labels) satisfies the selector.
     pub(crate) fn matches(&self, obj: &Value) -> bool {
-        let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
-        let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
-        self.0.iter().all(|r| match r {
-            LabelReq::Eq(k, v) => get(k) == Some(v.as_str()),
-            LabelReq::NotEq(k, v) => get(k) != Some(v.as_str()),
-            LabelReq::Exists(k) => get(k).is_some(),
-            LabelReq::NotExists(k) => get(k).is_none(),
-            LabelReq::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
-            LabelReq::NotIn(k, vs) => get(k).is_none_or(|x| vs.iter().all(|v| v != x)),
-        })
+        let labels: BTreeMap<String, String> = obj
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object)
+            .map(|l| l.iter().filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned()))).collect())
+            .unwrap_or_default();
+        self.0.matches(&labels)
     }
-}
-
-/// Split at commas that are not inside parentheses.
-fn split_top_level(s: &str) -> Vec<&str> {
-    let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0usize);
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
-}
-
-fn valid_key(k: &str) -> Result<String, String> {
-    let ok = !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
-    if ok { Ok(k.to_string()) } else { Err(format!("invalid label key {k:?}")) }
-}
-
-fn parse_term(term: &str) -> Result<LabelReq, String> {
-    if let Some(rest) = term.strip_prefix('!') {
-        return Ok(LabelReq::NotExists(valid_key(rest.trim())?));
-    }
-    if let Some((k, v)) = term.split_once("!=") {
-        return Ok(LabelReq::NotEq(valid_key(k.trim())?, v.trim().to_string()));
-    }
-    if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
-        return Ok(LabelReq::Eq(valid_key(k.trim())?, v.trim().to_string()));
-    }
-    let mut words = term.splitn(2, char::is_whitespace);
-    let key = valid_key(words.next().unwrap_or("").trim())?;
-    let Some(rest) = words.next().map(str::trim).filter(|r| !r.is_empty()) else {
-        return Ok(LabelReq::Exists(key));
-    };
-    let (negate, list) = if let Some(l) = rest.strip_prefix("notin") {
-        (true, l)
-    } else if let Some(l) = rest.strip_prefix("in") {
-        (false, l)
-    } else {
-        return Err(format!("unknown operator in {rest:?}"));
-    };
-    let inner = list
-        .trim()
-        .strip_prefix('(')
-        .and_then(|l| l.strip_suffix(')'))
-        .ok_or_else(|| "expected a parenthesised value list".to_string())?;
-    let values: Vec<String> = inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
-    if values.is_empty() {
-        return Err("empty value list".into());
-    }
-    Ok(if negate { LabelReq::NotIn(key, values) } else { LabelReq::In(key, values) })
 }
 
 /// A parsed field selector: `(field path, wanted value, negate)` terms, all must hold.
