@@ -23,7 +23,7 @@ pub(crate) fn encode_token(rv: u64, ns: &str, name: &str) -> String {
 
 /// The inverse of [`encode_token`]; `None` for anything else.
 pub(crate) fn decode_token(tok: &str) -> Option<Token> {
-    if tok.len() % 2 != 0 || !tok.is_ascii() {
+    if !tok.len().is_multiple_of(2) || !tok.is_ascii() {
         return None;
     }
     let bytes: Option<Vec<u8>> =
