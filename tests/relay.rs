@@ -271,3 +271,39 @@ async fn resync_enqueues_one_synced_delivery_per_service() {
     assert_eq!(err.to_string(), "no enabled webhook named `nope` in the configuration");
     vw.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn graceful_stop_waits_for_attempts_in_flight_within_the_grace_period() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|_, _| Reply::After(Duration::from_millis(600), 204)).await;
+    let mut config = h.config_with(vec![webhook("lab", &rx.url)]);
+    config.relay.shutdown_grace = Duration::from_secs(5);
+    let vw = h.start(config).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_hits(&rx, 1).await; // the attempt is in flight now
+    vw.stop().await.unwrap();
+    // stop() closed the database; reopen it to read what was recorded.
+    let store = vipwatch::store::Store::open(&h.db_path()).await.unwrap();
+    let rows = store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    assert_eq!((rows[0].state.as_str(), rows[0].attempts), ("succeeded", 1), "the in-flight attempt finished");
+}
+
+#[tokio::test]
+async fn graceful_stop_leaves_an_attempt_outlasting_the_grace_period_pending() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|_, _| Reply::Hang).await;
+    let mut w = webhook("lab", &rx.url);
+    w.timeout = Duration::from_secs(4);
+    let mut config = h.config_with(vec![w]);
+    config.relay.shutdown_grace = Duration::from_millis(300);
+    let vw = h.start(config).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_hits(&rx, 1).await;
+    let started = std::time::Instant::now();
+    vw.stop().await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3), "stop took {:?}", started.elapsed());
+    let store = vipwatch::store::Store::open(&h.db_path()).await.unwrap();
+    let rows = store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    assert_eq!((rows[0].state.as_str(), rows[0].attempts), ("pending", 0), "left pending, sent again at next start");
+    assert_eq!(store.attempts(rows[0].id).await.unwrap().len(), 0);
+}
