@@ -15,7 +15,7 @@ use crate::api::{self, ApiState};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::relay::{self, RelayError, Router};
-use crate::store::Outbox;
+use crate::store::{Outbox, WriterLock};
 use crate::store::{Store, StoreError, now_ms};
 use crate::watch::{self, WatchError};
 
@@ -48,6 +48,7 @@ pub struct Running {
     committed: signal::Receiver<i64>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<Result<(), AppError>>>,
+    _lock: WriterLock,
 }
 
 impl Running {
@@ -60,6 +61,12 @@ impl Running {
     /// The highest event id committed so far; changes on every commit.
     pub fn committed(&self) -> signal::Receiver<i64> {
         self.committed.clone()
+    }
+
+    /// Resolves when the service is stopping on its own: a task failed for good (the error is logged
+    /// and returned by [`Running::stop`]).
+    pub async fn failed(&self) {
+        self.cancel.cancelled().await;
     }
 
     /// Graceful stop: stops watching and serving, lets the recorder finish its batch, closes the
@@ -83,6 +90,7 @@ impl Running {
 /// retention pruner and the API on `listener`. Errors: [`AppError`] for anything that fails at start.
 pub async fn start(config: Config, listener: TcpListener) -> Result<Running, AppError> {
     relay::sender::install_crypto_provider();
+    let lock = WriterLock::acquire(&config.database.path)?;
     let store = Store::open(&config.database.path).await?;
     info!(path = %config.database.path.display(), "database open");
     let client = watch::connect(&config.kubernetes).await?;
@@ -101,11 +109,13 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     });
     let watch_task = {
         let (store, cancel, k8s) = (store.clone(), cancel.clone(), config.kubernetes.clone());
-        tokio::spawn(async move { Ok(watch::run(client, &k8s, store, outbox, signals, cancel).await?) })
+        fatal_on_error("watch", cancel.clone(), async move {
+            Ok(watch::run(client, &k8s, store, outbox, signals, cancel).await?)
+        })
     };
     let prune_task = tokio::spawn(prune_loop(store.clone(), config.database.event_retention, cancel.clone()));
     let state = ApiState { store: store.clone(), metrics: metrics.clone(), ready: ready.clone() };
-    let api_task = tokio::spawn(serve_api(listener, api::router(state), cancel.clone()));
+    let api_task = fatal_on_error("api", cancel.clone(), serve_api(listener, api::router(state), cancel.clone()));
     info!(%addr, "API listening");
     Ok(Running {
         addr,
@@ -115,14 +125,49 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         committed,
         cancel,
         tasks: vec![watch_task, relay_task, prune_task, api_task],
+        _lock: lock,
     })
+}
+
+/// Spawns `task`; if it ends with an error, logs it and cancels everything (the process then stops
+/// and exits non-zero) instead of running on half-dead.
+fn fatal_on_error(
+    name: &'static str,
+    cancel: CancellationToken,
+    task: impl Future<Output = Result<(), AppError>> + Send + 'static,
+) -> JoinHandle<Result<(), AppError>> {
+    tokio::spawn(async move {
+        let result = task.await;
+        if let Err(e) = &result {
+            tracing::error!(task = name, error = %ErrorChain(e), "fatal error; stopping");
+            cancel.cancel();
+        }
+        result
+    })
+}
+
+/// Displays an error with its sources, `a: b: c`.
+struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(e) = source {
+            write!(f, ": {e}")?;
+            source = e.source();
+        }
+        Ok(())
+    }
 }
 
 /// Runs until `shutdown` resolves, then stops gracefully (see [`Running::stop`]).
 pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()>) -> Result<(), AppError> {
     let running = start(config, listener).await?;
-    shutdown.await;
-    info!("shutting down");
+    tokio::select! {
+        _ = shutdown => info!("shutting down"),
+        _ = running.failed() => {}
+    }
     running.stop().await
 }
 

@@ -130,3 +130,49 @@ fn secret_from_an_environment_variable_is_accepted() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(String::from_utf8(o.stdout).unwrap().contains("secret_env = \"LAB_SECRET\""));
 }
+
+#[test]
+fn values_that_would_misbehave_at_run_time_are_rejected_up_front() {
+    let cases = [
+        ("[kubernetes]\nnamespaces = [\"Shop_Bad!\"]\n", "`Shop_Bad!` is not a valid namespace name"),
+        ("[kubernetes]\nnamespaces = [\"a\", \"a\"]\n", "`a` is listed twice"),
+        ("[database]\npath = \"\"\n", "invalid value for `database.path`: must not be empty"),
+        ("[database]\nevent_retention = \"0s\"\n", "invalid value for `database.event_retention`: must be at least 1m"),
+        (
+            "[kubernetes]\nwatch_timeout = \"1000y\"\n",
+            "invalid value for `kubernetes.watch_timeout`: must be at most 1h",
+        ),
+        ("[relay]\npoll_interval = \"0s\"\n", "invalid value for `relay.poll_interval`: must be at least 10ms"),
+    ];
+    for (config, needle) in cases {
+        let o = vipwatch(&["check-config"], &[], Some(config));
+        assert_invalid(&o, needle);
+    }
+}
+
+#[test]
+fn webhook_tls_headers_and_secret_length_are_checked_by_check_config() {
+    let short = WEBHOOK.replace("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_YWJj");
+    assert_invalid(&vipwatch(&["check-config"], &[], Some(&short)), "`webhooks.f5-lab.secret`: the key is 3 bytes");
+    let header = WEBHOOK.replace("Bearer s3cr3t-token", "a\\nb");
+    let o = vipwatch(&["check-config"], &[], Some(&header));
+    assert_invalid(&o, "`webhooks.f5-lab.headers`: the value of `Authorization` is not a valid header value");
+    let missing_ca = format!("{WEBHOOK}tls = {{ ca_file = \"/nonexistent/ca.pem\" }}\n");
+    let o = vipwatch(&["check-config"], &[], Some(&missing_ca));
+    assert_invalid(&o, "`webhooks.f5-lab.tls.ca_file`: /nonexistent/ca.pem: No such file or directory");
+    let not_pem =
+        format!("{WEBHOOK}tls = {{ ca_file = \"{}\" }}\n", env!("CARGO_MANIFEST_DIR").to_owned() + "/Cargo.toml");
+    let o = vipwatch(&["check-config"], &[], Some(&not_pem));
+    assert_invalid(&o, "Cargo.toml is not a PEM file");
+}
+
+#[test]
+fn credentials_in_urls_are_redacted() {
+    let with_creds =
+        WEBHOOK.replace("https://lb.example.net/hooks/vip", "http://admin:hunter2@lb.example.net/hook?token=sekrit");
+    let o = vipwatch(&["check-config"], &[], Some(&with_creds));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains("url = \"http://admin:REDACTED@lb.example.net/hook?token=REDACTED\""), "{out}");
+    assert!(!out.contains("hunter2") && !out.contains("sekrit"));
+}

@@ -200,3 +200,23 @@ async fn type_changes_move_a_service_in_and_out_of_scope() {
     assert_eq!(rows[1].view.load_balancer_class, None, "DELETED carries the view the appliance knew");
     vw.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_second_instance_on_the_same_database_is_refused() {
+    let h = Harness::new().await;
+    let vw = h.start(h.config()).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = vipwatch::app::start(h.config(), listener).await.err().expect("second instance refused");
+    let db = h.db_path();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "database {} is in use by another `vipwatch serve` (lock file {}.lock is held); only one instance may serve a database",
+            db.display(),
+            db.display()
+        )
+    );
+    vw.stop().await.unwrap();
+    let again = h.start(h.config()).await; // the lock is released with the first instance
+    again.stop().await.unwrap();
+}

@@ -14,7 +14,7 @@ use crate::model::{LabelSelector, Scope};
 
 mod relay;
 
-pub use relay::{RelayConfig, RetryConfig, Secret, TlsConfig, WebhookConfig};
+pub use relay::{RelayConfig, RetryConfig, Secret, TlsConfig, WebhookConfig, redact_url};
 
 /// The file read when `--config` is not given, if it exists (otherwise built-in defaults apply).
 pub const DEFAULT_CONFIG_FILE: &str = "vipwatch.toml";
@@ -204,9 +204,16 @@ impl Config {
             let reason = format!("`{bad}` is not one of {}", KNOWN_TYPES.join(", "));
             return Err(ConfigError::Value { key: "kubernetes.service_types", reason });
         }
-        if k.namespaces.iter().any(|n| n.is_empty()) {
-            let reason = "empty namespace name".into();
-            return Err(ConfigError::Value { key: "kubernetes.namespaces", reason });
+        validate_namespaces(&k.namespaces)?;
+        if self.database.path.as_os_str().is_empty() {
+            return Err(ConfigError::Value { key: "database.path", reason: "must not be empty".into() });
+        }
+        if self.database.event_retention < Duration::from_secs(60) {
+            let reason = "must be at least 1m (a shorter retention would empty the event log)".into();
+            return Err(ConfigError::Value { key: "database.event_retention", reason });
+        }
+        if k.watch_timeout > Duration::from_secs(3600) {
+            return Err(ConfigError::Value { key: "kubernetes.watch_timeout", reason: "must be at most 1h".into() });
         }
         LabelSelector::parse(&k.label_selector)
             .map_err(|e| ConfigError::Value { key: "kubernetes.label_selector", reason: e.to_string() })?;
@@ -234,6 +241,9 @@ impl Config {
                 return Err(ConfigError::Value { key: "relay.lease", reason });
             }
         }
+        if self.relay.poll_interval < Duration::from_millis(10) {
+            return Err(ConfigError::Value { key: "relay.poll_interval", reason: "must be at least 10ms".into() });
+        }
         if self.relay.concurrency == 0 {
             return Err(ConfigError::Value { key: "relay.concurrency", reason: "must be at least 1".into() });
         }
@@ -243,13 +253,35 @@ impl Config {
     /// The effective configuration as TOML, with secrets redacted (for `vipwatch check-config`).
     pub fn to_redacted_toml(&self) -> String {
         let mut copy = self.clone();
-        if let Some(url) = copy.kubernetes.url.as_mut()
-            && url.password().is_some()
-        {
-            let _ = url.set_password(Some("REDACTED"));
+        if let Some(url) = copy.kubernetes.url.as_mut() {
+            *url = Url::parse(&redact_url(url)).unwrap_or_else(|_| url.clone());
+        }
+        for w in &mut copy.webhooks {
+            w.url = Url::parse(&redact_url(&w.url)).unwrap_or_else(|_| w.url.clone());
         }
         toml::to_string_pretty(&copy).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
+}
+
+/// Namespace names are DNS-1123 labels (lower-case alphanumerics and `-`, at most 63 characters), each
+/// listed once: a typo would silently watch nothing and report every Service there as DELETED.
+fn validate_namespaces(namespaces: &[String]) -> Result<(), ConfigError> {
+    let mut seen = std::collections::HashSet::new();
+    for ns in namespaces {
+        let dns1123 = !ns.is_empty()
+            && ns.len() <= 63
+            && ns.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !ns.starts_with('-')
+            && !ns.ends_with('-');
+        if !dns1123 {
+            let reason = format!("`{ns}` is not a valid namespace name (DNS-1123 label)");
+            return Err(ConfigError::Value { key: "kubernetes.namespaces", reason });
+        }
+        if !seen.insert(ns) {
+            return Err(ConfigError::Value { key: "kubernetes.namespaces", reason: format!("`{ns}` is listed twice") });
+        }
+    }
+    Ok(())
 }
 
 /// Turns figment's error into one line naming the key (lower-case, dotted), the problem and the source.

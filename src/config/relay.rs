@@ -28,6 +28,21 @@ impl Secret {
     }
 }
 
+/// `url` for display: a password in the userinfo and every query value replaced by `REDACTED`
+/// (appliance URLs sometimes carry tokens). Used by `check-config`, logs and the API.
+pub fn redact_url(url: &Url) -> String {
+    let mut copy = url.clone();
+    if copy.password().is_some() {
+        let _ = copy.set_password(Some("REDACTED"));
+    }
+    if copy.query().is_some() {
+        let pairs: Vec<(String, String)> =
+            copy.query_pairs().map(|(k, _)| (k.into_owned(), "REDACTED".to_owned())).collect();
+        copy.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    copy.to_string()
+}
+
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("<redacted>")
@@ -187,13 +202,41 @@ impl WebhookConfig {
             }
             _ => return Err(self.invalid("secret", "set only one of secret, secret_file, secret_env".into())),
         };
-        standardwebhooks::Webhook::new(&value)
-            .map_err(|_| self.invalid("secret", "not a Standard Webhooks secret (`whsec_` + base64 key)".into()))?;
+        let not_a_secret = || self.invalid("secret", "not a Standard Webhooks secret (`whsec_` + base64 key)".into());
+        let key = value.strip_prefix("whsec_").ok_or_else(not_a_secret)?;
+        let key =
+            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, key).map_err(|_| not_a_secret())?;
+        if !(24..=64).contains(&key.len()) {
+            let reason = format!("the key is {} bytes; Standard Webhooks keys are 24 to 64 random bytes", key.len());
+            return Err(self.invalid("secret", reason));
+        }
+        standardwebhooks::Webhook::new(&value).map_err(|_| not_a_secret())?;
         Ok(Secret(value))
     }
 
     fn invalid(&self, key: &str, reason: String) -> ConfigError {
         ConfigError::Webhook { name: self.name.clone(), key: key.to_owned(), reason }
+    }
+
+    fn validate_tls_files(&self) -> Result<(), ConfigError> {
+        let files = [
+            ("tls.ca_file", &self.tls.ca_file),
+            ("tls.client_cert_file", &self.tls.client_cert_file),
+            ("tls.client_key_file", &self.tls.client_key_file),
+        ];
+        for (key, path) in files {
+            let Some(path) = path else { continue };
+            let pem = std::fs::read(path).map_err(|e| self.invalid(key, format!("{}: {e}", path.display())))?;
+            if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
+                return Err(self.invalid(key, format!("{} is not a PEM file", path.display())));
+            }
+        }
+        if let Some(path) = &self.tls.ca_file {
+            let pem = std::fs::read(path).unwrap_or_default();
+            reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| self.invalid("tls.ca_file", format!("{}: {e}", path.display())))?;
+        }
+        Ok(())
     }
 
     /// Checks everything but the secret. Errors: [`ConfigError::Webhook`] naming the key.
@@ -216,11 +259,18 @@ impl WebhookConfig {
         if self.tls.client_cert_file.is_some() != self.tls.client_key_file.is_some() {
             return Err(self.invalid("tls", "client_cert_file and client_key_file go together".into()));
         }
-        for header in self.headers.keys() {
+        for (header, value) in &self.headers {
             if reqwest::header::HeaderName::from_bytes(header.as_bytes()).is_err() {
                 return Err(self.invalid("headers", format!("`{header}` is not a valid header name")));
             }
+            if reqwest::header::HeaderValue::from_str(value.expose()).is_err() {
+                return Err(self.invalid("headers", format!("the value of `{header}` is not a valid header value")));
+            }
         }
+        if self.retry.initial_delay > self.retry.max_delay {
+            return Err(self.invalid("retry", "initial_delay must not exceed max_delay".into()));
+        }
+        self.validate_tls_files()?;
         crate::model::LabelSelector::parse(&self.label_selector)
             .map_err(|e| self.invalid("label_selector", e.to_string()))?;
         Ok(())

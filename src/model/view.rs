@@ -102,9 +102,10 @@ pub struct ServiceView {
     pub ip_family_policy: Option<String>,
     /// `spec.allocateLoadBalancerNodePorts`.
     pub allocate_load_balancer_node_ports: Option<bool>,
-    /// `spec.loadBalancerIP` (deprecated upstream, still honoured).
+    /// `spec.loadBalancerIP` (deprecated upstream, still honoured); `None` unless it is an IP address.
     pub load_balancer_ip: Option<String>,
-    /// IPs requested by annotation (first of [`REQUESTED_IP_ANNOTATIONS`] present), trimmed, in order.
+    /// IPs requested by annotation (first of [`REQUESTED_IP_ANNOTATIONS`] present), trimmed, in order;
+    /// entries that are not IP addresses are dropped.
     pub requested_ips: Vec<String>,
     /// `status.loadBalancer.ingress`: the addresses currently published. Status only: a change here
     /// alone is not a MODIFIED.
@@ -144,7 +145,7 @@ impl ServiceView {
             ip_families: spec.ip_families.unwrap_or_default(),
             ip_family_policy: spec.ip_family_policy,
             allocate_load_balancer_node_ports: spec.allocate_load_balancer_node_ports,
-            load_balancer_ip: spec.load_balancer_ip.filter(|ip| !ip.is_empty()),
+            load_balancer_ip: spec.load_balancer_ip.filter(|ip| is_ip(ip)),
             requested_ips: requested_ips(&annotations),
             ingress,
             labels: meta.labels.unwrap_or_default(),
@@ -195,7 +196,13 @@ fn requested_ips(annotations: &BTreeMap<String, String>) -> Vec<String> {
     let Some(value) = REQUESTED_IP_ANNOTATIONS.iter().find_map(|k| annotations.get(*k)) else {
         return Vec::new();
     };
-    value.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect()
+    value.split(',').map(str::trim).filter(|s| is_ip(s)).map(str::to_owned).collect()
+}
+
+/// Whether `s` is an IPv4 or IPv6 address. Anything else in `spec.loadBalancerIP` or a requested-IP
+/// annotation is not an address an appliance can bind, and is left out of the view.
+fn is_ip(s: &str) -> bool {
+    s.parse::<std::net::IpAddr>().is_ok()
 }
 
 fn ingress_views(svc: &Service) -> Vec<IngressView> {
@@ -290,7 +297,7 @@ mod tests {
     #[test]
     fn requested_ips_take_the_first_annotation_present_and_vips_dedupe() {
         let v = view(serde_json::json!({"metadata": {"name": "a", "annotations": {
-            "metallb.io/loadBalancerIPs": "198.51.100.1", "vipwatch.io/loadBalancerIPs": " 192.0.2.1, 2001:db8::1 "}},
+            "metallb.io/loadBalancerIPs": "198.51.100.1", "vipwatch.io/loadBalancerIPs": " 192.0.2.1, 2001:db8::1 ,bogus,,999.1.1.1"}},
             "spec": {"loadBalancerIP": "192.0.2.1"},
             "status": {"loadBalancer": {"ingress": [{"hostname": "lb.example.net"}]}}}));
         assert_eq!(v.requested_ips, vec!["192.0.2.1", "2001:db8::1"]);

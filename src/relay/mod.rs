@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::config::{Config, WebhookConfig};
+use crate::config::{Config, WebhookConfig, redact_url};
 use crate::metrics::Metrics;
 use crate::model::LabelSelector;
 use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow, Store, StoreError};
@@ -183,14 +183,14 @@ pub async fn start(
     let mut tasks = JoinSet::new();
     for w in config.webhooks.iter().filter(|w| w.enabled) {
         if let Some(state) = store.webhook_state(&w.name).await?
-            && state.disabled_url.as_deref() != Some(w.url.as_str())
+            && state.disabled_url.as_deref() != Some(redact_url(&w.url).as_str())
         {
             store.enable_webhook(&w.name).await?;
             info!(webhook = %w.name, "re-enabled: its URL changed since it answered 410");
         }
         let d = dispatcher::Dispatcher {
             name: w.name.clone(),
-            url: w.url.to_string(),
+            url: redact_url(&w.url),
             store: store.clone(),
             sender: Arc::new(sender::Sender::new(w)?),
             retry: w.retry.clone(),

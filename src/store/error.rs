@@ -1,15 +1,49 @@
-//! The store's error type.
+//! The store's error type. Messages carry no source text of their own: callers print the source
+//! chain (`{:#}` in `main`), so nothing is repeated.
+
+use std::path::PathBuf;
 
 /// A storage failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// Opening the file or running a statement failed (I/O, lock timeout, constraint).
-    #[error("database error: {0}")]
+    /// The database file cannot be opened, created or migrated.
+    #[error("cannot open database {}", path.display())]
+    Open {
+        /// The configured `database.path`.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Box<StoreError>,
+    },
+    /// Another `vipwatch serve` holds the database (SQLite has one writer; two recorders would record
+    /// every change twice).
+    #[error(
+        "database {} is in use by another `vipwatch serve` (lock file {} is held); only one instance may serve a database",
+        path.display(),
+        lock.display()
+    )]
+    Locked {
+        /// The database.
+        path: PathBuf,
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// The lock file cannot be created.
+    #[error("cannot create lock file {}", path.display())]
+    LockFile {
+        /// The lock file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Running a statement failed (I/O, lock timeout, constraint).
+    #[error("database error")]
     Sqlx(#[from] sqlx::Error),
     /// A migration under `migrations/` failed or the database is newer than this binary.
-    #[error("database migration failed: {0}")]
+    #[error("database migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// A stored JSON document does not decode (corrupt row or incompatible version).
-    #[error("stored JSON does not decode: {0}")]
+    #[error("stored JSON does not decode")]
     Json(#[from] serde_json::Error),
 }

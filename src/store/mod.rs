@@ -12,6 +12,7 @@ mod state;
 pub use deliveries::{AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, Outcome, WebhookState};
 pub use error::StoreError;
 pub use events::{EventFilter, EventRow};
+pub use open::WriterLock;
 pub use outbox::{Claimed, NewDelivery, NoOutbox, Outbox, RecordedEvent};
 pub use progress::{ProgressRow, WatchProgress};
 pub use state::{ServiceRow, StateChange};

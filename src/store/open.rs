@@ -15,6 +15,10 @@ impl Store {
     /// Errors: [`StoreError::Sqlx`] when the file cannot be opened, [`StoreError::Migrate`] when the
     /// schema cannot be brought up to date.
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_inner(path).await.map_err(|e| StoreError::Open { path: path.to_owned(), source: Box::new(e) })
+    }
+
+    async fn open_inner(path: &Path) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str("sqlite:")?
             .filename(path)
             .create_if_missing(true)
@@ -42,5 +46,33 @@ impl Store {
     pub async fn close(&self) {
         self.write.close().await;
         self.pool.close().await;
+    }
+}
+
+/// Held while a `vipwatch serve` owns a database: an exclusive lock on `<database.path>.lock`
+/// (`flock`, released by the OS when the process ends, even on `kill -9`).
+#[derive(Debug)]
+pub struct WriterLock {
+    _file: std::fs::File,
+}
+
+impl WriterLock {
+    /// Takes the lock for the database at `path` without waiting. Errors: [`StoreError::Locked`] when
+    /// another process holds it, [`StoreError::LockFile`] when the lock file cannot be created.
+    pub fn acquire(path: &Path) -> Result<Self, StoreError> {
+        let mut name = path.as_os_str().to_owned();
+        name.push(".lock");
+        let lock = std::path::PathBuf::from(name);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock)
+            .map_err(|source| StoreError::LockFile { path: lock.clone(), source })?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked { path: path.to_owned(), lock }),
+            Err(std::fs::TryLockError::Error(source)) => Err(StoreError::LockFile { path: lock, source }),
+        }
     }
 }
