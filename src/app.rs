@@ -114,7 +114,14 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         })
     };
     let prune_task = tokio::spawn(prune_loop(store.clone(), config.database.event_retention, cancel.clone()));
-    let state = ApiState { store: store.clone(), metrics: metrics.clone(), ready: ready.clone() };
+    let state = ApiState::new(
+        store.clone(),
+        metrics.clone(),
+        ready.clone(),
+        committed.clone(),
+        Arc::new(config.clone()),
+        cancel.clone(),
+    );
     let api_task = fatal_on_error("api", cancel.clone(), serve_api(listener, api::router(state), cancel.clone()));
     info!(%addr, "API listening");
     Ok(Running {

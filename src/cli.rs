@@ -30,6 +30,8 @@ pub enum Command {
         #[arg(long)]
         webhook: Option<String>,
     },
+    /// Print the OpenAPI 3.1 document of the REST API (what `/openapi.json` serves) to stdout.
+    Openapi,
     /// Run the simulated Kubernetes API (the fake apiserver the tests use) until Ctrl-C, for trying
     /// vipwatch without a cluster: `kubectl --server http://LISTEN get svc -A` works against it.
     FakeApiserver {

@@ -24,6 +24,10 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Serve => serve(config),
+        Command::Openapi => {
+            print!("{}", vipwatch::api::openapi::document_json());
+            Ok(())
+        }
         Command::FakeApiserver { listen, seed } => fake_apiserver(listen, seed),
         Command::Resync { webhook } => resync(config, webhook),
     };

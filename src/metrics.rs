@@ -51,6 +51,26 @@ pub struct WebhookLabels {
     pub webhook: String,
 }
 
+/// Labels of `vipwatch_http_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// The matched route template (e.g. `/api/v1/events/{id}`), or `unmatched`.
+    pub route: String,
+    /// HTTP method.
+    pub method: String,
+    /// Response status code.
+    pub status: u16,
+}
+
+/// Labels of `vipwatch_http_request_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The matched route template, or `unmatched`.
+    pub route: String,
+    /// HTTP method.
+    pub method: String,
+}
+
 /// Every metric vipwatch exports. Clone the `Arc` to share.
 pub struct Metrics {
     registry: Registry,
@@ -73,6 +93,19 @@ pub struct Metrics {
     pub deliveries: Family<DeliveryLabels, Counter>,
     /// `vipwatch_delivery_latency_seconds{webhook}`: event observed → 2xx from the endpoint.
     pub delivery_latency: Family<WebhookLabels, Histogram>,
+    /// `vipwatch_outbox_depth{webhook}`: pending deliveries, refreshed on every scrape.
+    pub outbox_depth: Family<WebhookLabels, Gauge>,
+    /// `vipwatch_outbox_oldest_pending_age_seconds{webhook}`: age of the oldest pending delivery (0 when
+    /// none), refreshed on every scrape.
+    pub outbox_oldest_age: Family<WebhookLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `vipwatch_http_requests_total{route,method,status}`: API requests answered.
+    pub http_requests: Family<HttpLabels, Counter>,
+    /// `vipwatch_http_request_duration_seconds{route,method}`: time to the response head.
+    pub http_latency: Family<RouteLabels, Histogram>,
+}
+
+fn http_histogram() -> Histogram {
+    Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0])
 }
 
 fn latency_histogram() -> Histogram {
@@ -93,6 +126,10 @@ impl Metrics {
             vips_in_use: Gauge::default(),
             deliveries: Family::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram),
+            outbox_depth: Family::default(),
+            outbox_oldest_age: Family::default(),
+            http_requests: Family::default(),
+            http_latency: Family::new_with_constructor(http_histogram),
         };
         let registry = &mut m.registry;
         registry.register("events", "Events recorded in the event log", m.events.clone());
@@ -107,6 +144,18 @@ impl Metrics {
             "delivery_latency_seconds",
             "Time from event observed to 2xx from the endpoint",
             m.delivery_latency.clone(),
+        );
+        registry.register("outbox_depth", "Pending deliveries per endpoint", m.outbox_depth.clone());
+        registry.register(
+            "outbox_oldest_pending_age_seconds",
+            "Age of the oldest pending delivery per endpoint",
+            m.outbox_oldest_age.clone(),
+        );
+        registry.register("http_requests", "API requests by route, method and status", m.http_requests.clone());
+        registry.register(
+            "http_request_duration_seconds",
+            "API request latency to the response head",
+            m.http_latency.clone(),
         );
         Arc::new(m)
     }
@@ -132,6 +181,21 @@ impl Metrics {
     /// Records one event → 2xx latency, in seconds.
     pub fn delivery_latency(&self, webhook: &str, seconds: f64) {
         self.delivery_latency.get_or_create(&WebhookLabels { webhook: webhook.to_owned() }).observe(seconds);
+    }
+
+    /// Counts one API request and records its latency (seconds).
+    pub fn http_request(&self, route: &str, method: &str, status: u16, seconds: f64) {
+        let labels = HttpLabels { route: route.to_owned(), method: method.to_owned(), status };
+        self.http_requests.get_or_create(&labels).inc();
+        let labels = RouteLabels { route: route.to_owned(), method: method.to_owned() };
+        self.http_latency.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Sets the outbox gauges of `webhook`: `pending` deliveries, the oldest `oldest_age_seconds` old.
+    pub fn outbox(&self, webhook: &str, pending: i64, oldest_age_seconds: f64) {
+        let labels = WebhookLabels { webhook: webhook.to_owned() };
+        self.outbox_depth.get_or_create(&labels).set(pending);
+        self.outbox_oldest_age.get_or_create(&labels).set(oldest_age_seconds);
     }
 
     /// Total of a scope-labelled counter family for `scope` (0 when never incremented); for tests.

@@ -1,16 +1,48 @@
-//! The HTTP API (axum). Reads the store; never writes Kubernetes state.
+//! The HTTP API (axum): VIPs, Services, the event log (with an SSE live tail), webhook endpoints and
+//! deliveries under `/api/v1`, plus `/healthz`, `/readyz`, `/metrics`, `/openapi.json` and `/docs`
+//! (Swagger UI, assets vendored into the binary). Reads the store; the only writes are replaying a
+//! delivery, enqueueing a resync and re-enabling an endpoint. Never writes Kubernetes state.
+//!
+//! Layers, outermost first: every 4xx/5xx becomes `application/problem+json`
+//! ([`error::problem_for_every_error`]); HTTP metrics; CORS (only with `server.cors_origins`); request
+//! timeout; body limit; bearer-token auth ([`auth`]); the routes.
+
+pub mod auth;
+pub mod deliveries;
+pub mod error;
+pub mod events;
+pub mod extract;
+pub mod health;
+pub mod openapi;
+pub mod pagination;
+pub mod schema;
+pub mod services;
+pub mod sse;
+pub mod vip_index;
+pub mod vips;
+pub mod webhooks;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use bytes::Bytes;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+use utoipa_swagger_ui::{Config as SwaggerConfig, SwaggerUi};
 
+use crate::config::{Config, ServerConfig};
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
+use error::ApiError;
+use vip_index::{Snapshot, VipIndex};
 
 /// Shared state of every handler.
 #[derive(Clone)]
@@ -21,34 +53,93 @@ pub struct ApiState {
     pub metrics: Arc<Metrics>,
     /// `true` once the first full list of every watch scope is stored.
     pub ready: watch::Receiver<bool>,
+    /// The highest committed event id; the SSE stream and the VIP index wake on it.
+    pub committed: watch::Receiver<i64>,
+    /// The configuration (webhook endpoints, `[server]`).
+    pub config: Arc<Config>,
+    /// Ends open SSE streams at shutdown.
+    pub cancel: CancellationToken,
+    /// The VIP index behind `/api/v1/vips`.
+    pub vips: Arc<VipIndex>,
+    /// The OpenAPI document as served (set by [`router`]).
+    pub openapi: Bytes,
 }
 
-/// The router: `/healthz`, `/readyz`, `/metrics`.
-pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+impl ApiState {
+    /// State over `store` with an empty VIP index.
+    pub fn new(
+        store: Store,
+        metrics: Arc<Metrics>,
+        ready: watch::Receiver<bool>,
+        committed: watch::Receiver<i64>,
+        config: Arc<Config>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let vips = VipIndex::new(store.clone());
+        Self { store, metrics, ready, committed, config, cancel, vips, openapi: Bytes::new() }
+    }
+
+    /// The VIP index, rebuilt first if an event was committed since it was built.
+    pub async fn vip_snapshot(&self) -> Result<Arc<Snapshot>, StoreError> {
+        let committed = *self.committed.borrow();
+        self.vips.snapshot(committed).await
+    }
+}
+
+/// The whole router with its layers (see the module docs).
+pub fn router(mut state: ApiState) -> Router {
+    let (routes, doc) = openapi::routes().split_for_parts();
+    state.openapi = Bytes::from(openapi::finish(doc).to_json().unwrap_or_default());
+    let server = state.config.server.clone();
+    let docs = SwaggerUi::new("/docs").config(SwaggerConfig::from("/openapi.json").validator_url("none"));
+    let mut app = routes
+        .merge(docs)
+        .fallback(|| async { ApiError::NoRoute })
+        .layer(middleware::from_fn_with_state(auth::AuthPolicy::new(&server), auth::require_token))
+        .layer(RequestBodyLimitLayer::new(server.body_limit));
+    if !server.request_timeout.is_zero() {
+        app = app.layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, server.request_timeout));
+    }
+    if let Some(cors) = cors(&server) {
+        app = app.layer(cors);
+    }
+    app.layer(middleware::from_fn_with_state(state.metrics.clone(), track))
+        .layer(middleware::from_fn(error::problem_for_every_error))
         .with_state(state)
 }
 
-/// Process alive: always 200 `ok`.
-async fn healthz() -> &'static str {
-    "ok"
+fn cors(server: &ServerConfig) -> Option<CorsLayer> {
+    if server.cors_origins.is_empty() {
+        return None;
+    }
+    let origins: Vec<HeaderValue> = server
+        .cors_origins
+        .iter()
+        .filter_map(|u| HeaderValue::from_str(&u.origin().ascii_serialization()).ok())
+        .collect();
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins))
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                axum::http::header::AUTHORIZATION,
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderName::from_static("last-event-id"),
+            ]),
+    )
 }
 
-/// 200 only when the database is writable and the first full list has been stored; 503 otherwise.
-async fn readyz(State(state): State<ApiState>) -> (StatusCode, &'static str) {
-    if !*state.ready.borrow() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first full list");
-    }
-    if !state.store.is_writable().await {
-        return (StatusCode::SERVICE_UNAVAILABLE, "database not writable");
-    }
-    (StatusCode::OK, "ready")
-}
-
-/// Prometheus text format.
-async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
+/// Counts each request by route template, method and status, with its latency to the response head.
+async fn track(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
+    let method = match *request.method() {
+        Method::GET | Method::HEAD | Method::POST | Method::PUT | Method::PATCH | Method::DELETE | Method::OPTIONS => {
+            request.method().as_str().to_owned()
+        }
+        _ => "other".to_owned(),
+    };
+    let start = Instant::now();
+    let response = next.run(request).await;
+    metrics.http_request(&route, &method, response.status().as_u16(), start.elapsed().as_secs_f64());
+    response
 }

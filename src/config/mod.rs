@@ -160,11 +160,32 @@ impl Default for DatabaseConfig {
 pub struct ServerConfig {
     /// Listen address of the REST API, `host:port`.
     pub listen: SocketAddr,
+    /// Bearer token required by every POST (and by reads when `require_auth_for_reads`), compared in
+    /// constant time. Also `VIPWATCH_API_TOKEN`. Unset: every POST is refused with 403.
+    pub api_token: Option<Secret>,
+    /// Require the token for reads too (`/api/v1/**` GETs and `/metrics`); `/healthz`, `/readyz`,
+    /// `/openapi.json` and `/docs` stay open.
+    pub require_auth_for_reads: bool,
+    /// Browser origins allowed by CORS (e.g. `["https://ops.example.net"]`); empty = CORS off.
+    pub cors_origins: Vec<Url>,
+    /// Longest time a request may take before a 408, e.g. `"30s"`; `"0s"` = no limit. The SSE stream
+    /// is not cut by it once it has started.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Largest request body accepted, in bytes (larger: 413).
+    pub body_limit: usize,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { listen: SocketAddr::from(([127, 0, 0, 1], 8080)) }
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            api_token: None,
+            require_auth_for_reads: false,
+            cors_origins: Vec::new(),
+            request_timeout: Duration::from_secs(30),
+            body_limit: 64 * 1024,
+        }
     }
 }
 
@@ -297,6 +318,10 @@ fn invalid(e: figment::Error) -> ConfigError {
     ConfigError::Invalid { key, problem: e.kind.to_string().trim_end().to_owned(), origin }
 }
 
+/// `VIPWATCH_<TABLE>__<KEY>` variables, plus `VIPWATCH_API_TOKEN` for `server.api_token`.
 fn env_provider() -> Env {
-    Env::prefixed("VIPWATCH_").ignore(&NON_KEY_VARS).split("__")
+    Env::prefixed("VIPWATCH_")
+        .ignore(&NON_KEY_VARS)
+        .map(|key| if key == "api_token" { "server.api_token".into() } else { key.into() })
+        .split("__")
 }

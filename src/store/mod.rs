@@ -7,6 +7,7 @@ mod events;
 mod open;
 mod outbox;
 mod progress;
+mod queries;
 mod state;
 
 pub use deliveries::{AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, Outcome, WebhookState};
@@ -15,6 +16,7 @@ pub use events::{EventFilter, EventRow};
 pub use open::WriterLock;
 pub use outbox::{Claimed, NewDelivery, NoOutbox, Outbox, RecordedEvent};
 pub use progress::{ProgressRow, WatchProgress};
+pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};
 pub use state::{ServiceRow, StateChange};
 
 use sqlx::SqlitePool;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod api;
 pub mod receiver;
 
 use std::future::Future;

@@ -1,0 +1,55 @@
+//! `GET /healthz`, `GET /readyz`, `GET /metrics` and `GET /openapi.json`.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+
+use super::ApiState;
+use super::error::ApiError;
+use crate::store::now_ms;
+
+/// Process alive: always 200 `ok`.
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "The process is alive", body = String, content_type = "text/plain")))]
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Ready: 200 only when the database is writable and the first full list of every watch scope has been
+/// stored; 503 `not_ready` otherwise.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses((status = 200, description = "Ready", body = String, content_type = "text/plain")))]
+pub async fn readyz(State(state): State<ApiState>) -> Result<&'static str, ApiError> {
+    if !*state.ready.borrow() {
+        return Err(ApiError::NotReady("waiting for the first full list"));
+    }
+    if !state.store.is_writable().await {
+        return Err(ApiError::NotReady("database not writable"));
+    }
+    Ok("ready")
+}
+
+/// Every metric in the Prometheus text format (`vipwatch_` prefix). The outbox gauges are refreshed
+/// from the database on each scrape.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
+pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
+    match state.store.outbox_depth().await {
+        Ok(depth) => {
+            let now = now_ms();
+            for w in state.config.webhooks.iter().filter(|w| w.enabled) {
+                let (pending, oldest) = depth.iter().find(|d| d.0 == w.name).map_or((0, now), |d| (d.1, d.2));
+                state.metrics.outbox(&w.name, pending, (now - oldest).max(0) as f64 / 1000.0);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot refresh the outbox gauges"),
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
+}
+
+/// This API's OpenAPI 3.1 document (also committed as `openapi/openapi.json`).
+#[utoipa::path(get, path = "/openapi.json", tag = "operations",
+    responses((status = 200, description = "The OpenAPI document", body = Object)))]
+pub async fn openapi_json(State(state): State<ApiState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], state.openapi.clone())
+}

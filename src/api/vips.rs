@@ -1,0 +1,133 @@
+//! `GET /api/v1/vips` and `GET /api/v1/vips/{ip}`: the VIPs in use and the Services behind each,
+//! served from the [`VipIndex`](super::vip_index::VipIndex).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::ApiState;
+use super::error::{ApiError, Problem};
+use super::extract::{Path, Query};
+use super::pagination::{self, page, rfc3339};
+use super::schema::PortViewSchema;
+use super::vip_index::{Addr, VipEntry};
+use crate::model::{PortView, ServiceKey};
+
+/// One (VIP, Service) pair.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VipItem {
+    /// The VIP when it is an IP address (else `null`).
+    pub ip: Option<String>,
+    /// The VIP when it is a DNS name, from `status.loadBalancer.ingress[].hostname` (else `null`).
+    pub hostname: Option<String>,
+    /// Namespace of the Service.
+    pub namespace: String,
+    /// Name of the Service.
+    pub name: String,
+    /// The Service's ports.
+    #[schema(value_type = Vec<PortViewSchema>)]
+    pub ports: Vec<PortView>,
+    /// Where the VIP comes from: `status` (published ingress), `annotation` (requested IPs), `spec`
+    /// (`spec.loadBalancerIP`); later also `pool` and `appliance`.
+    #[schema(pattern = "^(status|annotation|spec|pool|appliance)$")]
+    pub source: String,
+    /// Since when the Service has this VIP (RFC 3339).
+    #[schema(format = DateTime)]
+    pub since: String,
+}
+
+page!(VipPage, VipItem, "A page of VIPs, by address (IPv4, IPv6, then hostnames), namespace, name.");
+
+/// One VIP and the Service(s) behind it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VipDetail {
+    /// The VIP when it is an IP address.
+    pub ip: Option<String>,
+    /// The VIP when it is a DNS name.
+    pub hostname: Option<String>,
+    /// Every Service using it, by namespace and name.
+    pub services: Vec<VipItem>,
+}
+
+/// Query of `GET /api/v1/vips`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct VipQuery {
+    /// Only Services in this namespace.
+    pub namespace: Option<String>,
+    /// Page size, 1 to 1000.
+    #[param(minimum = 1, maximum = 1000, default = 100)]
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+fn item(e: &VipEntry) -> VipItem {
+    let (ip, hostname) = split_addr(&e.addr, &e.address);
+    VipItem {
+        ip,
+        hostname,
+        namespace: e.key.namespace.clone(),
+        name: e.key.name.clone(),
+        ports: e.ports.clone(),
+        source: e.source.to_owned(),
+        since: rfc3339(e.since),
+    }
+}
+
+fn split_addr(addr: &Addr, address: &str) -> (Option<String>, Option<String>) {
+    match addr {
+        Addr::Ip(_) => (Some(address.to_owned()), None),
+        Addr::Host(_) => (None, Some(address.to_owned())),
+    }
+}
+
+/// The `/api/v1/vips` item of `e` as JSON (pre-rendered into the index).
+pub fn render(e: &VipEntry) -> String {
+    serde_json::to_string(&item(e)).unwrap_or_default()
+}
+
+/// List the VIPs in use: one item per (VIP, Service).
+#[utoipa::path(get, path = "/api/v1/vips", tag = "vips", params(VipQuery),
+    responses((status = 200, description = "A page of VIPs", body = VipPage)))]
+pub async fn list_vips(State(state): State<ApiState>, Query(q): Query<VipQuery>) -> Result<Response, ApiError> {
+    let limit = pagination::limit(q.limit)?;
+    let after: Option<(String, String, String)> = pagination::after("vips", q.cursor.as_deref())?;
+    let after = after.map(|(addr, ns, name)| (Addr::parse(&addr), ServiceKey::new(ns, name)));
+    let snapshot = state.vip_snapshot().await?;
+    let rows: Vec<&VipEntry> = snapshot
+        .after(after)
+        .filter(|e| q.namespace.as_ref().is_none_or(|ns| *ns == e.key.namespace))
+        .take(limit + 1)
+        .collect();
+    let (rows, next_cursor) = pagination::cut(rows, limit, "vips", |e| (&e.address, &e.key.namespace, &e.key.name));
+    // The page of pre-rendered items, spliced into `VipPage`'s shape without re-serializing them.
+    let mut body = String::with_capacity(rows.iter().map(|e| e.json.len() + 1).sum::<usize>() + 64);
+    body.push_str("{\"items\":[");
+    for (i, e) in rows.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&e.json);
+    }
+    body.push_str("],\"next_cursor\":");
+    body.push_str(&serde_json::to_string(&next_cursor).unwrap_or_default());
+    body.push('}');
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// The Service(s) behind one VIP (an IP address or a hostname).
+#[utoipa::path(get, path = "/api/v1/vips/{ip}", tag = "vips",
+    params(("ip" = String, Path, description = "The VIP: an IP address or a hostname")),
+    responses((status = 200, description = "The VIP and its Services", body = VipDetail),
+        (status = 404, description = "No Service uses this VIP", body = Problem, content_type = "application/problem+json")))]
+pub async fn get_vip(State(state): State<ApiState>, Path(ip): Path<String>) -> Result<Json<VipDetail>, ApiError> {
+    let addr = Addr::parse(&ip);
+    let snapshot = state.vip_snapshot().await?;
+    let services: Vec<VipItem> = snapshot.of(&addr).into_iter().map(item).collect();
+    let Some(first) = services.first() else { return Err(ApiError::NotFound(format!("VIP `{ip}`"))) };
+    Ok(Json(VipDetail { ip: first.ip.clone(), hostname: first.hostname.clone(), services }))
+}

@@ -1,0 +1,223 @@
+//! Read-only queries for the REST API: keyset-paged Services, single rows, per-Service and
+//! per-endpoint delivery summaries, and the event history the VIP index starts from. Every query is
+//! bounded by an index range and a SQL `LIMIT`, except [`Store::for_each_current_event`] (streamed,
+//! once per process start).
+
+use futures::TryStreamExt;
+use sqlx::{QueryBuilder, Row, Sqlite};
+
+use super::{AttemptRow, DeliveryFilter, DeliveryRow, EventFilter, EventRow, ServiceRow, Store, StoreError};
+use crate::model::{ServiceKey, ServiceView};
+
+/// One page of the current-state table, ordered by (namespace, name).
+#[derive(Debug, Clone, Default)]
+pub struct ServicePageQuery {
+    /// Only keys strictly after this one.
+    pub after: Option<ServiceKey>,
+    /// Only this namespace.
+    pub namespace: Option<String>,
+    /// Only this `spec.type`.
+    pub service_type: Option<String>,
+    /// At most this many rows.
+    pub limit: i64,
+}
+
+/// What the deliveries of one Service to one endpoint look like.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceDeliveryState {
+    /// Endpoint name.
+    pub webhook: String,
+    /// Pending deliveries.
+    pub pending: i64,
+    /// Pending deliveries with at least one failed attempt.
+    pub retrying: i64,
+    /// Whether the newest finished (not superseded) delivery gave up (`failed`).
+    pub last_finished_failed: bool,
+    /// Start of the newest 2xx attempt (Unix ms).
+    pub last_success_at: Option<i64>,
+    /// Start of the newest failed attempt (Unix ms).
+    pub last_failure_at: Option<i64>,
+}
+
+/// Newest attempt outcomes of one endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WebhookActivity {
+    /// Start of the newest 2xx attempt (Unix ms).
+    pub last_success_at: Option<i64>,
+    /// Start of the newest failed attempt (Unix ms).
+    pub last_failure_at: Option<i64>,
+}
+
+macro_rules! service_columns {
+    () => {
+        "SELECT namespace, name, uid, resource_version, view, first_seen_at, updated_at FROM services"
+    };
+}
+
+const SERVICE_BY_KEY: &str = concat!(service_columns!(), " WHERE namespace = ? AND name = ?");
+
+macro_rules! newest_attempt {
+    ($cond:literal) => {
+        concat!(
+            "SELECT a.started_at FROM attempts a JOIN deliveries d ON d.id = a.delivery_id WHERE d.webhook = ? \
+             AND a.error_class ",
+            $cond,
+            " ORDER BY a.id DESC LIMIT 1"
+        )
+    };
+}
+
+const DELIVERY_STATES: &str = "SELECT webhook, SUM(state = 'pending') AS pending, \
+    SUM(state = 'pending' AND attempts > 0) AS retrying, \
+    (SELECT x.state = 'failed' FROM deliveries x WHERE x.webhook = d.webhook AND x.namespace = ?1 AND x.name = ?2 \
+       AND x.state IN ('succeeded', 'failed') ORDER BY x.id DESC LIMIT 1) AS last_failed, \
+    (SELECT MAX(a.started_at) FROM attempts a JOIN deliveries y ON y.id = a.delivery_id WHERE y.webhook = d.webhook \
+       AND y.namespace = ?1 AND y.name = ?2 AND a.error_class IS NULL) AS last_success, \
+    (SELECT MAX(a.started_at) FROM attempts a JOIN deliveries y ON y.id = a.delivery_id WHERE y.webhook = d.webhook \
+       AND y.namespace = ?1 AND y.name = ?2 AND a.error_class IS NOT NULL) AS last_failure \
+    FROM deliveries d WHERE namespace = ?1 AND name = ?2 GROUP BY webhook ORDER BY webhook";
+
+impl Store {
+    /// A number that changes whenever this process wrote anything (SQLite `total_changes()` of the one
+    /// write connection): a cheap "did anything change since" check for caches.
+    pub async fn write_generation(&self) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar("SELECT total_changes()").fetch_one(&self.write).await?)
+    }
+
+    /// The highest event id in the log (0 when empty).
+    pub async fn max_event_id(&self) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(&self.pool).await?)
+    }
+
+    /// Event `id`, if it exists (not pruned).
+    pub async fn event(&self, id: i64) -> Result<Option<EventRow>, StoreError> {
+        let filter = EventFilter { after_id: Some(id.saturating_sub(1)), limit: Some(1), ..Default::default() };
+        Ok(self.events(&filter).await?.into_iter().find(|e| e.id == id))
+    }
+
+    /// The last `n` events of one Service (any uid), oldest first.
+    pub async fn recent_events(&self, key: &ServiceKey, n: i64) -> Result<Vec<EventRow>, StoreError> {
+        let sql = "SELECT id FROM events WHERE namespace = ? AND name = ? ORDER BY id DESC LIMIT ?";
+        let ids: Vec<i64> =
+            sqlx::query_scalar(sql).bind(&key.namespace).bind(&key.name).bind(n).fetch_all(&self.pool).await?;
+        let Some(oldest) = ids.last() else { return Ok(Vec::new()) };
+        let filter = EventFilter {
+            after_id: Some(oldest - 1),
+            namespace: Some(key.namespace.clone()),
+            name: Some(key.name.clone()),
+            limit: Some(n),
+            ..Default::default()
+        };
+        self.events(&filter).await
+    }
+
+    /// A page of the current-state table: keys after `q.after`, by (namespace, name).
+    pub async fn services_page(&self, q: &ServicePageQuery) -> Result<Vec<ServiceRow>, StoreError> {
+        let mut b: QueryBuilder<Sqlite> = QueryBuilder::new(service_columns!());
+        b.push(" WHERE 1 = 1");
+        if let Some(after) = &q.after {
+            b.push(" AND (namespace, name) > (").push_bind(after.namespace.clone());
+            b.push(", ").push_bind(after.name.clone()).push(")");
+        }
+        if let Some(ns) = &q.namespace {
+            b.push(" AND namespace = ").push_bind(ns.clone());
+        }
+        if let Some(ty) = &q.service_type {
+            b.push(" AND type = ").push_bind(ty.clone());
+        }
+        b.push(" ORDER BY namespace, name LIMIT ").push_bind(q.limit);
+        let rows = b.build().fetch_all(&self.pool).await?;
+        rows.iter().map(service_row).collect()
+    }
+
+    /// One row of the current-state table.
+    pub async fn service(&self, key: &ServiceKey) -> Result<Option<ServiceRow>, StoreError> {
+        let row = sqlx::query(SERVICE_BY_KEY).bind(&key.namespace).bind(&key.name).fetch_optional(&self.pool).await?;
+        row.as_ref().map(service_row).transpose()
+    }
+
+    /// Delivery `id`, if it exists.
+    pub async fn delivery(&self, id: i64) -> Result<Option<DeliveryRow>, StoreError> {
+        let filter = DeliveryFilter { after_id: Some(id.saturating_sub(1)), limit: Some(1), ..Default::default() };
+        Ok(self.deliveries(&filter).await?.into_iter().find(|d| d.id == id))
+    }
+
+    /// The attempt logs of several deliveries in one query: `(delivery_id, attempt)`, by delivery then
+    /// attempt, oldest first.
+    pub async fn attempts_of(&self, delivery_ids: &[i64]) -> Result<Vec<(i64, AttemptRow)>, StoreError> {
+        if delivery_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = "SELECT delivery_id, started_at, duration_ms, status_code, error_class, error, location, \
+                   response_body FROM attempts WHERE delivery_id IN (SELECT value FROM json_each(?)) \
+                   ORDER BY delivery_id, id";
+        let ids = serde_json::to_string(delivery_ids)?;
+        let rows = sqlx::query(sql).bind(ids).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(|r| (r.get("delivery_id"), attempt_row(r))).collect())
+    }
+
+    /// Per endpoint, the delivery state of one Service (endpoints that never got one are absent).
+    pub async fn service_delivery_states(&self, key: &ServiceKey) -> Result<Vec<ServiceDeliveryState>, StoreError> {
+        let rows = sqlx::query(DELIVERY_STATES).bind(&key.namespace).bind(&key.name).fetch_all(&self.pool).await?;
+        Ok(rows
+            .iter()
+            .map(|r| ServiceDeliveryState {
+                webhook: r.get("webhook"),
+                pending: r.get("pending"),
+                retrying: r.get("retrying"),
+                last_finished_failed: r.get::<Option<bool>, _>("last_failed").unwrap_or(false),
+                last_success_at: r.get("last_success"),
+                last_failure_at: r.get("last_failure"),
+            })
+            .collect())
+    }
+
+    /// The newest successful and failed attempt of endpoint `webhook` (walks attempts newest first).
+    pub async fn webhook_activity(&self, webhook: &str) -> Result<WebhookActivity, StoreError> {
+        let success = sqlx::query_scalar(newest_attempt!("IS NULL")).bind(webhook).fetch_optional(&self.pool).await?;
+        let failure =
+            sqlx::query_scalar(newest_attempt!("IS NOT NULL")).bind(webhook).fetch_optional(&self.pool).await?;
+        Ok(WebhookActivity { last_success_at: success, last_failure_at: failure })
+    }
+
+    /// Calls `visit(key, observed_at, view)` for every event of every Service in the current-state
+    /// table that carries the Service's current uid, by (namespace, name, id): the history the VIP
+    /// index dates each VIP from. Streams the whole log (memory stays flat); run once per process start.
+    pub async fn for_each_current_event(
+        &self,
+        mut visit: impl FnMut(ServiceKey, i64, ServiceView),
+    ) -> Result<(), StoreError> {
+        let sql = "SELECT e.namespace, e.name, e.observed_at, e.view FROM events e JOIN services s \
+                   ON s.namespace = e.namespace AND s.name = e.name AND s.uid = e.uid \
+                   ORDER BY e.namespace, e.name, e.id";
+        let mut rows = sqlx::query(sql).fetch(&self.pool);
+        while let Some(r) = rows.try_next().await? {
+            let key = ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name"));
+            visit(key, r.get("observed_at"), serde_json::from_str(r.get::<&str, _>("view"))?);
+        }
+        Ok(())
+    }
+}
+
+fn service_row(r: &sqlx::sqlite::SqliteRow) -> Result<ServiceRow, StoreError> {
+    Ok(ServiceRow {
+        key: ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")),
+        uid: r.get("uid"),
+        resource_version: r.get("resource_version"),
+        view: serde_json::from_str(r.get::<&str, _>("view"))?,
+        first_seen_at: r.get("first_seen_at"),
+        updated_at: r.get("updated_at"),
+    })
+}
+
+fn attempt_row(r: &sqlx::sqlite::SqliteRow) -> AttemptRow {
+    AttemptRow {
+        started_at: r.get("started_at"),
+        duration_ms: r.get("duration_ms"),
+        status_code: r.get("status_code"),
+        error_class: r.get("error_class"),
+        error: r.get("error"),
+        location: r.get("location"),
+        response_body: r.get("response_body"),
+    }
+}
