@@ -25,7 +25,9 @@ fn main() -> ExitCode {
         }
         Command::Serve => serve(config),
         Command::Openapi => {
-            print!("{}", vipwatch::api::openapi::document_json());
+            // A closed pipe (`vipwatch openapi | head`) is not an error.
+            let _ =
+                std::io::Write::write_all(&mut std::io::stdout(), vipwatch::api::openapi::document_json().as_bytes());
             Ok(())
         }
         Command::FakeApiserver { listen, seed } => fake_apiserver(listen, seed),

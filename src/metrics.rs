@@ -209,7 +209,8 @@ impl Metrics {
         self.watch_errors.get(&labels).map(|c| c.get()).unwrap_or(0)
     }
 
-    /// The Prometheus text exposition (`text/plain; version=0.0.4` / OpenMetrics text).
+    /// The OpenMetrics text exposition (`application/openmetrics-text; version=1.0.0`), which
+    /// Prometheus scrapes natively.
     pub fn render(&self) -> String {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

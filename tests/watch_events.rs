@@ -220,3 +220,19 @@ async fn a_second_instance_on_the_same_database_is_refused() {
     let again = h.start(h.config()).await; // the lock is released with the first instance
     again.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn watch_metrics_exist_at_zero_before_the_first_error() {
+    let h = Harness::new().await;
+    let vw = h.start(h.config()).await;
+    let text = vw.metrics.render();
+    for line in [
+        "vipwatch_watch_errors_total{scope=\"*\",kind=\"decode\"} 0",
+        "vipwatch_watch_relists_total{scope=\"*\"} 0",
+        "vipwatch_watch_gone_total{scope=\"*\"} 0",
+        "vipwatch_watch_restarts_total{scope=\"*\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing `{line}` in:\n{text}");
+    }
+    vw.stop().await.unwrap();
+}

@@ -32,7 +32,8 @@ pub async fn readyz(State(state): State<ApiState>) -> Result<&'static str, ApiEr
 /// Every metric in the Prometheus text format (`vipwatch_` prefix). The outbox gauges are refreshed
 /// from the database on each scrape.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
+    responses((status = 200, description = "OpenMetrics text exposition (Prometheus scrapes it natively)", body = String,
+        content_type = "application/openmetrics-text")))]
 pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
     match state.store.outbox_depth().await {
         Ok(depth) => {
@@ -44,7 +45,7 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         }
         Err(e) => tracing::warn!(error = %e, "cannot refresh the outbox gauges"),
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render())
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.render())
 }
 
 /// This API's OpenAPI 3.1 document (also committed as `openapi/openapi.json`).

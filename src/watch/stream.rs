@@ -84,6 +84,7 @@ enum End {
 impl ScopeTask {
     /// Runs watcher after watcher until `cancel` fires or the recorder is gone.
     pub async fn run(self, cancel: CancellationToken) {
+        self.zero_metrics();
         let mut first = true;
         loop {
             info!(scope = self.spec.label(), "listing and watching Services");
@@ -93,6 +94,19 @@ impl ScopeTask {
                     self.metrics.watch_restarts.get_or_create(&self.labels()).inc();
                 }
             }
+        }
+    }
+
+    /// Creates this scope's series at 0 so dashboards and alerts see them before the first error.
+    fn zero_metrics(&self) {
+        let m = &self.metrics;
+        for family in [&m.relists, &m.watch_restarts, &m.watch_gone] {
+            drop(family.get_or_create(&self.labels()));
+        }
+        for kind in ["list", "watch_start", "gone", "status", "stream", "decode", "no_resource_version"] {
+            let labels =
+                crate::metrics::WatchErrorLabels { scope: self.spec.label().to_owned(), kind: kind.to_owned() };
+            drop(m.watch_errors.get_or_create(&labels));
         }
     }
 
