@@ -40,7 +40,7 @@ async fn eventually(what: &str, cond: impl Fn() -> bool) {
     let deadline = Instant::now() + WAIT;
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await; // ok: poll interval of a deadline-bounded wait
     }
 }
 
