@@ -307,3 +307,28 @@ async fn graceful_stop_leaves_an_attempt_outlasting_the_grace_period_pending() {
     assert_eq!((rows[0].state.as_str(), rows[0].attempts), ("pending", 0), "left pending, sent again at next start");
     assert_eq!(store.attempts(rows[0].id).await.unwrap().len(), 0);
 }
+
+#[tokio::test]
+async fn retention_prunes_old_events_and_finished_deliveries_but_never_pending_ones() {
+    let h = Harness::new().await;
+    let ok = Receiver::ok().await;
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_url = format!("http://{}/hook", closed.local_addr().unwrap());
+    drop(closed);
+    let vw = h.start(h.config_with(vec![webhook("ok", &ok.url), webhook("dead", &dead_url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_accepted(&ok, 1).await;
+    let delivered = wait_until("delivery recorded", || async {
+        let rows =
+            vw.store.deliveries(&DeliveryFilter { webhook: Some("ok".into()), ..Default::default() }).await.unwrap();
+        (rows[0].state == "succeeded").then(|| rows[0].id)
+    })
+    .await;
+    let future = jiff::Timestamp::now().as_millisecond() + 60_000;
+    assert_eq!(vw.store.prune_events(future).await.unwrap(), 1);
+    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    let left: Vec<(String, String)> = rows.iter().map(|r| (r.webhook.clone(), r.state.clone())).collect();
+    assert_eq!(left, vec![(s("dead"), s("pending"))], "pending deliveries survive pruning");
+    assert_eq!(vw.store.attempts(delivered).await.unwrap().len(), 0, "attempts go with their delivery");
+    vw.stop().await.unwrap();
+}

@@ -86,9 +86,15 @@ impl Store {
         Ok(sqlx::query_scalar("SELECT COUNT(*) FROM events").fetch_one(&self.pool).await?)
     }
 
-    /// Deletes events observed before `cutoff_ms` (Unix ms); returns how many were deleted.
+    /// Deletes events observed before `cutoff_ms` (Unix ms), and finished deliveries (succeeded,
+    /// superseded, failed) that finished before it, with their attempts; pending deliveries are never
+    /// pruned. Returns how many events were deleted.
     pub async fn prune_events(&self, cutoff_ms: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query("DELETE FROM events WHERE observed_at < ?").bind(cutoff_ms).execute(&self.write).await?;
+        let mut tx = self.write.begin().await?;
+        let done = sqlx::query("DELETE FROM events WHERE observed_at < ?").bind(cutoff_ms).execute(&mut *tx).await?;
+        let finished = "DELETE FROM deliveries WHERE state <> 'pending' AND finished_at < ?";
+        sqlx::query(finished).bind(cutoff_ms).execute(&mut *tx).await?;
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
 }
