@@ -218,18 +218,7 @@ impl Store {
         let sql = "SELECT started_at, duration_ms, status_code, error_class, error, location, response_body \
                    FROM attempts WHERE delivery_id = ? ORDER BY id";
         let rows = sqlx::query(sql).bind(delivery_id).fetch_all(&self.pool).await?;
-        Ok(rows
-            .iter()
-            .map(|r| AttemptRow {
-                started_at: r.get("started_at"),
-                duration_ms: r.get("duration_ms"),
-                status_code: r.get("status_code"),
-                error_class: r.get("error_class"),
-                error: r.get("error"),
-                location: r.get("location"),
-                response_body: r.get("response_body"),
-            })
-            .collect())
+        Ok(rows.iter().map(attempt_row).collect())
     }
 
     /// Marks `webhook` disabled (a 410 from `url`).
@@ -295,5 +284,17 @@ fn delivery_row(r: &sqlx::sqlite::SqliteRow) -> DeliveryRow {
         last_status: r.get("last_status"),
         last_error: r.get("last_error"),
         payload: r.get("payload"),
+    }
+}
+
+pub(super) fn attempt_row(r: &sqlx::sqlite::SqliteRow) -> AttemptRow {
+    AttemptRow {
+        started_at: r.get("started_at"),
+        duration_ms: r.get("duration_ms"),
+        status_code: r.get("status_code"),
+        error_class: r.get("error_class"),
+        error: r.get("error"),
+        location: r.get("location"),
+        response_body: r.get("response_body"),
     }
 }

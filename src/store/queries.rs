@@ -6,6 +6,8 @@
 use futures::TryStreamExt;
 use sqlx::{QueryBuilder, Row, Sqlite};
 
+use super::deliveries::attempt_row;
+use super::state::service_row;
 use super::{AttemptRow, DeliveryFilter, DeliveryRow, EventFilter, EventRow, ServiceRow, Store, StoreError};
 use crate::model::{ServiceKey, ServiceView};
 
@@ -196,28 +198,5 @@ impl Store {
             visit(key, r.get("observed_at"), serde_json::from_str(r.get::<&str, _>("view"))?);
         }
         Ok(())
-    }
-}
-
-fn service_row(r: &sqlx::sqlite::SqliteRow) -> Result<ServiceRow, StoreError> {
-    Ok(ServiceRow {
-        key: ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")),
-        uid: r.get("uid"),
-        resource_version: r.get("resource_version"),
-        view: serde_json::from_str(r.get::<&str, _>("view"))?,
-        first_seen_at: r.get("first_seen_at"),
-        updated_at: r.get("updated_at"),
-    })
-}
-
-fn attempt_row(r: &sqlx::sqlite::SqliteRow) -> AttemptRow {
-    AttemptRow {
-        started_at: r.get("started_at"),
-        duration_ms: r.get("duration_ms"),
-        status_code: r.get("status_code"),
-        error_class: r.get("error_class"),
-        error: r.get("error"),
-        location: r.get("location"),
-        response_body: r.get("response_body"),
     }
 }

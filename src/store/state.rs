@@ -145,7 +145,7 @@ impl Store {
     }
 }
 
-fn service_row(r: &sqlx::sqlite::SqliteRow) -> Result<ServiceRow, StoreError> {
+pub(super) fn service_row(r: &sqlx::sqlite::SqliteRow) -> Result<ServiceRow, StoreError> {
     Ok(ServiceRow {
         key: ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")),
         uid: r.get("uid"),
