@@ -14,10 +14,14 @@ use tracing::{info, warn};
 use crate::api::{self, ApiState};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::publish::{self, Publisher};
 use crate::relay::{self, RelayError, Router};
 use crate::store::{Outbox, WriterLock};
 use crate::store::{Store, StoreError, now_ms};
 use crate::watch::{self, WatchError};
+
+/// Capacity of the queue of appliance-assigned addresses (relay → recorder).
+const ASSIGNMENT_QUEUE: usize = 1024;
 
 /// A failure that stops the service.
 #[derive(Debug, thiserror::Error)]
@@ -97,20 +101,27 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let metrics = Metrics::new();
     let (ready_tx, ready) = signal::channel(false);
     let (committed_tx, committed) = signal::channel(0);
-    let signals = watch::Signals { metrics: metrics.clone(), ready: ready_tx, committed: committed_tx };
     let cancel = CancellationToken::new();
+    let (notices, events_task) = publish::start_events(client.clone(), metrics.clone(), cancel.clone());
+    let signals =
+        watch::Signals { metrics: metrics.clone(), ready: ready_tx, committed: committed_tx, notices: notices.clone() };
     let addr = listener.local_addr()?;
     let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&config.webhooks)?);
+    let (assign_tx, assign_rx) = tokio::sync::mpsc::channel(ASSIGNMENT_QUEUE);
     let mut relay_tasks =
-        relay::start(&config, store.clone(), metrics.clone(), committed.clone(), cancel.clone()).await?;
+        relay::start(&config, store.clone(), metrics.clone(), committed.clone(), assign_tx, cancel.clone()).await?;
+    let publisher = Publisher::new(client.clone(), &config, store.clone(), metrics.clone(), notices);
+    let publisher_task = tokio::spawn(publisher.run(committed.clone(), cancel.clone()));
     let relay_task = tokio::spawn(async move {
         while relay_tasks.join_next().await.is_some() {}
+        let _ = publisher_task.await;
+        let _ = events_task.await;
         Ok(())
     });
     let watch_task = {
-        let (store, cancel, k8s) = (store.clone(), cancel.clone(), config.kubernetes.clone());
+        let (store, cancel, config) = (store.clone(), cancel.clone(), config.clone());
         fatal_on_error("watch", cancel.clone(), async move {
-            Ok(watch::run(client, &k8s, store, outbox, signals, cancel).await?)
+            Ok(watch::run(client, &config, store, outbox, signals, assign_rx, cancel).await?)
         })
     };
     let prune_task = tokio::spawn(prune_loop(store.clone(), config.database.event_retention, cancel.clone()));

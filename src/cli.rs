@@ -30,6 +30,10 @@ pub enum Command {
         #[arg(long)]
         webhook: Option<String>,
     },
+    /// Remove vipwatch's `vipwatch.io/cleanup` finalizer from every Service in the configured
+    /// namespaces (the uninstall path: run it after stopping `vipwatch serve`, or deleted Services wait
+    /// for a DELETED that nobody will deliver).
+    ReleaseFinalizers,
     /// Print the OpenAPI 3.1 document of the REST API (what `/openapi.json` serves) to stdout.
     Openapi,
     /// Run the simulated Kubernetes API (the fake apiserver the tests use) until Ctrl-C, for trying

@@ -32,6 +32,7 @@ fn main() -> ExitCode {
         }
         Command::FakeApiserver { listen, seed } => fake_apiserver(listen, seed),
         Command::Resync { webhook } => resync(config, webhook),
+        Command::ReleaseFinalizers => release_finalizers(config),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -62,6 +63,18 @@ async fn resync(config: Config, webhook: Option<String>) -> anyhow::Result<()> {
         println!("{name}: enqueued service.synced for {n} Services");
     }
     store.close().await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn release_finalizers(config: Config) -> anyhow::Result<()> {
+    vipwatch::relay::sender::install_crypto_provider();
+    let client = vipwatch::watch::connect(&config.kubernetes).await?;
+    let released = vipwatch::publish::release_finalizers(&client, &config).await?;
+    for key in &released {
+        println!("released {key}");
+    }
+    println!("removed the {} finalizer from {} Services", vipwatch::model::FINALIZER, released.len());
     Ok(())
 }
 

@@ -71,6 +71,22 @@ pub struct RouteLabels {
     pub method: String,
 }
 
+/// Labels of the per-pool gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// `[[pools]]` name.
+    pub pool: String,
+}
+
+/// Labels of `vipwatch_kubernetes_writes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// `status`, `finalizer_add`, `finalizer_remove`, `event`.
+    pub kind: String,
+    /// `ok` or `error`.
+    pub outcome: String,
+}
+
 /// Every metric vipwatch exports. Clone the `Arc` to share.
 pub struct Metrics {
     registry: Registry,
@@ -89,6 +105,13 @@ pub struct Metrics {
     pub services_in_scope: Gauge,
     /// `vipwatch_vips_in_use`: distinct VIP addresses over in-scope Services.
     pub vips_in_use: Gauge,
+    /// `vipwatch_pool_addresses_in_use{pool}`: distinct addresses of the pool held by Services.
+    pub pool_in_use: Family<PoolLabels, Gauge>,
+    /// `vipwatch_pool_addresses_free{pool}`: usable addresses nobody holds (saturates at 2^63-1).
+    pub pool_free: Family<PoolLabels, Gauge>,
+    /// `vipwatch_kubernetes_writes_total{kind,outcome}`: writes back to Kubernetes (status patches,
+    /// finalizer changes, Events).
+    pub kube_writes: Family<WriteLabels, Counter>,
     /// `vipwatch_deliveries_total{webhook,outcome}`: delivery attempts by result.
     pub deliveries: Family<DeliveryLabels, Counter>,
     /// `vipwatch_delivery_latency_seconds{webhook}`: event observed → 2xx from the endpoint.
@@ -124,6 +147,9 @@ impl Metrics {
             watch_gone: Family::default(),
             services_in_scope: Gauge::default(),
             vips_in_use: Gauge::default(),
+            pool_in_use: Family::default(),
+            pool_free: Family::default(),
+            kube_writes: Family::default(),
             deliveries: Family::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram),
             outbox_depth: Family::default(),
@@ -139,6 +165,9 @@ impl Metrics {
         registry.register("watch_gone", "410 Gone answers (expired resourceVersion)", m.watch_gone.clone());
         registry.register("services_in_scope", "Services in the current-state table", m.services_in_scope.clone());
         registry.register("vips_in_use", "Distinct VIP addresses of in-scope Services", m.vips_in_use.clone());
+        registry.register("pool_addresses_in_use", "Addresses of the pool held by Services", m.pool_in_use.clone());
+        registry.register("pool_addresses_free", "Usable addresses of the pool nobody holds", m.pool_free.clone());
+        registry.register("kubernetes_writes", "Writes back to Kubernetes by kind and outcome", m.kube_writes.clone());
         registry.register("deliveries", "Delivery attempts by endpoint and outcome", m.deliveries.clone());
         registry.register(
             "delivery_latency_seconds",
@@ -170,6 +199,19 @@ impl Metrics {
     pub fn event(&self, event_type: &str, cause: &str) {
         let labels = EventLabels { r#type: event_type.to_owned(), cause: cause.to_owned() };
         self.events.get_or_create(&labels).inc();
+    }
+
+    /// Sets the usage gauges of `pool`.
+    pub fn pool_usage(&self, pool: &str, in_use: u64, free: u128) {
+        let labels = PoolLabels { pool: pool.to_owned() };
+        self.pool_in_use.get_or_create(&labels).set(i64::try_from(in_use).unwrap_or(i64::MAX));
+        self.pool_free.get_or_create(&labels).set(i64::try_from(free).unwrap_or(i64::MAX));
+    }
+
+    /// Counts one write back to Kubernetes.
+    pub fn kube_write(&self, kind: &str, ok: bool) {
+        let labels = WriteLabels { kind: kind.to_owned(), outcome: if ok { "ok" } else { "error" }.to_owned() };
+        self.kube_writes.get_or_create(&labels).inc();
     }
 
     /// Counts one delivery attempt of `webhook` with `outcome`.

@@ -176,3 +176,25 @@ fn credentials_in_urls_are_redacted() {
     assert!(out.contains("url = \"http://admin:REDACTED@lb.example.net/hook?token=REDACTED\""), "{out}");
     assert!(!out.contains("hunter2") && !out.contains("sekrit"));
 }
+
+#[test]
+fn bad_pools_name_the_pool_and_the_reason() {
+    let two = "[[pools]]\nname = \"a\"\naddresses = [\"192.0.2.0/24\"]\n\n[[pools]]\nname = \"b\"\naddresses = [\"192.0.2.200-192.0.2.210\"]\n";
+    let o = vipwatch(&["check-config"], &[], Some(two));
+    assert_eq!(o.status.code(), Some(2), "stderr: {}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        "vipwatch: invalid configuration: invalid address pool `b`: 192.0.2.200-192.0.2.210 overlaps 192.0.2.0-192.0.2.255 of pool `a`\n"
+    );
+    let malformed = "[[pools]]\nname = \"lab\"\naddresses = [\"10.0.0.0/8\", \"10.1.2.3-banana\"]\n";
+    assert_invalid(
+        &vipwatch(&["check-config"], &[], Some(malformed)),
+        "invalid address pool `lab`: `banana` in `10.1.2.3-banana` is not an IP address",
+    );
+    let empty = "[[pools]]\nname = \"lab\"\naddresses = []\n";
+    assert_invalid(&vipwatch(&["check-config"], &[], Some(empty)), "invalid address pool `lab`: `addresses` is empty");
+    let ok = "[[pools]]\nname = \"lab\"\naddresses = [\"192.0.2.0/24\", \"2001:db8::/120\"]\nauto_assign = false\n";
+    let o = vipwatch(&["check-config"], &[], Some(ok));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("[[pools]]\nname = \"lab\"\naddresses = [\n    \"192.0.2.0/24\",\n    \"2001:db8::/120\",\n]\nauto_assign = false\n"), "{}", String::from_utf8_lossy(&o.stdout));
+}

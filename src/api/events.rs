@@ -95,6 +95,10 @@ pub enum EventCause {
     Relist,
     /// Found by the first list after vipwatch started.
     Startup,
+    /// An address freed up for a Service that was waiting for one.
+    Allocation,
+    /// An endpoint with `assigns_vip` returned the Service's address.
+    Appliance,
 }
 
 /// Filters of the event log (list and stream).

@@ -81,6 +81,30 @@ pub struct ServiceViewSchema {
     pub labels: BTreeMap<String, String>,
     /// `metadata.annotations`.
     pub annotations: BTreeMap<String, String>,
+    /// The VIPs vipwatch assigned (from a pool, or by an appliance with `assigns_vip`), or why none
+    /// yet; `null` when vipwatch does not assign this Service's addresses.
+    pub allocation: Option<AllocationSchema>,
+    /// `metadata.finalizers`.
+    pub finalizers: Vec<String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+}
+
+/// The addresses vipwatch assigned to a Service, or why it has none.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(as = Allocation)]
+pub struct AllocationSchema {
+    /// `pool` or `appliance`.
+    pub source: String,
+    /// The `[[pools]]` entry the addresses come from.
+    pub pool: Option<String>,
+    /// The VIPs, primary family first; empty while pending.
+    pub addresses: Vec<String>,
+    /// A DNS name instead of addresses (appliance only).
+    pub hostname: Option<String>,
+    /// Why there is no address yet (impossible request, pool exhausted).
+    pub reason: Option<String>,
 }
 
 /// The Service in a webhook body: identity, VIPs, and the normalized view's fields.
@@ -148,7 +172,9 @@ mod tests {
         let svc = serde_json::json!({"metadata": {"name": "web", "labels": {"app": "web"}, "annotations": {"a": "b"}},
             "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "nodePort": 30080}], "loadBalancerIP": "192.0.2.9"},
             "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1", "ipMode": "VIP"}]}}});
-        ServiceView::from_service(&serde_json::from_value(svc).unwrap())
+        let mut v = ServiceView::from_service(&serde_json::from_value(svc).unwrap());
+        v.allocation = Some(crate::model::Allocation::pending("pool `lab` exhausted".into()));
+        v
     }
 
     #[test]

@@ -48,8 +48,10 @@ pub struct VipEntry {
     pub key: ServiceKey,
     /// The Service's ports.
     pub ports: Vec<PortView>,
-    /// `status`, `annotation` or `spec` (see `ServiceView::vip_sources`).
+    /// `pool`, `appliance`, `status`, `annotation` or `spec` (see `ServiceView::vip_sources`).
     pub source: &'static str,
+    /// The allocation's pool, for `source = pool`.
+    pub pool: Option<String>,
     /// Since when this Service has this VIP (Unix ms).
     pub since: i64,
     /// The `/api/v1/vips` item of this entry, as JSON.
@@ -181,6 +183,7 @@ impl VipIndex {
                     key: row.key.clone(),
                     ports: row.view.ports.clone(),
                     source,
+                    pool: row.view.allocation.as_ref().and_then(|a| a.pool.clone()).filter(|_| source == "pool"),
                     since,
                     json: String::new(),
                 };

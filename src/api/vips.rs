@@ -30,10 +30,13 @@ pub struct VipItem {
     /// The Service's ports.
     #[schema(value_type = Vec<PortViewSchema>)]
     pub ports: Vec<PortView>,
-    /// Where the VIP comes from: `status` (published ingress), `annotation` (requested IPs), `spec`
-    /// (`spec.loadBalancerIP`); later also `pool` and `appliance`.
+    /// Where the VIP comes from: `pool` (allocated by vipwatch from a `[[pools]]` entry), `appliance`
+    /// (returned by an endpoint with `assigns_vip`); for Services whose addresses vipwatch does not
+    /// assign: `status` (published ingress), `annotation` (requested IPs), `spec` (`spec.loadBalancerIP`).
     #[schema(pattern = "^(status|annotation|spec|pool|appliance)$")]
     pub source: String,
+    /// The pool the VIP was allocated from (`source = pool`), else `null`.
+    pub pool: Option<String>,
     /// Since when the Service has this VIP (RFC 3339).
     #[schema(format = DateTime)]
     pub since: String,
@@ -74,6 +77,7 @@ fn item(e: &VipEntry) -> VipItem {
         name: e.key.name.clone(),
         ports: e.ports.clone(),
         source: e.source.to_owned(),
+        pool: e.pool.clone(),
         since: rfc3339(e.since),
     }
 }

@@ -12,8 +12,10 @@ use url::Url;
 
 use crate::model::{LabelSelector, Scope};
 
+mod pool;
 mod relay;
 
+pub use pool::PoolConfig;
 pub use relay::{RelayConfig, RetryConfig, Secret, TlsConfig, WebhookConfig, redact_url};
 
 /// The file read when `--config` is not given, if it exists (otherwise built-in defaults apply).
@@ -55,6 +57,9 @@ pub enum ConfigError {
         /// What is wrong.
         reason: String,
     },
+    /// A `[[pools]]` entry is not acceptable (names the pool and the reason).
+    #[error(transparent)]
+    Pool(#[from] crate::ipam::PoolError),
     /// A value parsed but is not acceptable.
     #[error("invalid value for `{key}`: {reason}")]
     Value {
@@ -79,6 +84,8 @@ pub struct Config {
     pub relay: RelayConfig,
     /// `[[webhooks]]`: the outbound endpoints (the LB appliance).
     pub webhooks: Vec<WebhookConfig>,
+    /// `[[pools]]`: address pools VIPs are allocated from; empty = vipwatch allocates nothing.
+    pub pools: Vec<PoolConfig>,
 }
 
 /// `[kubernetes]` table.
@@ -108,6 +115,12 @@ pub struct KubernetesConfig {
     /// client dropped, a proxy that swallowed an event) is found and recorded with cause `relist`.
     #[serde(with = "humantime_serde")]
     pub relist_interval: Duration,
+    /// Write `status.loadBalancer.ingress` of the Services whose VIPs vipwatch assigns, once every
+    /// subscribed endpoint acknowledged the change carrying them.
+    pub write_status: bool,
+    /// Put the `vipwatch.io/cleanup` finalizer on in-scope Services before their first delivery, so a
+    /// deleted Service stays until every endpoint acknowledged its DELETED.
+    pub finalizer: bool,
 }
 
 impl Default for KubernetesConfig {
@@ -122,6 +135,8 @@ impl Default for KubernetesConfig {
             manage_classless: true,
             watch_timeout: Duration::from_secs(290),
             relist_interval: crate::watch::DEFAULT_RELIST_INTERVAL,
+            write_status: true,
+            finalizer: true,
         }
     }
 }
@@ -239,6 +254,7 @@ impl Config {
         LabelSelector::parse(&k.label_selector)
             .map_err(|e| ConfigError::Value { key: "kubernetes.label_selector", reason: e.to_string() })?;
         self.validate_webhooks()?;
+        crate::ipam::Pools::new(&self.pools)?;
         if k.relist_interval < Duration::from_secs(1) {
             return Err(ConfigError::Value { key: "kubernetes.relist_interval", reason: "must be at least 1s".into() });
         }

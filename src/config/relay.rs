@@ -168,6 +168,10 @@ pub struct WebhookConfig {
     /// `false`: nothing is enqueued for or sent to this endpoint.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// The appliance chooses the VIP: the `{"vips": ["…"]}` or `{"hostname": "…"}` in its 2xx response
+    /// body becomes the Service's address (`source = "appliance"`), replacing a pool allocation.
+    #[serde(default)]
+    pub assigns_vip: bool,
 }
 
 fn all_events() -> Vec<String> {

@@ -39,15 +39,22 @@ pub enum Cause {
     Relist,
     /// The difference found by the first list after vipwatch started (changes made while it was down).
     Startup,
+    /// The allocator changed the Service's addresses on its own: an address freed up for a Service
+    /// that was pending.
+    Allocation,
+    /// An endpoint with `assigns_vip` returned the Service's address.
+    Appliance,
 }
 
 impl Cause {
-    /// `watch`, `relist` or `startup`: the string stored in the event log.
+    /// `watch`, `relist`, `startup`, `allocation` or `appliance`: the string stored in the event log.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Watch => "watch",
             Self::Relist => "relist",
             Self::Startup => "startup",
+            Self::Allocation => "allocation",
+            Self::Appliance => "appliance",
         }
     }
 }

@@ -2,11 +2,15 @@
 //! LB-relevant diff that decides ADDED / MODIFIED / DELETED. No I/O in here.
 
 mod change;
+mod notice;
 mod scope;
 mod selector;
 mod view;
 
 pub use change::{Cause, ChangeKind, Decision, Observed, Recorded, Tracked, decide_apply, decide_delete};
+pub use notice::{Assignment, FINALIZER, Notice};
 pub use scope::Scope;
 pub use selector::{LabelSelector, SelectorError};
-pub use view::{IngressView, PortView, ServiceKey, ServiceView, changed_fields};
+pub use view::{
+    Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceKey, ServiceView, VipSource, changed_fields,
+};

@@ -17,7 +17,9 @@ pub struct Scope {
 
 impl Scope {
     /// True when vipwatch owns this Service: its type is accepted and, for type `LoadBalancer`, its class
-    /// is ours (or absent and `manage_classless` is set). A class set to another controller's value
+    /// is ours (or absent and `manage_classless` is set), and it is not being deleted (a
+    /// `deletionTimestamp` ends its life for the appliance at once: one DELETED, even though the object
+    /// stays until its finalizers are gone). A class set to another controller's value
     /// (e.g. `service.k8s.aws/nlb`) is never ours, per the Kubernetes `loadBalancerClass` contract
     /// ("the default load balancer implementation ... must ignore Services that set this field").
     pub fn contains(&self, view: &ServiceView) -> bool {
@@ -26,7 +28,7 @@ impl Scope {
             Some(class) => *class == self.load_balancer_class,
             None => self.manage_classless || view.service_type != "LoadBalancer",
         };
-        type_ok && class_ok
+        type_ok && class_ok && !view.deleting
     }
 }
 

@@ -70,6 +70,52 @@ pub struct IngressView {
     pub ip_mode: Option<String>,
 }
 
+/// Who chose a Service's VIPs when vipwatch assigns them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VipSource {
+    /// Allocated by vipwatch from a configured `[[pools]]` entry.
+    Pool,
+    /// Returned by a webhook endpoint configured with `assigns_vip = true`.
+    Appliance,
+}
+
+/// The addresses vipwatch assigned to a Service (or why it has none yet). Part of the view, so a
+/// change of allocation is a MODIFIED (`changed: ["allocation"]`) and reaches the appliance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Allocation {
+    /// `pool` or `appliance`.
+    pub source: VipSource,
+    /// The pool the addresses come from (`source = pool`).
+    pub pool: Option<String>,
+    /// The VIPs, primary family first; empty while pending.
+    pub addresses: Vec<String>,
+    /// A DNS name instead of addresses (`source = appliance` only).
+    pub hostname: Option<String>,
+    /// Why there is no address (impossible request, pool exhausted); `None` once allocated.
+    pub reason: Option<String>,
+}
+
+impl Allocation {
+    /// A pool allocation with no address, for `reason`.
+    pub fn pending(reason: String) -> Self {
+        Self { source: VipSource::Pool, pool: None, addresses: Vec::new(), hostname: None, reason: Some(reason) }
+    }
+
+    /// The `status.loadBalancer.ingress` this allocation publishes: one `{ip, ipMode: "VIP"}` per
+    /// address, or one `{hostname}`; empty while pending.
+    pub fn ingress(&self) -> Vec<IngressView> {
+        let ips = self.addresses.iter().map(|ip| IngressView {
+            ip: Some(ip.clone()),
+            hostname: None,
+            ip_mode: Some("VIP".into()),
+        });
+        let host = self.hostname.iter().map(|h| IngressView { ip: None, hostname: Some(h.clone()), ip_mode: None });
+        ips.chain(host).collect()
+    }
+}
+
 /// The normalized, LB-relevant view of one Service. Serialized in camelCase, as Kubernetes spells the
 /// fields. Every field except `ingress` takes part in the MODIFIED decision (see [`changed_fields`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +160,18 @@ pub struct ServiceView {
     pub labels: BTreeMap<String, String>,
     /// `metadata.annotations`.
     pub annotations: BTreeMap<String, String>,
+    /// The VIPs vipwatch assigned (pools, or an appliance with `assigns_vip`); `None` when vipwatch
+    /// does not assign addresses to this Service. Filled in by the recorder, never by
+    /// [`Self::from_owned`].
+    #[serde(default)]
+    pub allocation: Option<Allocation>,
+    /// `metadata.finalizers`. Metadata only: a change here alone is not a MODIFIED.
+    #[serde(default)]
+    pub finalizers: Vec<String>,
+    /// Whether `metadata.deletionTimestamp` is set: the object is being deleted and waits for its
+    /// finalizers. Such a Service is out of scope (its DELETED is recorded at once).
+    #[serde(default)]
+    pub deleting: bool,
 }
 
 impl ServiceView {
@@ -150,13 +208,25 @@ impl ServiceView {
             ingress,
             labels: meta.labels.unwrap_or_default(),
             annotations,
+            allocation: None,
+            finalizers: meta.finalizers.unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
         }
     }
 
-    /// The VIPs of this Service with where each comes from, in this order and without repeats:
-    /// `status` (published ingress IPs and hostnames), then `annotation` (requested IPs), then `spec`
+    /// The VIPs of this Service with where each comes from. When vipwatch assigns this Service's
+    /// addresses ([`Self::allocation`] is set), exactly the allocated ones, with source `pool` or
+    /// `appliance` (none while pending). Otherwise, in this order and without repeats: `status`
+    /// (published ingress IPs and hostnames), then `annotation` (requested IPs), then `spec`
     /// (`spec.loadBalancerIP`). Returns `(address, source)` pairs.
     pub fn vip_sources(&self) -> Vec<(String, &'static str)> {
+        if let Some(a) = &self.allocation {
+            let source = match a.source {
+                VipSource::Pool => "pool",
+                VipSource::Appliance => "appliance",
+            };
+            return a.addresses.iter().chain(&a.hostname).map(|v| (v.clone(), source)).collect();
+        }
         let status = self.ingress.iter().filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone()));
         let status = status.map(|a| (a, "status"));
         let annotation = self.requested_ips.iter().map(|a| (a.clone(), "annotation"));
@@ -168,6 +238,14 @@ impl ServiceView {
             }
         }
         out
+    }
+
+    /// The `status.loadBalancer.ingress` vipwatch should publish, when it differs from what the Service
+    /// shows: `Some(list)` (possibly empty, to clear) for a Service whose addresses vipwatch assigns,
+    /// `None` when the status is right or not vipwatch's to write.
+    pub fn status_to_publish(&self) -> Option<Vec<IngressView>> {
+        let want = self.allocation.as_ref()?.ingress();
+        (want != self.ingress).then_some(want)
     }
 
     /// The VIP addresses only, as in [`Self::vip_sources`].
@@ -217,7 +295,8 @@ fn ingress_views(svc: &Service) -> Vec<IngressView> {
 }
 
 /// The names (camelCase, as serialized) of the LB-relevant fields that differ between two views, in
-/// declaration order. `ingress` (status) is never listed: per the upstream service controller and
+/// declaration order. `finalizers` and `deleting` (metadata bookkeeping) are never listed, nor is
+/// `ingress` (status): per the upstream service controller and
 /// shared/reference/kubernetes-list-watch.md, status-only writes are not changes. Empty = no MODIFIED.
 pub fn changed_fields(old: &ServiceView, new: &ServiceView) -> Vec<&'static str> {
     let mut out = Vec::new();
@@ -249,6 +328,7 @@ pub fn changed_fields(old: &ServiceView, new: &ServiceView) -> Vec<&'static str>
     check(old.requested_ips != new.requested_ips, "requestedIPs");
     check(old.labels != new.labels, "labels");
     check(old.annotations != new.annotations, "annotations");
+    check(old.allocation != new.allocation, "allocation");
     out
 }
 

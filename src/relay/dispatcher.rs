@@ -5,15 +5,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::policy::{Verdict, after_failure};
+use super::assign::assignment;
+use super::policy::{Verdict, after_failure, already_gone};
 use super::sender::{AttemptResult, Sender};
 use crate::config::{RelayConfig, RetryConfig};
 use crate::metrics::Metrics;
+use crate::model::Assignment;
 use crate::store::{Claimed, Completion, Outcome, Store, StoreError, now_ms};
 
 /// Everything one endpoint's loop needs.
@@ -25,6 +27,8 @@ pub(super) struct Dispatcher {
     pub retry: RetryConfig,
     pub relay: RelayConfig,
     pub metrics: Arc<Metrics>,
+    /// Where addresses from the response body go, for an endpoint with `assigns_vip`.
+    pub assignments: Option<mpsc::Sender<Assignment>>,
 }
 
 type InFlight = JoinSet<(Claimed, AttemptResult)>;
@@ -107,7 +111,10 @@ impl Dispatcher {
             let outcome = self.outcome(claimed, result, now).await;
             self.observe(claimed, result, outcome, now);
             match outcome {
-                Outcome::Succeeded => recovered |= std::mem::replace(failing, false),
+                Outcome::Succeeded => {
+                    recovered |= std::mem::replace(failing, false);
+                    self.assigned(claimed, result).await;
+                }
                 _ => *failing = true,
             }
             completions.push(Completion { delivery_id: claimed.id, attempt: result.record.clone(), outcome });
@@ -121,6 +128,9 @@ impl Dispatcher {
     }
 
     async fn outcome(&self, claimed: &Claimed, result: &AttemptResult, now: i64) -> Outcome {
+        if already_gone(&claimed.kind, result.record.status_code) {
+            return Outcome::Succeeded;
+        }
         match result.verdict {
             Verdict::Success => Outcome::Succeeded,
             Verdict::Gone => {
@@ -134,6 +144,23 @@ impl Dispatcher {
                 let attempts = u32::try_from(claimed.attempts + 1).unwrap_or(u32::MAX);
                 let age = Duration::from_millis(u64::try_from(now - claimed.created_at).unwrap_or(0));
                 after_failure(&self.retry, attempts, age, now, retry_after)
+            }
+        }
+    }
+
+    /// For an `assigns_vip` endpoint: passes the addresses in a 2xx body to the recorder.
+    async fn assigned(&self, claimed: &Claimed, result: &AttemptResult) {
+        let Some(tx) = &self.assignments else { return };
+        if claimed.kind == "DELETED" || result.verdict != Verdict::Success {
+            return;
+        }
+        match assignment(claimed, &result.body) {
+            Ok(Some(a)) => {
+                let _ = tx.send(a).await;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                warn!(webhook = %self.name, service = %claimed.key, error = %e, "ignoring the VIP in the response")
             }
         }
     }

@@ -8,6 +8,7 @@
 //! head `superseded` (the newest carries the full current view; the events stay in the log). ADDED,
 //! DELETED and `service.synced` are never superseded, so a run of MODIFIEDs never swallows them.
 
+mod assign;
 mod dispatcher;
 pub mod payload;
 pub mod policy;
@@ -16,14 +17,14 @@ pub mod sender;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::config::{Config, WebhookConfig, redact_url};
 use crate::metrics::Metrics;
-use crate::model::LabelSelector;
+use crate::model::{Assignment, LabelSelector};
 use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow, Store, StoreError};
 use payload::{PayloadInput, render};
 
@@ -166,7 +167,8 @@ fn synced(route: &Route, s: &ServiceRow, now: i64) -> NewDelivery {
     NewDelivery { webhook: route.name.clone(), kind: "SYNCED", msg_id: new_msg_id(), payload }
 }
 
-/// Starts one dispatcher per enabled endpoint. Clears leases first (after a crash, what was in flight
+/// Starts one dispatcher per enabled endpoint; those with `assigns_vip` send the addresses in their
+/// responses to `assignments`. Clears leases first (after a crash, what was in flight
 /// is sent again) and re-enables endpoints disabled by a 410 whose configured URL changed since.
 /// Errors: [`RelayError`] when an endpoint's client cannot be built or the database fails.
 pub async fn start(
@@ -174,6 +176,7 @@ pub async fn start(
     store: Store,
     metrics: Arc<Metrics>,
     committed: watch::Receiver<i64>,
+    assignments: mpsc::Sender<Assignment>,
     cancel: CancellationToken,
 ) -> Result<JoinSet<()>, RelayError> {
     let released = store.release_leases().await?;
@@ -196,6 +199,7 @@ pub async fn start(
             retry: w.retry.clone(),
             relay: config.relay.clone(),
             metrics: metrics.clone(),
+            assignments: w.assigns_vip.then(|| assignments.clone()),
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));
     }

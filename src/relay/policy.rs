@@ -22,6 +22,13 @@ pub enum Verdict {
     },
 }
 
+/// Whether a non-2xx answer to a DELETED still completes it: 404 (the appliance has no such VIP) and
+/// 410 (gone) both mean the load balancer is not there any more, which is what a DELETED asks for
+/// (issue 5: "a 404 or 410 from the appliance counts as done"). For other kinds they are failures.
+pub fn already_gone(kind: &str, status: Option<u16>) -> bool {
+    kind == "DELETED" && matches!(status, Some(404 | 410))
+}
+
 /// The delay before attempt `attempts + 1`, after `attempts` failures (1-based): `initial_delay`
 /// doubling per failure up to `max_delay`, with jitter (backon's exponential backoff).
 pub fn backoff(retry: &RetryConfig, attempts: u32) -> Duration {

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use sqlx::{QueryBuilder, Row, Sqlite};
 
-use super::outbox::{NewDelivery, insert_deliveries};
+use super::outbox::{DeliveryInsert, NewDelivery, insert_deliveries};
 use super::{ServiceRow, Store, StoreError, now_ms};
 use crate::model::ServiceKey;
 
@@ -177,8 +177,8 @@ impl Store {
         mut build: impl FnMut(&ServiceRow) -> Option<NewDelivery>,
     ) -> Result<usize, StoreError> {
         let services = self.services().await?;
-        let rows: Vec<(NewDelivery, Option<i64>, &ServiceKey)> =
-            services.iter().filter_map(|s| build(s).map(|d| (d, None, &s.key))).collect();
+        let rows: Vec<DeliveryInsert<'_>> =
+            services.iter().filter_map(|s| build(s).map(|d| (d, None, &s.key, false))).collect();
         let mut tx = self.write.begin().await?;
         insert_deliveries(&mut tx, now_ms(), &rows).await?;
         tx.commit().await?;

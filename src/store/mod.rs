@@ -7,6 +7,7 @@ mod events;
 mod open;
 mod outbox;
 mod progress;
+mod publish;
 mod queries;
 mod state;
 
@@ -16,8 +17,9 @@ pub use events::{EventFilter, EventRow};
 pub use open::WriterLock;
 pub use outbox::{Claimed, NewDelivery, NoOutbox, Outbox, RecordedEvent};
 pub use progress::{ProgressRow, WatchProgress};
+pub use publish::{Acks, CleanupWork, StatusWork};
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};
-pub use state::{ServiceRow, StateChange};
+pub use state::{Cleanup, ServiceRow, StateChange};
 
 use sqlx::SqlitePool;
 

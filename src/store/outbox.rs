@@ -72,7 +72,7 @@ pub struct Claimed {
     pub event_id: Option<i64>,
 }
 
-/// Rows per multi-row delivery INSERT (6 parameters each), cut as 128, 64, ..., 1.
+/// Rows per multi-row delivery INSERT (10 parameters each), cut as 128, 64, ..., 1.
 const CHUNK: usize = 128;
 
 /// Supersedes, among deliveries touched by this batch (a newer pending MODIFIED with id >= ?2), every
@@ -93,20 +93,23 @@ pub(super) async fn enqueue(
     tx: &mut Transaction<'_, Sqlite>,
     now: i64,
     outbox: &dyn Outbox,
-    events: &[(RecordedEvent<'_>, Option<i64>)],
+    events: &[(RecordedEvent<'_>, Option<i64>, bool)],
 ) -> Result<(), StoreError> {
-    let rows: Vec<(NewDelivery, Option<i64>, &ServiceKey)> = events
+    let rows: Vec<DeliveryInsert<'_>> = events
         .iter()
-        .flat_map(|(e, event_id)| outbox.route(*e).into_iter().map(move |d| (d, *event_id, e.key)))
+        .flat_map(|(e, event_id, held)| outbox.route(*e).into_iter().map(move |d| (d, *event_id, e.key, *held)))
         .collect();
     insert_deliveries(tx, now, &rows).await
 }
+
+/// A delivery to insert: what, for which event, which Service, held for the finalizer or not.
+pub(super) type DeliveryInsert<'a> = (NewDelivery, Option<i64>, &'a ServiceKey, bool);
 
 /// Inserts deliveries (multi-row), then supersedes what they make redundant.
 pub(super) async fn insert_deliveries(
     tx: &mut Transaction<'_, Sqlite>,
     now: i64,
-    rows: &[(NewDelivery, Option<i64>, &ServiceKey)],
+    rows: &[DeliveryInsert<'_>],
 ) -> Result<(), StoreError> {
     let mut first_modified: Option<i64> = None;
     let mut rest = rows;
@@ -114,9 +117,9 @@ pub(super) async fn insert_deliveries(
         let n = if rest.len() >= CHUNK { CHUNK } else { 1 << rest.len().ilog2() };
         let (chunk, tail) = rest.split_at(n);
         let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, created_at, next_attempt_at) ",
+            "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, created_at, next_attempt_at, held) ",
         );
-        q.push_values(chunk, |mut b, (d, event_id, key)| {
+        q.push_values(chunk, |mut b, (d, event_id, key, held)| {
             b.push_bind(&d.webhook)
                 .push_bind(*event_id)
                 .push_bind(&key.namespace)
@@ -125,7 +128,8 @@ pub(super) async fn insert_deliveries(
                 .push_bind(&d.msg_id)
                 .push_bind(&d.payload)
                 .push_bind(now)
-                .push_bind(now);
+                .push_bind(now)
+                .push_bind(i64::from(*held));
         });
         q.push(" RETURNING id, kind");
         for row in q.build().fetch_all(&mut **tx).await? {
@@ -154,7 +158,7 @@ macro_rules! is_head {
 
 const CLAIM: &str = concat!(
     "UPDATE deliveries SET claimed_until = ?3 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_pending \
-     WHERE d.webhook = ?1 AND d.state = 'pending' AND d.next_attempt_at <= ?2 \
+     WHERE d.webhook = ?1 AND d.state = 'pending' AND d.held = 0 AND d.next_attempt_at <= ?2 \
      AND (d.claimed_until IS NULL OR d.claimed_until < ?2) AND ",
     is_head!(),
     " ORDER BY d.id LIMIT ?4) RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id"
@@ -162,7 +166,7 @@ const CLAIM: &str = concat!(
 
 const NEXT_DUE: &str = concat!(
     "SELECT MIN(MAX(d.next_attempt_at, COALESCE(d.claimed_until, 0))) FROM deliveries d INDEXED BY deliveries_pending \
-     WHERE d.webhook = ?1 AND d.state = 'pending' AND ",
+     WHERE d.webhook = ?1 AND d.state = 'pending' AND d.held = 0 AND ",
     is_head!()
 );
 

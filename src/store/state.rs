@@ -11,7 +11,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use super::outbox::{Outbox, RecordedEvent, enqueue};
 use super::progress::{WatchProgress, write_progress};
 use super::{Store, StoreError, now_ms};
-use crate::model::{Cause, ChangeKind, Recorded, ServiceKey, ServiceView, Tracked};
+use crate::model::{Cause, ChangeKind, IngressView, Recorded, ServiceKey, ServiceView, Tracked};
 
 /// One change to persist, in the order given to [`Store::apply`].
 #[derive(Debug, Clone)]
@@ -24,6 +24,11 @@ pub enum StateChange {
         cause: Cause,
         /// The event itself.
         event: Box<Recorded>,
+        /// Its deliveries wait until vipwatch's finalizer is on the Service (see [`Store::held_services`]).
+        hold: bool,
+        /// For a DELETED of a Service that still exists: what to undo in Kubernetes once every
+        /// endpoint acknowledged it (see [`Store::cleanups`]).
+        cleanup: Option<Cleanup>,
     },
     /// Update the state row without an event (status-only or resourceVersion-only update).
     Refresh {
@@ -32,6 +37,16 @@ pub enum StateChange {
         /// Its new tracked state.
         tracked: Box<Tracked>,
     },
+}
+
+/// What to undo on a Service that still exists after its DELETED was acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cleanup {
+    /// Remove vipwatch's finalizer (it was on the object).
+    pub remove_finalizer: bool,
+    /// The `status.loadBalancer.ingress` vipwatch published, to clear if the Service still shows it
+    /// (empty = leave the status alone).
+    pub clear_ingress: Vec<IngressView>,
 }
 
 /// One row of the current-state table.
@@ -74,6 +89,7 @@ struct UpsertJson<'a> {
     ty: &'a str,
     class: Option<&'a str>,
     view: String,
+    publish: Option<String>,
 }
 
 /// The last state-table operation per Service in a batch.
@@ -83,12 +99,17 @@ enum Final<'a> {
 }
 
 const UPSERT_SERVICES: &str = "INSERT INTO services (namespace, name, uid, resource_version, type, \
-     load_balancer_class, view, first_seen_at, updated_at) SELECT j.value->>'ns', j.value->>'name', \
-     j.value->>'uid', j.value->>'rv', j.value->>'ty', j.value->>'class', j.value->>'view', ?1, ?1 \
+     load_balancer_class, view, publish, first_seen_at, updated_at) SELECT j.value->>'ns', j.value->>'name', \
+     j.value->>'uid', j.value->>'rv', j.value->>'ty', j.value->>'class', j.value->>'view', j.value->>'publish', ?1, ?1 \
      FROM json_each(?2) AS j WHERE true ON CONFLICT (namespace, name) DO UPDATE SET \
      first_seen_at = CASE WHEN services.uid = excluded.uid THEN services.first_seen_at ELSE excluded.first_seen_at END, \
      uid = excluded.uid, resource_version = excluded.resource_version, type = excluded.type, \
-     load_balancer_class = excluded.load_balancer_class, view = excluded.view, updated_at = excluded.updated_at";
+     load_balancer_class = excluded.load_balancer_class, view = excluded.view, publish = excluded.publish, \
+     updated_at = excluded.updated_at";
+
+const INSERT_CLEANUPS: &str = "INSERT OR REPLACE INTO cleanups (event_id, namespace, name, uid, remove_finalizer, \
+     clear_ingress, created_at) SELECT j.value->>'id', j.value->>'ns', j.value->>'name', j.value->>'uid', \
+     j.value->>'fin', j.value->>'clear', ?1 FROM json_each(?2) AS j";
 
 const DELETE_SERVICES: &str = "DELETE FROM services WHERE (namespace, name) IN \
      (SELECT j.value->>0, j.value->>1 FROM json_each(?1) AS j)";
@@ -107,18 +128,19 @@ impl Store {
         let now = now_ms();
         let mut tx = self.write.begin().await?;
         let ids = insert_events(&mut tx, now, changes).await?;
-        let recorded: Vec<(RecordedEvent<'_>, Option<i64>)> = changes
+        let recorded: Vec<(RecordedEvent<'_>, Option<i64>, bool)> = changes
             .iter()
             .filter_map(|c| match c {
-                StateChange::Event { key, cause, event } => Some((key, *cause, event.as_ref())),
+                StateChange::Event { key, cause, event, hold, .. } => Some((key, *cause, event.as_ref(), *hold)),
                 StateChange::Refresh { .. } => None,
             })
             .zip(&ids)
-            .map(|((key, cause, event), id)| {
-                (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id))
+            .map(|((key, cause, event, hold), id)| {
+                (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id), hold)
             })
             .collect();
         enqueue(&mut tx, now, outbox, &recorded).await?;
+        insert_cleanups(&mut tx, now, changes, &ids).await?;
         write_state(&mut tx, now, changes).await?;
         for p in progress {
             write_progress(&mut tx, now, p).await?;
@@ -167,7 +189,7 @@ async fn insert_events(
 ) -> Result<Vec<i64>, StoreError> {
     let mut rows = Vec::new();
     for change in changes {
-        if let StateChange::Event { key, cause, event: e } = change {
+        if let StateChange::Event { key, cause, event: e, .. } = change {
             rows.push(EventJson {
                 kind: e.kind.as_str(),
                 ns: &key.namespace,
@@ -217,6 +239,31 @@ async fn insert_event_chunk(
     Ok(q.build_query_scalar().fetch_all(&mut **tx).await?)
 }
 
+/// Records the follow-up work of DELETED events (ids in event order, as [`insert_events`] returns).
+async fn insert_cleanups(
+    tx: &mut Transaction<'_, Sqlite>,
+    now: i64,
+    changes: &[StateChange],
+    ids: &[i64],
+) -> Result<(), StoreError> {
+    let events = changes.iter().filter_map(|c| match c {
+        StateChange::Event { key, event, cleanup, .. } => Some((key, event, cleanup)),
+        StateChange::Refresh { .. } => None,
+    });
+    let mut rows = Vec::new();
+    for ((key, event, cleanup), id) in events.zip(ids) {
+        if let Some(c) = cleanup {
+            let clear = (!c.clear_ingress.is_empty()).then(|| serde_json::to_string(&c.clear_ingress)).transpose()?;
+            rows.push(serde_json::json!({"id": id, "ns": key.namespace, "name": key.name, "uid": event.uid,
+                "fin": i64::from(c.remove_finalizer), "clear": clear}));
+        }
+    }
+    if !rows.is_empty() {
+        sqlx::query(INSERT_CLEANUPS).bind(now).bind(serde_json::to_string(&rows)?).execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
 /// Folds the batch into the last operation per Service, then runs one upsert and one delete.
 async fn write_state(tx: &mut Transaction<'_, Sqlite>, now: i64, changes: &[StateChange]) -> Result<(), StoreError> {
     let mut last: HashMap<&ServiceKey, Final<'_>> = HashMap::new();
@@ -245,6 +292,7 @@ async fn write_state(tx: &mut Transaction<'_, Sqlite>, now: i64, changes: &[Stat
                 ty: &view.service_type,
                 class: view.load_balancer_class.as_deref(),
                 view: serde_json::to_string(view)?,
+                publish: view.status_to_publish().map(|i| serde_json::to_string(&i)).transpose()?,
             }),
         }
     }

@@ -6,11 +6,13 @@
 //! and writes events + state in batched transactions.
 
 mod client;
+mod ownership;
 mod recorder;
 mod stream;
 mod writer;
 
 pub use client::connect;
+pub use ownership::Ownership;
 pub use recorder::Recorder;
 pub use stream::{Observation, ScopeSpec};
 pub use writer::Signals;
@@ -24,7 +26,9 @@ use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::KubernetesConfig;
+use crate::config::{Config, KubernetesConfig};
+use crate::ipam::{Allocator, Pools};
+use crate::model::Assignment;
 use crate::store::{Outbox, Store, StoreError};
 
 /// Errors that stop the watch before it starts (once running, errors are logged and retried).
@@ -45,18 +49,23 @@ pub enum WatchError {
 const CHANNEL_CAPACITY: usize = 1024;
 
 /// Runs the watch until `cancel` fires: one stream task per scope plus the recorder and its writer.
-/// Each recorded event is routed to its deliveries by `outbox` in the same transaction.
+/// Each recorded event is routed to its deliveries by `outbox` in the same transaction. VIPs are
+/// allocated from `config.pools`; `assignments` brings addresses chosen by appliances.
 /// `signals` report readiness (first full list of every scope stored) and each commit. Errors: only
 /// start-up failures ([`WatchError::Store`]); watch errors are logged, counted in `signals.metrics`
 /// and retried with backoff.
 pub async fn run(
     client: kube::Client,
-    cfg: &KubernetesConfig,
+    config: &Config,
     store: Store,
     outbox: Arc<dyn Outbox>,
     signals: Signals,
+    assignments: mpsc::Receiver<Assignment>,
     cancel: CancellationToken,
 ) -> Result<(), WatchError> {
+    let cfg = &config.kubernetes;
+    let pools = Pools::new(&config.pools).map_err(|e| WatchError::Config(e.to_string()))?;
+    let ownership = Ownership { allocator: Allocator::new(pools), finalizer: cfg.finalizer };
     let scopes = scopes(cfg);
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     let mut tasks = tokio::task::JoinSet::new();
@@ -76,11 +85,29 @@ pub async fn run(
         };
         tasks.spawn(task.run(cancel.clone()));
     }
-    drop(tx);
-    let recorder = Recorder::load(store, outbox, &scopes, signals).await?;
+    tasks.spawn(forward(assignments, tx, cancel.clone()));
+    let recorder = Recorder::load(store, outbox, &scopes, signals, ownership).await?;
     recorder.run(rx).await;
     tasks.join_all().await;
     Ok(())
+}
+
+/// Passes appliance-assigned addresses to the recorder until `cancel` or the relay is gone.
+async fn forward(
+    mut assignments: mpsc::Receiver<Assignment>,
+    tx: mpsc::Sender<Observation>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            _ = cancel.cancelled() => return,
+            next = assignments.recv() => next,
+        };
+        let Some(a) = next else { return };
+        if tx.send(Observation::Assigned(a)).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// The scopes to watch: one cluster-wide scope, or one per configured namespace.

@@ -1,5 +1,9 @@
 //! The recorder: keeps an in-memory mirror of the current-state table, decides events with
-//! [`crate::model`], and hands each batch of observations to the [`Writer`] as one transaction.
+//! [`crate::model`], allocates VIPs ([`Ownership`]), and hands each batch of observations to the
+//! [`Writer`] as one transaction.
+//!
+//! Until every scope delivered its first list, observations are held: the addresses Services already
+//! show in their status are adopted first, so nothing allocated at start can take them.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -7,9 +11,10 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tracing::info;
 
+use super::ownership::Ownership;
 use super::stream::{Observation, ScopeSpec};
 use super::writer::{Plan, Signals, Writer};
-use crate::model::{Cause, ChangeKind, Decision, Recorded, ServiceKey, Tracked, decide_apply, decide_delete};
+use crate::model::{Cause, ChangeKind, Decision, Observed, Recorded, ServiceKey, Tracked, decide_apply, decide_delete};
 use crate::store::{Outbox, StateChange, Store, StoreError, WatchProgress};
 
 /// Most observations folded into one transaction.
@@ -22,6 +27,14 @@ pub struct Recorder {
     vip_refs: HashMap<String, usize>,
     pending_startup: Vec<StateChange>,
     writer: Writer,
+    ownership: Ownership,
+    /// Services whose allocation is pending (no address yet), retried when an address frees up.
+    pending_allocation: BTreeSet<ServiceKey>,
+    /// An address was released since the last retry of the pending ones.
+    freed: bool,
+    /// Scopes whose first list has not arrived yet; observations wait in `held` meanwhile.
+    awaiting: HashSet<String>,
+    held: Vec<Observation>,
 }
 
 impl Recorder {
@@ -33,11 +46,17 @@ impl Recorder {
         outbox: Arc<dyn Outbox>,
         scopes: &[ScopeSpec],
         signals: Signals,
+        mut ownership: Ownership,
     ) -> Result<Self, StoreError> {
         let mut mirror = store.load_tracked().await?;
         let mut vip_refs = HashMap::new();
-        for t in mirror.values() {
+        let mut pending_allocation = BTreeSet::new();
+        for (key, t) in &mirror {
             count_vips(&mut vip_refs, t, 1);
+            ownership.allocator.hold(key, &t.view);
+            if is_pending(t) {
+                pending_allocation.insert(key.clone());
+            }
         }
         let uncovered: BTreeSet<ServiceKey> =
             mirror.keys().filter(|k| !scopes.iter().any(|s| s.covers(k))).cloned().collect();
@@ -46,12 +65,25 @@ impl Recorder {
             .filter_map(|key| mirror.remove(&key).map(|t| (key, t)))
             .map(|(key, t)| {
                 count_vips(&mut vip_refs, &t, -1);
+                ownership.allocator.release(&key);
+                pending_allocation.remove(&key);
                 deleted(key, Cause::Startup, &t)
             })
             .collect();
         info!(services = mirror.len(), "loaded current state");
         let writer = Writer::new(store, outbox, scopes, signals);
-        Ok(Self { mirror, vip_refs, pending_startup, writer })
+        let awaiting = scopes.iter().map(|s| s.label().to_owned()).collect();
+        Ok(Self {
+            mirror,
+            vip_refs,
+            pending_startup,
+            writer,
+            ownership,
+            pending_allocation,
+            freed: false,
+            awaiting,
+            held: Vec::new(),
+        })
     }
 
     /// Consumes observations until every sender is gone, one transaction per batch of up to
@@ -61,12 +93,17 @@ impl Recorder {
         let (plans, writer) = self.writer.spawn();
         let mut queued = Vec::with_capacity(MAX_BATCH);
         while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
+            if !self.release_held(&mut queued) {
+                continue;
+            }
             let mut plan = Plan { changes: std::mem::take(&mut self.pending_startup), ..Plan::default() };
             for observation in queued.drain(..) {
                 self.plan(observation, &mut plan);
             }
+            self.retry_pending(&mut plan);
             plan.services_in_scope = self.mirror.len();
             plan.vips_in_use = self.vip_refs.len();
+            plan.pool_usage = self.ownership.allocator.usage();
             if plans.send(plan).await.is_err() {
                 break;
             }
@@ -75,19 +112,74 @@ impl Recorder {
         let _ = writer.await;
     }
 
+    /// While some scope's first list is missing, moves `queued` into `held` and returns false. When the
+    /// last one arrives, adopts published addresses from every first list, moves everything held back
+    /// into `queued` (in arrival order) and returns true.
+    fn release_held(&mut self, queued: &mut Vec<Observation>) -> bool {
+        if self.awaiting.is_empty() {
+            return true;
+        }
+        for o in queued.iter() {
+            if let Observation::Listed { scope, first: true, .. } = o {
+                self.awaiting.remove(scope.label());
+            }
+        }
+        self.held.append(queued);
+        if !self.awaiting.is_empty() {
+            return false;
+        }
+        for o in &self.held {
+            if let Observation::Listed { objects, first: true, .. } = o {
+                for obs in objects {
+                    self.ownership.adopt(self.mirror.get(&obs.key), obs);
+                }
+            }
+        }
+        *queued = std::mem::take(&mut self.held);
+        true
+    }
+
     fn plan(&mut self, observation: Observation, plan: &mut Plan) {
         match observation {
-            Observation::Apply(scope, obs) => {
+            Observation::Apply(scope, mut obs) => {
+                self.ownership.allocate(self.mirror.get(&obs.key), &mut obs);
                 let decision = decide_apply(self.mirror.get(&obs.key), &obs);
                 self.note_progress(plan, &scope, &obs.resource_version, None);
-                self.take(plan, obs.key, Cause::Watch, decision);
+                self.take(plan, &obs.key, Cause::Watch, decision, Some(&obs));
             }
             Observation::Delete(scope, obs) => {
                 let decision = decide_delete(self.mirror.get(&obs.key), &obs);
                 self.note_progress(plan, &scope, &obs.resource_version, None);
-                self.take(plan, obs.key, Cause::Watch, decision);
+                self.take(plan, &obs.key, Cause::Watch, decision, None);
             }
             Observation::Listed { scope, objects, first } => self.plan_list(plan, scope, objects, first),
+            Observation::Assigned(a) => {
+                let Some(t) = self.mirror.get(&a.key).filter(|t| t.uid == a.uid) else { return };
+                let obs = Ownership::assigned(t, a);
+                let decision = decide_apply(Some(t), &obs);
+                self.take(plan, &obs.key, Cause::Appliance, decision, Some(&obs));
+            }
+        }
+    }
+
+    /// Gives the Services still waiting for an address another try after addresses were released, in
+    /// namespace/name order (deterministic).
+    fn retry_pending(&mut self, plan: &mut Plan) {
+        if !std::mem::take(&mut self.freed) {
+            return;
+        }
+        for key in self.pending_allocation.clone() {
+            let Some(t) = self.mirror.get(&key) else { continue };
+            let mut obs = Observed {
+                key: key.clone(),
+                uid: t.uid.clone(),
+                resource_version: t.resource_version.clone(),
+                view: t.view.clone(),
+                in_scope: true,
+            };
+            self.ownership.allocate(Some(t), &mut obs);
+            let decision = decide_apply(self.mirror.get(&key), &obs);
+            self.take(plan, &key, Cause::Allocation, decision, Some(&obs));
         }
     }
 
@@ -95,9 +187,10 @@ impl Recorder {
     fn plan_list(&mut self, plan: &mut Plan, scope: ScopeSpec, objects: Vec<crate::model::Observed>, first: bool) {
         let cause = if first { Cause::Startup } else { Cause::Relist };
         let listed: HashSet<ServiceKey> = objects.iter().map(|o| o.key.clone()).collect();
-        for obs in objects {
+        for mut obs in objects {
+            self.ownership.allocate(self.mirror.get(&obs.key), &mut obs);
             let decision = decide_apply(self.mirror.get(&obs.key), &obs);
-            self.take(plan, obs.key, cause, decision);
+            self.take(plan, &obs.key, cause, decision, Some(&obs));
         }
         let vanished: BTreeSet<ServiceKey> =
             self.mirror.keys().filter(|k| scope.covers(k) && !listed.contains(k)).cloned().collect();
@@ -114,17 +207,24 @@ impl Recorder {
         }
     }
 
-    fn take(&mut self, plan: &mut Plan, key: ServiceKey, cause: Cause, decision: Decision) {
+    /// Applies a decision to the mirror and the plan. `live` is the object as observed, when it still
+    /// exists (a watch DELETE and a Service missing from a list pass `None`).
+    fn take(&mut self, plan: &mut Plan, key: &ServiceKey, cause: Cause, decision: Decision, live: Option<&Observed>) {
         match decision {
             Decision::Nothing => {}
             Decision::Refresh(tracked) => {
                 self.mirror_set(key.clone(), (*tracked).clone());
-                plan.changes.push(StateChange::Refresh { key, tracked });
+                plan.changes.push(StateChange::Refresh { key: key.clone(), tracked });
             }
             Decision::Record(events) => {
                 for event in events {
-                    self.mirror_event(&key, &event);
-                    plan.changes.push(StateChange::Event { key: key.clone(), cause, event: Box::new(event) });
+                    let before = self.mirror.get(key).map(|t| &t.view);
+                    plan.notices.extend(Ownership::notices(key, &event, before));
+                    let hold = self.ownership.hold(&event);
+                    let cleanup = Ownership::cleanup(&event, live);
+                    self.mirror_event(key, &event);
+                    let event = Box::new(event);
+                    plan.changes.push(StateChange::Event { key: key.clone(), cause, event, hold, cleanup });
                 }
             }
         }
@@ -142,14 +242,24 @@ impl Recorder {
 
     fn mirror_set(&mut self, key: ServiceKey, tracked: Tracked) {
         count_vips(&mut self.vip_refs, &tracked, 1);
-        if let Some(old) = self.mirror.insert(key, tracked) {
+        self.ownership.allocator.hold(&key, &tracked.view);
+        if is_pending(&tracked) {
+            self.pending_allocation.insert(key.clone());
+        } else {
+            self.pending_allocation.remove(&key);
+        }
+        if let Some(old) = self.mirror.insert(key.clone(), tracked) {
             count_vips(&mut self.vip_refs, &old, -1);
+            self.freed |= old.view.allocation != self.mirror[&key].view.allocation;
         }
     }
 
     fn unmirror(&mut self, key: &ServiceKey) -> Option<Tracked> {
         let old = self.mirror.remove(key)?;
         count_vips(&mut self.vip_refs, &old, -1);
+        self.ownership.allocator.release(key);
+        self.pending_allocation.remove(key);
+        self.freed = true;
         Some(old)
     }
 
@@ -179,6 +289,13 @@ fn count_vips(refs: &mut HashMap<String, usize>, t: &Tracked, delta: isize) {
     }
 }
 
+/// A DELETED of a Service whose object is gone (or out of every scope): nothing to clean up.
 fn deleted(key: ServiceKey, cause: Cause, t: &Tracked) -> StateChange {
-    StateChange::Event { key, cause, event: Box::new(Recorded::deleted(&t.uid, &t.resource_version, &t.view)) }
+    let event = Box::new(Recorded::deleted(&t.uid, &t.resource_version, &t.view));
+    StateChange::Event { key, cause, event, hold: false, cleanup: None }
+}
+
+/// Whether `t` waits for an address (its allocation has a reason and no address).
+fn is_pending(t: &Tracked) -> bool {
+    t.view.allocation.as_ref().is_some_and(|a| a.reason.is_some())
 }

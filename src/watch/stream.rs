@@ -52,6 +52,8 @@ pub enum Observation {
         /// True for the first list since the process started (cause `startup`).
         first: bool,
     },
+    /// An endpoint with `assigns_vip` returned the Service's addresses (from the relay, not a scope).
+    Assigned(crate::model::Assignment),
 }
 
 /// Normalizes a Service for the recorder.

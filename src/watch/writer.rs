@@ -9,10 +9,12 @@ use std::time::Duration;
 use backon::{ExponentialBuilder, Retryable};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use super::stream::ScopeSpec;
+use crate::ipam::PoolUsage;
 use crate::metrics::Metrics;
+use crate::model::Notice;
 use crate::store::{Outbox, StateChange, Store, StoreError, WatchProgress};
 
 /// How many planned batches may wait for the writer (the recorder plans ahead by this much).
@@ -26,6 +28,8 @@ pub(super) struct Plan {
     pub first_lists: Vec<String>,
     pub services_in_scope: usize,
     pub vips_in_use: usize,
+    pub notices: Vec<Notice>,
+    pub pool_usage: Vec<PoolUsage>,
 }
 
 /// What the writer tells the rest of the process.
@@ -37,6 +41,9 @@ pub struct Signals {
     pub ready: watch::Sender<bool>,
     /// The highest event id committed so far (0 before the first); the relay wakes on it.
     pub committed: watch::Sender<i64>,
+    /// Kubernetes Events to publish, sent after their change committed. Full = dropped (logged): the
+    /// watch never waits for Event writes.
+    pub notices: mpsc::Sender<Notice>,
 }
 
 pub(super) struct Writer {
@@ -93,7 +100,7 @@ impl Writer {
         let metrics = &self.signals.metrics;
         let mut counts = [0usize; 3];
         for change in &plan.changes {
-            if let StateChange::Event { key, cause, event } = change {
+            if let StateChange::Event { key, cause, event, .. } = change {
                 metrics.event(event.kind.as_str(), cause.as_str());
                 counts[event.kind as usize] += 1;
                 debug!(service = %key, event = event.kind.as_str(), cause = cause.as_str(), changed = ?event.changed, "recorded");
@@ -104,6 +111,16 @@ impl Writer {
         }
         metrics.services_in_scope.set(plan.services_in_scope as i64);
         metrics.vips_in_use.set(plan.vips_in_use as i64);
+        for u in &plan.pool_usage {
+            metrics.pool_usage(&u.pool, u.in_use, u.free);
+        }
+        let mut dropped = 0;
+        for notice in &plan.notices {
+            dropped += usize::from(self.signals.notices.try_send(notice.clone()).is_err());
+        }
+        if dropped > 0 {
+            warn!(dropped, "Kubernetes Event queue full; some Events were not published");
+        }
         if let Some(id) = last_id {
             self.signals.committed.send_replace(id);
         }

@@ -46,6 +46,8 @@ pub enum Reply {
     Endless(u16),
     /// Answer `status` after a delay (a slow appliance).
     After(Duration, u16),
+    /// Answer `status` with a JSON body.
+    Body(u16, String),
 }
 
 type Script = Arc<dyn Fn(usize, &Hit) -> Reply + Send + Sync>;
@@ -101,7 +103,11 @@ async fn handle(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) -
         let mut hits = shared.hits.lock().unwrap();
         let reply = (shared.script)(hits.len(), &hit);
         let status = match &reply {
-            Reply::Status(s) | Reply::WithHeaders(s, _) | Reply::Endless(s) | Reply::After(_, s) => *s,
+            Reply::Status(s)
+            | Reply::WithHeaders(s, _)
+            | Reply::Endless(s)
+            | Reply::After(_, s)
+            | Reply::Body(s, _) => *s,
             Reply::Hang => 0,
         };
         hits.push((hit, status));
@@ -119,6 +125,11 @@ async fn handle(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) -
         Reply::After(delay, s) => {
             tokio::time::sleep(delay).await; // ok: simulates a slow receiver, not synchronisation
             StatusCode::from_u16(s).unwrap().into_response()
+        }
+        Reply::Body(s, body) => {
+            let mut resp = (StatusCode::from_u16(s).unwrap(), body).into_response();
+            resp.headers_mut().insert("content-type", "application/json".parse().unwrap());
+            resp
         }
         Reply::Hang => {
             std::future::pending::<()>().await;

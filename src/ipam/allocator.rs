@@ -1,0 +1,394 @@
+//! The allocator: which Service holds which address. Deterministic — a Service keeps the addresses it
+//! holds (or is told to prefer) while they still satisfy its request; otherwise it gets the lowest free
+//! address of the first pool (config order) that accepts it — and it never looks at the clock or at
+//! randomness, so the same inputs in the same order give the same addresses.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use super::pool::{Family, Pool, Pools, lowest};
+use super::request::{self, Request};
+use crate::model::{Allocation, ServiceKey, ServiceView, VipSource};
+
+/// Who uses an address.
+#[derive(Debug, Clone)]
+struct Holder {
+    key: ServiceKey,
+    sharing_key: Option<String>,
+    ports: Vec<(i32, String)>,
+}
+
+/// Addresses in use and free in one pool, for metrics and the API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// Pool name.
+    pub pool: String,
+    /// Distinct addresses held by at least one Service.
+    pub in_use: u64,
+    /// Usable addresses nobody holds (saturating for large IPv6 pools).
+    pub free: u128,
+}
+
+/// The address book of every configured pool. Not thread-safe: the recorder owns it.
+#[derive(Debug, Default)]
+pub struct Allocator {
+    pools: Vec<Pool>,
+    used: HashMap<IpAddr, Vec<Holder>>,
+    by_service: HashMap<ServiceKey, Vec<IpAddr>>,
+    /// Per (pool index, family): every usable address below it is held (where a scan starts).
+    hints: RefCell<HashMap<(usize, Family), IpAddr>>,
+}
+
+impl Allocator {
+    /// An allocator over `pools` with nothing held.
+    pub fn new(pools: Pools) -> Self {
+        Self { pools: pools.0, ..Self::default() }
+    }
+
+    /// Whether vipwatch allocates for `view`: pools are configured and it is a `LoadBalancer`.
+    pub fn manages(&self, view: &ServiceView) -> bool {
+        !self.pools.is_empty() && view.service_type == "LoadBalancer"
+    }
+
+    /// Records what `view.allocation` says `key` holds (from the database, or after an event), replacing
+    /// what it held before. Appliance-assigned or pending allocations hold nothing.
+    pub fn hold(&mut self, key: &ServiceKey, view: &ServiceView) {
+        self.release(key);
+        let Some(a) = view.allocation.as_ref().filter(|a| a.source == VipSource::Pool) else { return };
+        let ips: Vec<IpAddr> = a.addresses.iter().filter_map(|s| s.parse().ok()).collect();
+        let req = request::read(view).ok();
+        let holder = Holder {
+            key: key.clone(),
+            sharing_key: req.as_ref().and_then(|r| r.sharing_key.clone()),
+            ports: req.map(|r| r.ports).unwrap_or_default(),
+        };
+        self.take(&holder, &ips);
+    }
+
+    /// Drops everything `key` holds.
+    pub fn release(&mut self, key: &ServiceKey) {
+        for ip in self.by_service.remove(key).unwrap_or_default() {
+            if let Some(holders) = self.used.get_mut(&ip) {
+                holders.retain(|h| h.key != *key);
+                if holders.is_empty() {
+                    self.used.remove(&ip);
+                    self.lower_hint(ip);
+                }
+            }
+        }
+    }
+
+    /// Decides the allocation of `key` for `view` and holds it. Tries, in order: the explicit request;
+    /// else per family the addresses in `prefer` (e.g. adopted from `status.loadBalancer.ingress`),
+    /// then what `key` holds now, then an address shared under the same `allow-shared-ip` key, then the
+    /// lowest free address. Never fails: an impossible request or exhausted pools give an allocation
+    /// with no addresses and `reason` set.
+    pub fn assign(&mut self, key: &ServiceKey, view: &ServiceView, prefer: &[IpAddr]) -> Allocation {
+        let mut prefer = prefer.to_vec();
+        prefer.extend(self.by_service.get(key).cloned().unwrap_or_default());
+        self.release(key);
+        let outcome = request::read(view).and_then(|req| {
+            let (pool, ips) = self.solve(key, &req, &prefer)?;
+            let holder = Holder { key: key.clone(), sharing_key: req.sharing_key.clone(), ports: req.ports };
+            self.take(&holder, &ips);
+            Ok((pool, ips))
+        });
+        match outcome {
+            Ok((pool, ips)) => Allocation {
+                source: VipSource::Pool,
+                pool: Some(pool),
+                addresses: ips.iter().map(IpAddr::to_string).collect(),
+                hostname: None,
+                reason: None,
+            },
+            Err(reason) => Allocation::pending(reason),
+        }
+    }
+
+    /// Usage of every pool, in config order.
+    pub fn usage(&self) -> Vec<PoolUsage> {
+        self.pools
+            .iter()
+            .map(|p| {
+                let in_use = self.used.keys().filter(|ip| p.contains(ip)).count() as u64;
+                PoolUsage { pool: p.name.clone(), in_use, free: p.size().saturating_sub(u128::from(in_use)) }
+            })
+            .collect()
+    }
+
+    fn solve(&self, key: &ServiceKey, req: &Request, prefer: &[IpAddr]) -> Result<(String, Vec<IpAddr>), String> {
+        if !req.ips.is_empty() {
+            return self.requested(key, req);
+        }
+        let candidates = self.candidates(key, req)?;
+        for &i in &candidates {
+            if let Some(ips) = self.pick_in_pool(i, key, req, prefer) {
+                return Ok((self.pools[i].name.clone(), ips));
+            }
+        }
+        let names: Vec<String> = candidates.iter().map(|&i| format!("`{}`", self.pools[i].name)).collect();
+        let missing: Vec<&str> = req
+            .families
+            .list()
+            .iter()
+            .filter(|f| req.families.requires(**f) && !candidates.iter().any(|&i| self.pools[i].has(**f)))
+            .map(|f| f.as_str())
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!("no {} address in pool {}", missing.join("/"), names.join(", ")));
+        }
+        Err(format!("address pool {} exhausted", names.join(", ")))
+    }
+
+    /// The pools that may serve `req`, in config order. Errors: the named pool does not exist or does
+    /// not accept the Service; no auto-assign pool accepts it.
+    fn candidates(&self, key: &ServiceKey, req: &Request) -> Result<Vec<usize>, String> {
+        if let Some(name) = &req.pool {
+            let i = self
+                .pools
+                .iter()
+                .position(|p| p.name == *name)
+                .ok_or_else(|| format!("no address pool named `{name}`"))?;
+            self.check_accepts(i, key, req)?;
+            return Ok(vec![i]);
+        }
+        let auto: Vec<usize> = (0..self.pools.len())
+            .filter(|&i| self.pools[i].auto_assign && self.pools[i].accepts(&key.namespace, &req.labels))
+            .collect();
+        if auto.is_empty() {
+            return Err(format!(
+                "no auto-assign address pool accepts namespace `{}` and this Service's labels (name a pool with annotation {})",
+                key.namespace,
+                request::POOL_ANNOTATION
+            ));
+        }
+        Ok(auto)
+    }
+
+    fn check_accepts(&self, i: usize, key: &ServiceKey, req: &Request) -> Result<(), String> {
+        let pool = &self.pools[i];
+        if pool.accepts(&key.namespace, &req.labels) {
+            return Ok(());
+        }
+        Err(format!(
+            "address pool `{}` does not accept namespace `{}` and this Service's labels",
+            pool.name, key.namespace
+        ))
+    }
+
+    fn pick_in_pool(&self, i: usize, key: &ServiceKey, req: &Request, prefer: &[IpAddr]) -> Option<Vec<IpAddr>> {
+        let mut ips = Vec::new();
+        for &family in req.families.list() {
+            match self.find(i, family, key, req, prefer) {
+                Some(ip) => ips.push(ip),
+                None if req.families.requires(family) => return None,
+                None => {}
+            }
+        }
+        (!ips.is_empty()).then_some(ips)
+    }
+
+    fn find(&self, i: usize, family: Family, key: &ServiceKey, req: &Request, prefer: &[IpAddr]) -> Option<IpAddr> {
+        let pool = &self.pools[i];
+        let fits = |ip: &IpAddr| Family::of(ip) == family && pool.contains(ip) && self.available(ip, key, req);
+        if let Some(ip) = prefer.iter().find(|ip| fits(ip)) {
+            return Some(*ip);
+        }
+        if req.sharing_key.is_some() {
+            let mut shared: Vec<&IpAddr> = self.used.keys().filter(|ip| fits(ip)).collect();
+            shared.sort();
+            if let Some(ip) = shared.first() {
+                return Some(**ip);
+            }
+        }
+        let from =
+            self.hints.borrow().get(&(i, family)).copied().or_else(|| pool.first(family)).unwrap_or(lowest(family));
+        let found = pool.addresses_from(family, from).find(|ip| !self.used.contains_key(ip))?;
+        // Every usable address in [from, found) is held: the next scan may start at `found`.
+        self.hints.borrow_mut().insert((i, family), found);
+        Some(found)
+    }
+
+    /// Whether `key` may take `ip`: nobody else holds it, or every holder has the same sharing key and
+    /// no port+protocol in common with the request.
+    fn available(&self, ip: &IpAddr, key: &ServiceKey, req: &Request) -> bool {
+        let Some(holders) = self.used.get(ip) else { return true };
+        holders.iter().filter(|h| h.key != *key).all(|h| {
+            req.sharing_key.is_some()
+                && h.sharing_key == req.sharing_key
+                && !h.ports.iter().any(|p| req.ports.contains(p))
+        })
+    }
+
+    fn requested(&self, key: &ServiceKey, req: &Request) -> Result<(String, Vec<IpAddr>), String> {
+        let mut pool_name: Option<String> = None;
+        for ip in &req.ips {
+            let i = self
+                .pools
+                .iter()
+                .position(|p| p.contains(ip))
+                .ok_or_else(|| format!("{ip} is not in any address pool"))?;
+            let pool = &self.pools[i];
+            self.check_accepts(i, key, req)?;
+            if let Some(want) = &req.pool
+                && *want != pool.name
+            {
+                return Err(format!("{ip} is in pool `{}`, not in the requested pool `{want}`", pool.name));
+            }
+            if !self.available(ip, key, req) {
+                let holders: Vec<String> =
+                    self.used[ip].iter().filter(|h| h.key != *key).map(|h| h.key.to_string()).collect();
+                return Err(format!(
+                    "{ip} is already used by {} (share it with the same {} key and distinct ports)",
+                    holders.join(", "),
+                    request::SHARED_IP_ANNOTATION
+                ));
+            }
+            pool_name.get_or_insert_with(|| pool.name.clone());
+        }
+        Ok((pool_name.unwrap_or_default(), req.ips.clone()))
+    }
+
+    fn take(&mut self, holder: &Holder, ips: &[IpAddr]) {
+        for ip in ips {
+            self.used.entry(*ip).or_default().push(holder.clone());
+        }
+        if !ips.is_empty() {
+            self.by_service.insert(holder.key.clone(), ips.to_vec());
+        }
+    }
+
+    fn lower_hint(&mut self, ip: IpAddr) {
+        if let Some(i) = self.pools.iter().position(|p| p.contains(&ip))
+            && let Some(hint) = self.hints.get_mut().get_mut(&(i, Family::of(&ip)))
+            && ip < *hint
+        {
+            *hint = ip;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PoolConfig;
+
+    fn allocator(pools: &[(&str, &[&str], bool)]) -> Allocator {
+        let configs: Vec<PoolConfig> = pools
+            .iter()
+            .map(|(name, addresses, auto)| PoolConfig {
+                name: (*name).into(),
+                addresses: addresses.iter().map(|s| s.to_string()).collect(),
+                auto_assign: *auto,
+                namespaces: vec![],
+                service_selector: String::new(),
+                avoid_buggy_ips: false,
+            })
+            .collect();
+        Allocator::new(Pools::new(&configs).unwrap())
+    }
+
+    fn svc(annotations: serde_json::Value, spec: serde_json::Value) -> ServiceView {
+        let mut spec = spec;
+        spec["type"] = "LoadBalancer".into();
+        let json = serde_json::json!({"metadata": {"name": "x", "annotations": annotations}, "spec": spec});
+        ServiceView::from_service(&serde_json::from_value(json).unwrap())
+    }
+
+    fn plain() -> ServiceView {
+        svc(serde_json::json!({}), serde_json::json!({"ports": [{"port": 80}]}))
+    }
+
+    fn key(name: &str) -> ServiceKey {
+        ServiceKey::new("ns", name)
+    }
+
+    fn addrs(a: &Allocation) -> Vec<&str> {
+        a.addresses.iter().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn lowest_free_address_in_config_order_and_stable_on_reassign() {
+        let mut al = allocator(&[("manual", &["10.0.0.0/30"], false), ("lab", &["192.0.2.10-192.0.2.12"], true)]);
+        let a = al.assign(&key("a"), &plain(), &[]);
+        assert_eq!((addrs(&a), a.pool.as_deref(), a.source), (vec!["192.0.2.10"], Some("lab"), VipSource::Pool));
+        assert_eq!(addrs(&al.assign(&key("b"), &plain(), &[])), vec!["192.0.2.11"]);
+        assert_eq!(addrs(&al.assign(&key("a"), &plain(), &[])), vec!["192.0.2.10"], "a keeps its address");
+        al.release(&key("a"));
+        assert_eq!(addrs(&al.assign(&key("c"), &plain(), &[])), vec!["192.0.2.10"], "the freed address is the lowest");
+        let named = svc(serde_json::json!({"vipwatch.io/address-pool": "manual"}), serde_json::json!({}));
+        assert_eq!(addrs(&al.assign(&key("d"), &named, &[])), vec!["10.0.0.0"]);
+    }
+
+    #[test]
+    fn requested_addresses_are_honoured_or_refused_with_a_reason() {
+        let mut al = allocator(&[("lab", &["192.0.2.0/28"], true)]);
+        let want = svc(serde_json::json!({"vipwatch.io/loadBalancerIPs": "192.0.2.7"}), serde_json::json!({}));
+        assert_eq!(addrs(&al.assign(&key("a"), &want, &[])), vec!["192.0.2.7"]);
+        let taken = al.assign(&key("b"), &want, &[]);
+        assert_eq!(
+            taken.reason.as_deref(),
+            Some(
+                "192.0.2.7 is already used by ns/a (share it with the same vipwatch.io/allow-shared-ip key and distinct ports)"
+            )
+        );
+        let outside = svc(serde_json::json!({}), serde_json::json!({"loadBalancerIP": "198.51.100.1"}));
+        assert_eq!(
+            al.assign(&key("c"), &outside, &[]).reason.as_deref(),
+            Some("198.51.100.1 is not in any address pool")
+        );
+        let unknown = svc(serde_json::json!({"vipwatch.io/address-pool": "nope"}), serde_json::json!({}));
+        assert_eq!(al.assign(&key("d"), &unknown, &[]).reason.as_deref(), Some("no address pool named `nope`"));
+    }
+
+    #[test]
+    fn sharing_needs_the_same_key_and_distinct_ports() {
+        let mut al = allocator(&[("lab", &["192.0.2.0/29"], true)]);
+        let shared = |port: i32| {
+            svc(serde_json::json!({"vipwatch.io/allow-shared-ip": "k"}), serde_json::json!({"ports": [{"port": port}]}))
+        };
+        let a = al.assign(&key("a"), &shared(80), &[]);
+        let b = al.assign(&key("b"), &shared(443), &[]);
+        let c = al.assign(&key("c"), &shared(80), &[]);
+        assert_eq!((addrs(&a), addrs(&b), addrs(&c)), (vec!["192.0.2.0"], vec!["192.0.2.0"], vec!["192.0.2.1"]));
+        assert_eq!(al.usage(), vec![PoolUsage { pool: "lab".into(), in_use: 2, free: 6 }]);
+    }
+
+    #[test]
+    fn exhaustion_is_pending_with_a_reason() {
+        let mut al = allocator(&[("tiny", &["192.0.2.1-192.0.2.2"], true)]);
+        al.assign(&key("a"), &plain(), &[]);
+        al.assign(&key("b"), &plain(), &[]);
+        let c = al.assign(&key("c"), &plain(), &[]);
+        assert_eq!((addrs(&c), c.reason.as_deref()), (vec![], Some("address pool `tiny` exhausted")));
+    }
+
+    #[test]
+    fn dual_stack_follows_the_family_policy() {
+        let mut al =
+            allocator(&[("v4", &["192.0.2.0/30"], true), ("both", &["198.51.100.0/30", "2001:db8::/126"], true)]);
+        let require = svc(
+            serde_json::json!({}),
+            serde_json::json!({"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv6", "IPv4"]}),
+        );
+        let r = al.assign(&key("r"), &require, &[]);
+        assert_eq!((addrs(&r), r.pool.as_deref()), (vec!["2001:db8::", "198.51.100.0"], Some("both")));
+        let prefer = svc(serde_json::json!({}), serde_json::json!({"ipFamilyPolicy": "PreferDualStack"}));
+        assert_eq!(
+            addrs(&al.assign(&key("p"), &prefer, &[])),
+            vec!["192.0.2.0"],
+            "the first pool has only IPv4: that is enough"
+        );
+        let mut v4only = allocator(&[("v4", &["192.0.2.0/30"], true)]);
+        assert_eq!(v4only.assign(&key("r"), &require, &[]).reason.as_deref(), Some("no IPv6 address in pool `v4`"));
+    }
+
+    #[test]
+    fn preferred_addresses_win_when_free() {
+        let mut al = allocator(&[("lab", &["192.0.2.0/28"], true)]);
+        let adopted = al.assign(&key("a"), &plain(), &["192.0.2.9".parse().unwrap(), "203.0.113.1".parse().unwrap()]);
+        assert_eq!(addrs(&adopted), vec!["192.0.2.9"]);
+        assert_eq!(addrs(&al.assign(&key("b"), &plain(), &["192.0.2.9".parse().unwrap()])), vec!["192.0.2.0"]);
+    }
+}

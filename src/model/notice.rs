@@ -1,0 +1,38 @@
+//! Messages between the parts that write back to Kubernetes: Kubernetes Events to publish
+//! ([`Notice`]) and addresses an appliance chose ([`Assignment`]).
+
+use super::ServiceKey;
+
+/// The finalizer vipwatch puts on the Services it announces: the object stays until every subscribed
+/// endpoint acknowledged its DELETED.
+pub const FINALIZER: &str = "vipwatch.io/cleanup";
+
+/// A Kubernetes Event to publish about a Service (type `Normal` or `Warning`), with the reasons the
+/// upstream service controller uses (`EnsuringLoadBalancer`, `EnsuredLoadBalancer`,
+/// `SyncLoadBalancerFailed`, `DeletedLoadBalancer`) plus `IPAllocated` / `AllocationFailed`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// The Service.
+    pub key: ServiceKey,
+    /// Its `metadata.uid`.
+    pub uid: String,
+    /// `Warning` when true, else `Normal`.
+    pub warning: bool,
+    /// CamelCase reason, e.g. `AllocationFailed`.
+    pub reason: &'static str,
+    /// Human-readable message.
+    pub note: String,
+}
+
+/// Addresses returned by an endpoint with `assigns_vip = true` in its 2xx response body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// The Service.
+    pub key: ServiceKey,
+    /// `metadata.uid` of the object the delivery was about.
+    pub uid: String,
+    /// `{"vips": [...]}`: IP addresses (validated).
+    pub addresses: Vec<String>,
+    /// `{"hostname": "..."}`.
+    pub hostname: Option<String>,
+}

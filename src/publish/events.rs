@@ -1,0 +1,70 @@
+//! Kubernetes Events about Services (events.k8s.io/v1, through kube-runtime's event recorder, which
+//! also folds repeats into a series).
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::model::Notice;
+
+/// Reporting controller name on every Event.
+pub const CONTROLLER: &str = "vipwatch.io/controller";
+
+/// Publishes every notice received until `cancel` or the channel closes. Failures are logged and
+/// counted, never retried: an Event is informational.
+pub async fn run(
+    client: kube::Client,
+    mut rx: mpsc::Receiver<Notice>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    cancel: CancellationToken,
+) {
+    let instance = std::env::var("HOSTNAME").ok();
+    let recorder = Recorder::new(client, Reporter { controller: CONTROLLER.into(), instance });
+    loop {
+        let notice = tokio::select! {
+            _ = cancel.cancelled() => return,
+            n = rx.recv() => match n { Some(n) => n, None => return },
+        };
+        let ok = publish(&recorder, &notice).await;
+        metrics.kube_write("event", ok);
+    }
+}
+
+async fn publish(recorder: &Recorder, n: &Notice) -> bool {
+    let event = Event {
+        type_: if n.warning { EventType::Warning } else { EventType::Normal },
+        reason: n.reason.into(),
+        note: Some(n.note.clone()),
+        action: action(n.reason).into(),
+        secondary: None,
+    };
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        namespace: Some(n.key.namespace.clone()),
+        name: Some(n.key.name.clone()),
+        uid: Some(n.uid.clone()),
+        ..ObjectReference::default()
+    };
+    match recorder.publish(&event, &reference).await {
+        Ok(()) => {
+            debug!(service = %n.key, reason = n.reason, "published Event");
+            true
+        }
+        Err(e) => {
+            warn!(service = %n.key, reason = n.reason, error = %e, "cannot publish Kubernetes Event");
+            false
+        }
+    }
+}
+
+/// The `action` of an Event (what vipwatch was doing).
+fn action(reason: &str) -> &'static str {
+    match reason {
+        "IPAllocated" | "AllocationFailed" => "Allocate",
+        "DeletedLoadBalancer" => "Delete",
+        _ => "Sync",
+    }
+}

@@ -1,0 +1,261 @@
+//! Writing back to Kubernetes, gated on the appliance: adds vipwatch's finalizer before a Service's
+//! first delivery goes out, publishes `status.loadBalancer.ingress` once every subscribed endpoint
+//! acknowledged the change carrying the address, and after an acknowledged DELETED clears that status
+//! and removes the finalizer. Also publishes Kubernetes Events. Reads its work from the store (see
+//! `migrations/0003_allocation.sql`), so nothing is lost across restarts.
+
+mod events;
+pub mod kube_ops;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::model::{IngressView, Notice, ServiceKey};
+use crate::store::{Acks, CleanupWork, StatusWork, Store, StoreError};
+use kube_ops::Written;
+
+pub use events::CONTROLLER;
+
+/// Most finalizers added per pass.
+const BATCH: i64 = 256;
+
+/// Finalizer patches in flight at once.
+const CONCURRENCY: usize = 16;
+
+/// Errors of one pass (logged; the pass is retried).
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The apiserver failed (not a 404/422, which settle the work).
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// The write-back loop. Build with [`Publisher::new`], run with [`Publisher::run`].
+pub struct Publisher {
+    client: kube::Client,
+    store: Store,
+    metrics: Arc<Metrics>,
+    notices: mpsc::Sender<Notice>,
+    /// Enabled endpoint names: only their deliveries gate a write.
+    webhooks: Vec<String>,
+    write_status: bool,
+    poll: Duration,
+    /// Status last written per Service (until the watch shows it and the work row goes away).
+    written: HashMap<ServiceKey, Vec<IngressView>>,
+    /// Delivery ids already reported in a `SyncLoadBalancerFailed` Event.
+    reported: HashSet<i64>,
+}
+
+impl Publisher {
+    /// A publisher for `config` (`kubernetes.write_status`, enabled endpoints, `relay.poll_interval`
+    /// as the pass period). Events go to `notices`.
+    pub fn new(
+        client: kube::Client,
+        config: &Config,
+        store: Store,
+        metrics: Arc<Metrics>,
+        notices: mpsc::Sender<Notice>,
+    ) -> Self {
+        Self {
+            client,
+            store,
+            metrics,
+            notices,
+            webhooks: config.webhooks.iter().filter(|w| w.enabled).map(|w| w.name.clone()).collect(),
+            write_status: config.kubernetes.write_status,
+            poll: config.relay.poll_interval,
+            written: HashMap::new(),
+            reported: HashSet::new(),
+        }
+    }
+
+    /// Runs passes until `cancel`: after every commit of the watch and every `relay.poll_interval`
+    /// (deliveries complete without a signal).
+    pub async fn run(mut self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
+        loop {
+            if let Err(e) = self.pass().await {
+                warn!(error = %e, "writing back to Kubernetes failed; retrying");
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = committed.changed() => {}
+                _ = tokio::time::sleep(self.poll) => {}
+            }
+        }
+    }
+
+    /// One pass over the three kinds of work.
+    pub async fn pass(&mut self) -> Result<(), PublishError> {
+        self.finalizers().await?;
+        if self.write_status {
+            self.statuses().await?;
+        }
+        self.cleanups().await
+    }
+
+    /// Adds the finalizer to Services whose deliveries wait for it (up to [`CONCURRENCY`] at once),
+    /// then lets those go. A Service that is gone or being deleted gets none (its DELETED follows), and
+    /// its deliveries go too. A Service whose patch failed stays held for the next pass.
+    async fn finalizers(&mut self) -> Result<(), PublishError> {
+        let held = self.store.held_services(BATCH).await?;
+        let client = &self.client;
+        let results: Vec<(ServiceKey, Result<Written, kube::Error>)> = futures::stream::iter(held)
+            .map(|key| async move {
+                let written = kube_ops::add_finalizer(client, &key).await;
+                (key, written)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for (key, written) in results {
+            self.metrics.kube_write("finalizer_add", written.is_ok());
+            match written {
+                Ok(Written::Refused(why)) => info!(service = %key, reason = %why, "finalizer not added"),
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(service = %key, error = %e, "cannot add the finalizer; deliveries wait");
+                    continue;
+                }
+            }
+            self.store.release_held(&key).await?;
+        }
+        Ok(())
+    }
+
+    async fn statuses(&mut self) -> Result<(), PublishError> {
+        let work = self.store.status_work().await?;
+        let keys: HashSet<&ServiceKey> = work.iter().map(|w| &w.key).collect();
+        self.written.retain(|k, _| keys.contains(k));
+        for w in &work {
+            if self.written.get(&w.key) == Some(&w.ingress) {
+                continue;
+            }
+            let acks = self.store.service_acks(&w.key, &self.webhooks).await?;
+            self.report_failures(&w.key, &w.uid, &acks);
+            if acks.done
+                && let Err(e) = self.write_status(w).await
+            {
+                warn!(service = %w.key, error = %e, "cannot write status.loadBalancer; retrying");
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_status(&mut self, w: &StatusWork) -> Result<(), PublishError> {
+        let written = kube_ops::patch_status(&self.client, &w.key, &w.ingress).await;
+        self.metrics.kube_write("status", written.is_ok());
+        match written? {
+            Written::Ok => {
+                let shown: Vec<&str> =
+                    w.ingress.iter().filter_map(|i| i.ip.as_deref().or(i.hostname.as_deref())).collect();
+                info!(service = %w.key, ingress = ?shown, "status.loadBalancer written");
+                if !shown.is_empty() {
+                    self.notify(
+                        &w.key,
+                        &w.uid,
+                        false,
+                        "EnsuredLoadBalancer",
+                        format!("Ensured load balancer: {}", shown.join(", ")),
+                    );
+                }
+            }
+            Written::Gone => {}
+            Written::Refused(why) => warn!(service = %w.key, reason = %why, "status not written"),
+        }
+        self.written.insert(w.key.clone(), w.ingress.clone());
+        Ok(())
+    }
+
+    async fn cleanups(&mut self) -> Result<(), PublishError> {
+        for c in self.store.cleanups().await? {
+            let acks = self.store.event_acks(c.event_id, &self.webhooks).await?;
+            self.report_failures(&c.key, &c.uid, &acks);
+            if !acks.done {
+                continue;
+            }
+            match self.clean(&c).await {
+                Ok(()) => self.store.finish_cleanup(c.event_id).await?,
+                Err(e) => warn!(service = %c.key, error = %e, "cannot clean up after the DELETED; retrying"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Clears the status we published (if the object still shows it), then removes the finalizer
+    /// (which lets a terminating object go). Only on the very object the DELETED was about.
+    async fn clean(&mut self, c: &CleanupWork) -> Result<(), PublishError> {
+        let Some(svc) = kube_ops::get(&self.client, &c.key).await? else { return Ok(()) };
+        if svc.metadata.uid.as_deref() != Some(c.uid.as_str()) {
+            return Ok(());
+        }
+        let shown = crate::model::ServiceView::from_service(&svc).ingress;
+        if !c.clear_ingress.is_empty() && shown == c.clear_ingress {
+            let written = kube_ops::patch_status(&self.client, &c.key, &[]).await;
+            self.metrics.kube_write("status", written.is_ok());
+            written?;
+        }
+        if c.remove_finalizer {
+            let written = kube_ops::remove_finalizer(&self.client, &c.key).await;
+            self.metrics.kube_write("finalizer_remove", written.is_ok());
+            written?;
+            info!(service = %c.key, "DELETED acknowledged by every endpoint; finalizer removed");
+        }
+        self.notify(&c.key, &c.uid, false, "DeletedLoadBalancer", "Deleted load balancer".into());
+        Ok(())
+    }
+
+    /// One `SyncLoadBalancerFailed` Event per delivery that failed (for good, or its last attempt).
+    fn report_failures(&mut self, key: &ServiceKey, uid: &str, acks: &Acks) {
+        if self.reported.len() > 100_000 {
+            self.reported.clear();
+        }
+        for (webhook, id, error) in &acks.failing {
+            if self.reported.insert(*id) {
+                let note = format!("Error syncing load balancer: webhook `{webhook}` delivery {id}: {error}");
+                self.notify(key, uid, true, "SyncLoadBalancerFailed", note);
+            }
+        }
+    }
+
+    fn notify(&self, key: &ServiceKey, uid: &str, warning: bool, reason: &'static str, note: String) {
+        let notice = Notice { key: key.clone(), uid: uid.to_owned(), warning, reason, note };
+        if self.notices.try_send(notice).is_err() {
+            warn!(service = %key, reason, "Kubernetes Event queue full; Event dropped");
+        }
+    }
+}
+
+/// Capacity of the Kubernetes Event queue (notices).
+pub const NOTICE_QUEUE: usize = 4096;
+
+/// Starts the Event publisher task; returns where to send notices.
+pub fn start_events(
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) -> (mpsc::Sender<Notice>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(NOTICE_QUEUE);
+    (tx, tokio::spawn(events::run(client, rx, metrics, cancel)))
+}
+
+/// `vipwatch release-finalizers`: removes vipwatch's finalizer from every Service in the configured
+/// namespaces (all when none), e.g. before uninstalling. Returns the Services released. Errors: the
+/// apiserver failed (what was released so far stays released).
+pub async fn release_finalizers(client: &kube::Client, config: &Config) -> Result<Vec<ServiceKey>, kube::Error> {
+    let keys = kube_ops::with_finalizer(client, &config.kubernetes.namespaces).await?;
+    for key in &keys {
+        kube_ops::remove_finalizer(client, key).await?;
+    }
+    Ok(keys)
+}

@@ -1,0 +1,138 @@
+//! What vipwatch must write back to Kubernetes, and whether the appliance has acknowledged enough for
+//! it: finalizers to add (held deliveries), statuses to publish, cleanups after a DELETED.
+
+use sqlx::Row;
+
+use super::{Store, StoreError, now_ms};
+use crate::model::{IngressView, ServiceKey};
+
+/// A Service whose `status.loadBalancer.ingress` must be written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusWork {
+    /// The Service.
+    pub key: ServiceKey,
+    /// `metadata.uid` of the object the status belongs to.
+    pub uid: String,
+    /// The ingress list to write (empty = clear).
+    pub ingress: Vec<IngressView>,
+}
+
+/// A cleanup to run once the DELETED `event_id` is acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CleanupWork {
+    /// The DELETED event.
+    pub event_id: i64,
+    /// The Service.
+    pub key: ServiceKey,
+    /// `metadata.uid` of the deleted object.
+    pub uid: String,
+    /// Remove vipwatch's finalizer.
+    pub remove_finalizer: bool,
+    /// The ingress vipwatch published, to clear when the Service still shows it.
+    pub clear_ingress: Vec<IngressView>,
+}
+
+/// Where the deliveries that gate a write stand.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Acks {
+    /// Every relevant delivery succeeded (or there is none): the write may go ahead.
+    pub done: bool,
+    /// Deliveries that failed for good or whose last attempt failed: `(webhook, delivery id, error)`.
+    pub failing: Vec<(String, i64, String)>,
+}
+
+/// Per endpoint, the newest delivery of a Service that was not superseded.
+const LATEST_PER_WEBHOOK: &str = "SELECT d.webhook, d.id, d.state, d.attempts, d.last_error FROM deliveries d \
+    JOIN (SELECT webhook, MAX(id) AS id FROM deliveries WHERE namespace = ?1 AND name = ?2 \
+          AND state <> 'superseded' GROUP BY webhook) l ON l.id = d.id";
+
+const OF_EVENT: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE event_id = ?1";
+
+impl Store {
+    /// Services with deliveries held for the finalizer (at most `limit`), by namespace and name.
+    pub async fn held_services(&self, limit: i64) -> Result<Vec<ServiceKey>, StoreError> {
+        let sql = "SELECT DISTINCT namespace, name FROM deliveries WHERE held = 1 AND state = 'pending' \
+                   ORDER BY namespace, name LIMIT ?1";
+        let rows = sqlx::query(sql).bind(limit).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(|r| ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1))).collect())
+    }
+
+    /// Lets the held deliveries of `key` go (due now). Returns how many.
+    pub async fn release_held(&self, key: &ServiceKey) -> Result<u64, StoreError> {
+        let sql = "UPDATE deliveries SET held = 0, next_attempt_at = ?3 WHERE namespace = ?1 AND name = ?2 \
+                   AND held = 1 AND state = 'pending'";
+        let q = sqlx::query(sql).bind(&key.namespace).bind(&key.name).bind(now_ms());
+        Ok(q.execute(&self.write).await?.rows_affected())
+    }
+
+    /// Every Service whose status vipwatch must write (see `services.publish`), by namespace and name.
+    pub async fn status_work(&self) -> Result<Vec<StatusWork>, StoreError> {
+        let sql = "SELECT namespace, name, uid, publish FROM services WHERE publish IS NOT NULL \
+                   ORDER BY namespace, name";
+        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(StatusWork {
+                    key: ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1)),
+                    uid: r.get(2),
+                    ingress: serde_json::from_str(r.get::<&str, _>(3))?,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the newest non-superseded delivery of `key` to each endpoint in `webhooks` succeeded.
+    pub async fn service_acks(&self, key: &ServiceKey, webhooks: &[String]) -> Result<Acks, StoreError> {
+        let q = sqlx::query(LATEST_PER_WEBHOOK).bind(&key.namespace).bind(&key.name);
+        Ok(acks(&q.fetch_all(&self.pool).await?, webhooks))
+    }
+
+    /// Whether every delivery of event `event_id` to an endpoint in `webhooks` succeeded.
+    pub async fn event_acks(&self, event_id: i64, webhooks: &[String]) -> Result<Acks, StoreError> {
+        Ok(acks(&sqlx::query(OF_EVENT).bind(event_id).fetch_all(&self.pool).await?, webhooks))
+    }
+
+    /// Every pending cleanup, oldest first.
+    pub async fn cleanups(&self) -> Result<Vec<CleanupWork>, StoreError> {
+        let sql = "SELECT event_id, namespace, name, uid, remove_finalizer, clear_ingress FROM cleanups \
+                   ORDER BY event_id";
+        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                let clear: Option<&str> = r.get(5);
+                Ok(CleanupWork {
+                    event_id: r.get(0),
+                    key: ServiceKey::new(r.get::<String, _>(1), r.get::<String, _>(2)),
+                    uid: r.get(3),
+                    remove_finalizer: r.get::<i64, _>(4) != 0,
+                    clear_ingress: clear.map(serde_json::from_str).transpose()?.unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    /// Marks a cleanup done.
+    pub async fn finish_cleanup(&self, event_id: i64) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM cleanups WHERE event_id = ?1").bind(event_id).execute(&self.write).await?;
+        Ok(())
+    }
+}
+
+/// Deliveries to endpoints that are no longer configured never gate anything.
+fn acks(rows: &[sqlx::sqlite::SqliteRow], webhooks: &[String]) -> Acks {
+    let mut out = Acks { done: true, failing: Vec::new() };
+    for r in rows {
+        let webhook: String = r.get(0);
+        if !webhooks.contains(&webhook) {
+            continue;
+        }
+        let state: &str = r.get(2);
+        out.done &= state == "succeeded";
+        let attempts: i64 = r.get(3);
+        if state == "failed" || (state == "pending" && attempts > 0) {
+            let error: Option<String> = r.get(4);
+            out.failing.push((webhook, r.get(1), error.unwrap_or_else(|| "no response".into())));
+        }
+    }
+    out
+}

@@ -1,0 +1,103 @@
+//! What vipwatch adds to each recorded change of a Service it owns: the VIP allocation (pools or
+//! appliance), whether its deliveries wait for the finalizer, the cleanup after a DELETED, and the
+//! Kubernetes Events to publish. Used by the [`super::Recorder`]; no I/O.
+
+use std::net::IpAddr;
+
+use crate::ipam::Allocator;
+use crate::model::{
+    Allocation, Assignment, ChangeKind, FINALIZER, Notice, Observed, Recorded, ServiceKey, ServiceView, Tracked,
+    VipSource,
+};
+use crate::store::Cleanup;
+
+/// The allocator and the write-back switches.
+pub struct Ownership {
+    /// Address book of the configured pools.
+    pub allocator: Allocator,
+    /// `kubernetes.finalizer`.
+    pub finalizer: bool,
+}
+
+impl Ownership {
+    /// Fills in `obs.view.allocation` for an in-scope observation: an appliance-assigned address of the
+    /// same object is kept; otherwise the allocator decides (when it manages the Service).
+    pub fn allocate(&mut self, current: Option<&Tracked>, obs: &mut Observed) {
+        if !obs.in_scope {
+            return;
+        }
+        let current = current.filter(|t| t.uid == obs.uid).and_then(|t| t.view.allocation.as_ref());
+        if let Some(a) = current.filter(|a| a.source == VipSource::Appliance) {
+            obs.view.allocation = Some(a.clone());
+        } else if self.allocator.manages(&obs.view) {
+            obs.view.allocation = Some(self.allocator.assign(&obs.key, &obs.view, &[]));
+        }
+    }
+
+    /// At start, before anything else is allocated: Services without a stored allocation take the
+    /// pool addresses their `status.loadBalancer.ingress` already shows, so a lost database never
+    /// re-numbers a VIP.
+    pub fn adopt(&mut self, current: Option<&Tracked>, obs: &Observed) {
+        let stored = current.and_then(|t| t.view.allocation.as_ref()).is_some_and(|a| !a.addresses.is_empty());
+        if stored || !obs.in_scope || !self.allocator.manages(&obs.view) {
+            return;
+        }
+        let published: Vec<IpAddr> = obs.view.ingress.iter().filter_map(|i| i.ip.as_ref()?.parse().ok()).collect();
+        if !published.is_empty() {
+            self.allocator.assign(&obs.key, &obs.view, &published);
+        }
+    }
+
+    /// The view of `t` with the appliance's addresses, as an observation to decide on.
+    pub fn assigned(t: &Tracked, a: Assignment) -> Observed {
+        let mut view = t.view.clone();
+        view.allocation = Some(Allocation {
+            source: VipSource::Appliance,
+            pool: None,
+            addresses: a.addresses,
+            hostname: a.hostname,
+            reason: None,
+        });
+        Observed { key: a.key, uid: t.uid.clone(), resource_version: t.resource_version.clone(), view, in_scope: true }
+    }
+
+    /// Whether the deliveries of `e` wait for the finalizer: it is on, the event is not a DELETED, and
+    /// the object does not carry the finalizer yet.
+    pub fn hold(&self, e: &Recorded) -> bool {
+        self.finalizer && e.kind != ChangeKind::Deleted && !e.view.finalizers.iter().any(|f| f == FINALIZER)
+    }
+
+    /// For a DELETED of an object that still exists (`live` is its current view; same uid): remove our
+    /// finalizer if it carries it, clear the status we published unless it is being deleted anyway.
+    pub fn cleanup(e: &Recorded, live: Option<&Observed>) -> Option<Cleanup> {
+        let live = live.filter(|o| e.kind == ChangeKind::Deleted && o.uid == e.uid)?;
+        let remove_finalizer = live.view.finalizers.iter().any(|f| f == FINALIZER);
+        let published = e.view.allocation.as_ref().map(Allocation::ingress).unwrap_or_default();
+        let clear_ingress = if live.view.deleting { Vec::new() } else { published };
+        (remove_finalizer || !clear_ingress.is_empty()).then_some(Cleanup { remove_finalizer, clear_ingress })
+    }
+
+    /// Kubernetes Events for a recorded change of a Service whose addresses vipwatch assigns:
+    /// `IPAllocated` when it got new addresses, `AllocationFailed` when it has none and the reason is
+    /// new, `EnsuringLoadBalancer` for every ADDED/MODIFIED.
+    pub fn notices(key: &ServiceKey, e: &Recorded, before: Option<&ServiceView>) -> Vec<Notice> {
+        let Some(now) = e.view.allocation.as_ref().filter(|_| e.kind != ChangeKind::Deleted) else {
+            return Vec::new();
+        };
+        let was = before.and_then(|v| v.allocation.as_ref());
+        let notice = |warning, reason, note| Notice { key: key.clone(), uid: e.uid.clone(), warning, reason, note };
+        let mut out = Vec::new();
+        if let Some(reason) = &now.reason {
+            if was.and_then(|a| a.reason.as_ref()) != Some(reason) {
+                out.push(notice(true, "AllocationFailed", reason.clone()));
+            }
+        } else if was.map(|a| (&a.addresses, &a.hostname)) != Some((&now.addresses, &now.hostname)) {
+            let what: Vec<&str> = now.addresses.iter().chain(&now.hostname).map(String::as_str).collect();
+            let from =
+                now.pool.as_ref().map(|p| format!(" from pool {p}")).unwrap_or_else(|| " by the appliance".into());
+            out.push(notice(false, "IPAllocated", format!("Assigned {}{from}", what.join(", "))));
+        }
+        out.push(notice(false, "EnsuringLoadBalancer", "Ensuring load balancer".into()));
+        out
+    }
+}

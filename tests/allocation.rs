@@ -1,0 +1,337 @@
+//! Issue 5 end to end: pools, allocation, status write-back gated on the appliance, Kubernetes Events,
+//! the finalizer lifecycle, appliance-assigned VIPs. Real sockets throughout: the fake apiserver, a
+//! real SQLite file, real webhook receivers.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::api::Api;
+use common::receiver::{Receiver, Reply};
+use common::{Harness, lb_service, wait_until, webhook};
+use serde_json::{Value, json};
+use vipwatch::config::{Config, PoolConfig};
+use vipwatch::fake_apiserver::FakeApiServer;
+
+fn pool(name: &str, addresses: &[&str]) -> PoolConfig {
+    let toml = format!("name = \"{name}\"\naddresses = {addresses:?}\n");
+    toml::from_str(&toml).unwrap()
+}
+
+fn config(h: &Harness, rx: &Receiver, pools: Vec<PoolConfig>) -> Config {
+    let mut c = h.config_with(vec![webhook("lb", &rx.url)]);
+    c.pools = pools;
+    c
+}
+
+/// `status.loadBalancer.ingress` of a Service in the fake apiserver.
+fn ingress(api: &FakeApiServer, ns: &str, name: &str) -> Value {
+    api.get(ns, name).and_then(|s| s.pointer("/status/loadBalancer/ingress").cloned()).unwrap_or(Value::Null)
+}
+
+/// Waits until the Service's status shows `want` (a JSON list).
+async fn wait_ingress(api: &FakeApiServer, ns: &str, name: &str, want: Value) {
+    wait_until(&format!("status of {ns}/{name} = {want}"), || async { (ingress(api, ns, name) == want).then_some(()) })
+        .await;
+}
+
+fn vip(ip: &str) -> Value {
+    json!([{"ip": ip, "ipMode": "VIP"}])
+}
+
+/// `(reason, note)` of the Kubernetes Events (events.k8s.io/v1, as vipwatch writes them) about `name`,
+/// in order.
+fn k8s_events(api: &FakeApiServer, name: &str) -> Vec<(String, String)> {
+    api.events()
+        .iter()
+        .filter(|e| e["apiVersion"] == "events.k8s.io/v1" && e["regarding"]["name"] == name)
+        .map(|e| (e["reason"].as_str().unwrap_or("").to_owned(), e["note"].as_str().unwrap_or("").to_owned()))
+        .collect()
+}
+
+async fn wait_k8s_event(api: &FakeApiServer, name: &str, reason: &str) -> String {
+    wait_until(&format!("a {reason} Event about {name}"), || async {
+        k8s_events(api, name).into_iter().find(|(r, _)| r == reason).map(|(_, m)| m)
+    })
+    .await
+}
+
+fn with_annotations(mut svc: Value, annotations: Value) -> Value {
+    svc["metadata"]["annotations"] = annotations;
+    svc
+}
+
+#[tokio::test]
+async fn allocates_in_order_writes_status_after_the_ack_and_adds_the_finalizer() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(lb_service("shop", "a", 80));
+    h.api.apply(lb_service("shop", "b", 80));
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.10-192.0.2.20"])])).await;
+    wait_ingress(&h.api, "shop", "a", vip("192.0.2.10")).await;
+    wait_ingress(&h.api, "shop", "b", vip("192.0.2.11")).await;
+    let svc = h.api.get("shop", "a").unwrap();
+    assert_eq!(svc["metadata"]["finalizers"], json!(["vipwatch.io/cleanup"]));
+    let added = rx.accepted().into_iter().map(|h| h.json()).find(|b| b["data"]["service"]["name"] == "a").unwrap();
+    assert_eq!(added["data"]["event"], "ADDED");
+    assert_eq!(added["data"]["service"]["vips"], json!(["192.0.2.10"]));
+    assert_eq!(
+        added["data"]["service"]["allocation"],
+        json!({"source": "pool", "pool": "lab", "addresses": ["192.0.2.10"], "hostname": null, "reason": null})
+    );
+    assert_eq!(wait_k8s_event(&h.api, "a", "EnsuredLoadBalancer").await, "Ensured load balancer: 192.0.2.10");
+    let reasons: Vec<String> = k8s_events(&h.api, "a").into_iter().map(|(r, _)| r).collect();
+    assert_eq!(reasons, vec!["IPAllocated", "EnsuringLoadBalancer", "EnsuredLoadBalancer"]);
+    let api = Api::new(&running);
+    let vips = api.ok("/api/v1/vips").await;
+    let rows: Vec<Value> =
+        vips["items"].as_array().unwrap().iter().map(|v| json!([v["ip"], v["name"], v["source"], v["pool"]])).collect();
+    assert_eq!(rows, vec![json!(["192.0.2.10", "a", "pool", "lab"]), json!(["192.0.2.11", "b", "pool", "lab"])]);
+    let metrics = api.get("/metrics").await.text;
+    assert!(metrics.contains("vipwatch_pool_addresses_in_use{pool=\"lab\"} 2"), "{metrics}");
+    assert!(metrics.contains("vipwatch_pool_addresses_free{pool=\"lab\"} 9"), "{metrics}");
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn requested_ips_sharing_and_impossible_requests() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(with_annotations(lb_service("ns", "wants", 80), json!({"vipwatch.io/loadBalancerIPs": "192.0.2.15"})));
+    h.api.apply(with_annotations(
+        lb_service("ns", "outside", 80),
+        json!({"vipwatch.io/loadBalancerIPs": "198.51.100.1"}),
+    ));
+    h.api.apply(with_annotations(lb_service("ns", "web", 80), json!({"vipwatch.io/allow-shared-ip": "k"})));
+    h.api.apply(with_annotations(lb_service("ns", "tls", 443), json!({"vipwatch.io/allow-shared-ip": "k"})));
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.0/28"])])).await;
+    wait_ingress(&h.api, "ns", "wants", vip("192.0.2.15")).await;
+    wait_ingress(&h.api, "ns", "web", vip("192.0.2.0")).await;
+    wait_ingress(&h.api, "ns", "tls", vip("192.0.2.0")).await;
+    // Same key, but port 80 is taken on 192.0.2.0: the next address.
+    h.api.apply(with_annotations(lb_service("ns", "web2", 80), json!({"vipwatch.io/allow-shared-ip": "k"})));
+    wait_ingress(&h.api, "ns", "web2", vip("192.0.2.1")).await;
+    let failed = wait_k8s_event(&h.api, "outside", "AllocationFailed").await;
+    assert_eq!(failed, "198.51.100.1 is not in any address pool");
+    let warning = h.api.events().into_iter().find(|e| e["reason"] == "AllocationFailed").unwrap();
+    assert_eq!(warning["type"], "Warning");
+    assert_eq!(ingress(&h.api, "ns", "outside"), Value::Null);
+    let shown = Api::new(&running).ok("/api/v1/services/ns/outside").await;
+    assert_eq!(shown["service"]["view"]["allocation"]["reason"], "198.51.100.1 is not in any address pool", "{shown}");
+    assert_eq!(shown["service"]["vips"], json!([]), "{shown}");
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_exhausted_pool_leaves_a_service_pending_until_an_address_frees() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    for name in ["a", "b", "c"] {
+        h.api.apply(lb_service("ns", name, 80));
+    }
+    let running = h.start(config(&h, &rx, vec![pool("tiny", &["192.0.2.1-192.0.2.2"])])).await;
+    wait_ingress(&h.api, "ns", "b", vip("192.0.2.2")).await;
+    assert_eq!(wait_k8s_event(&h.api, "c", "AllocationFailed").await, "address pool `tiny` exhausted");
+    assert_eq!(ingress(&h.api, "ns", "c"), Value::Null);
+    h.api.delete("ns", "a");
+    wait_ingress(&h.api, "ns", "c", vip("192.0.2.1")).await;
+    let events = common::events(&running.store).await;
+    let last_c = events.iter().rev().find(|e| e.key.name == "c").unwrap();
+    assert_eq!((last_c.event_type.as_str(), last_c.cause.as_str()), ("MODIFIED", "allocation"));
+    assert_eq!(last_c.changed, vec!["allocation".to_owned()]);
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lost_database_never_renumbers_a_vip() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    // Created in reverse order, so lowest-free allocation alone would hand out other addresses.
+    for i in (0..50).rev() {
+        h.api.apply(lb_service("ns", &format!("s{i:02}"), 80));
+    }
+    let pools = vec![pool("lab", &["192.0.2.0/24"])];
+    let running = h.start(config(&h, &rx, pools.clone())).await;
+    wait_until("50 statuses written", || async {
+        (0..50).all(|i| ingress(&h.api, "ns", &format!("s{i:02}")) != Value::Null).then_some(())
+    })
+    .await;
+    let before: Vec<Value> = (0..50).map(|i| ingress(&h.api, "ns", &format!("s{i:02}"))).collect();
+    running.stop().await.unwrap();
+    std::fs::remove_file(h.db_path()).unwrap();
+    // Service s00 is created first now: it must not take an address another Service already shows.
+    h.api.delete_now("ns", "s00");
+    h.api.apply(lb_service("ns", "s00", 80));
+    let hits_before = rx.accepted().len();
+    let running = h.start(config(&h, &rx, pools)).await;
+    wait_until("s00 re-allocated", || async { (ingress(&h.api, "ns", "s00") != Value::Null).then_some(()) }).await;
+    let after: Vec<Value> = (1..50).map(|i| ingress(&h.api, "ns", &format!("s{i:02}"))).collect();
+    assert_eq!(after, before[1..].to_vec(), "every address adopted from status");
+    let rows = common::services(&running.store).await;
+    let stored: Vec<Value> = rows[1..].iter().map(|r| json!(r.view.allocation.as_ref().unwrap().addresses)).collect();
+    let published: Vec<Value> = before[1..].iter().map(|i| json!([i[0]["ip"]])).collect();
+    assert_eq!(stored, published);
+    // A lost database cannot know what the appliance has: each Service is announced once (ADDED,
+    // cause startup) with the address it already had.
+    wait_until("50 re-announcements", || async { (rx.accepted().len() >= hits_before + 50).then_some(()) }).await;
+    let again: Vec<Value> = rx.accepted()[hits_before..].iter().map(|h| h.json()).collect();
+    assert_eq!(again.len(), 50);
+    assert!(again.iter().all(|b| b["data"]["event"] == "ADDED" && b["data"]["cause"] == "startup"));
+    running.stop().await.unwrap();
+    // With the database intact, a restart announces nothing.
+    let hits = rx.accepted().len();
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.0/24"])])).await;
+    let n = common::events(&running.store).await.len();
+    running.stop().await.unwrap();
+    assert_eq!((rx.accepted().len(), n), (hits, 50), "no new event, no new delivery");
+}
+
+#[tokio::test]
+async fn status_waits_for_the_appliance_and_failures_are_reported() {
+    let h = Harness::new().await;
+    let healthy = Arc::new(AtomicBool::new(false));
+    let flag = healthy.clone();
+    let rx = Receiver::start(move |_, _| Reply::Status(if flag.load(Ordering::SeqCst) { 204 } else { 500 })).await;
+    h.api.apply(lb_service("ns", "a", 80));
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.0/28"])])).await;
+    let why = wait_k8s_event(&h.api, "a", "SyncLoadBalancerFailed").await;
+    assert!(why.starts_with("Error syncing load balancer: webhook `lb` delivery "), "{why}");
+    assert!(why.ends_with(": HTTP 500 Internal Server Error"), "{why}");
+    assert_eq!(ingress(&h.api, "ns", "a"), Value::Null, "no status before the appliance acknowledged");
+    healthy.store(true, Ordering::SeqCst);
+    wait_ingress(&h.api, "ns", "a", vip("192.0.2.0")).await;
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_service_deleted_while_vipwatch_was_down_is_released_after_the_deleted_is_acknowledged() {
+    let h = Harness::new().await;
+    // The appliance does not know the VIP any more: 404 to the DELETED still completes it.
+    let rx = Receiver::start(|_, hit| Reply::Status(if hit.event().0 == "DELETED" { 404 } else { 204 })).await;
+    h.api.apply(lb_service("ns", "a", 80));
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.0/28"])])).await;
+    wait_ingress(&h.api, "ns", "a", vip("192.0.2.0")).await;
+    running.stop().await.unwrap();
+    assert!(h.api.delete("ns", "a"));
+    let marked = h.api.get("ns", "a").expect("the finalizer keeps it");
+    assert!(marked["metadata"]["deletionTimestamp"].is_string());
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.0/28"])])).await;
+    wait_until("the Service is gone", || async { h.api.get("ns", "a").is_none().then_some(()) }).await;
+    let deleted: Vec<Value> = rx.hits().iter().map(|h| h.json()).filter(|b| b["data"]["event"] == "DELETED").collect();
+    assert_eq!(deleted.len(), 1);
+    assert_eq!(deleted[0]["data"]["cause"], "startup");
+    assert_eq!(deleted[0]["data"]["service"]["vips"], json!(["192.0.2.0"]));
+    let events = common::events(&running.store).await;
+    assert_eq!(common::summary(&events).iter().filter(|(t, _, _)| t == "DELETED").count(), 1, "exactly one DELETED");
+    assert_eq!(wait_k8s_event(&h.api, "a", "DeletedLoadBalancer").await, "Deleted load balancer");
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_live_delete_waits_for_the_appliance_then_lets_the_service_go() {
+    let h = Harness::new().await;
+    let healthy = Arc::new(AtomicBool::new(true));
+    let flag = healthy.clone();
+    let rx = Receiver::start(move |_, _| Reply::Status(if flag.load(Ordering::SeqCst) { 204 } else { 503 })).await;
+    h.api.apply(lb_service("ns", "a", 80));
+    let running = h.start(config(&h, &rx, vec![])).await;
+    wait_until("the finalizer", || async {
+        (h.api.get("ns", "a")?["metadata"]["finalizers"] == json!(["vipwatch.io/cleanup"])).then_some(())
+    })
+    .await;
+    wait_until("the ADDED delivered", || async { (!rx.accepted().is_empty()).then_some(()) }).await;
+    healthy.store(false, Ordering::SeqCst);
+    h.api.delete("ns", "a");
+    wait_until("a failed DELETED attempt", || async {
+        rx.hits().iter().any(|h| h.event().0 == "DELETED").then_some(())
+    })
+    .await;
+    assert!(h.api.get("ns", "a").is_some(), "kept while the appliance has not acknowledged");
+    healthy.store(true, Ordering::SeqCst);
+    wait_until("the Service is gone", || async { h.api.get("ns", "a").is_none().then_some(()) }).await;
+    let kinds: Vec<String> = rx.accepted().iter().map(|h| h.event().0).collect();
+    assert_eq!(kinds, vec!["ADDED", "DELETED"]);
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_appliance_can_assign_the_vip() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|_, hit| {
+        let name = hit.json()["data"]["service"]["name"].as_str().unwrap().to_owned();
+        let body = if name == "a" { json!({"vips": ["203.0.113.7"]}) } else { json!({"hostname": "lb-b.example.net"}) };
+        Reply::Body(200, body.to_string())
+    })
+    .await;
+    h.api.apply(lb_service("ns", "a", 80));
+    h.api.apply(lb_service("ns", "b", 80));
+    let mut endpoint = webhook("lb", &rx.url);
+    endpoint.assigns_vip = true;
+    let running = h.start(h.config_with(vec![endpoint])).await;
+    wait_ingress(&h.api, "ns", "a", vip("203.0.113.7")).await;
+    wait_ingress(&h.api, "ns", "b", json!([{"hostname": "lb-b.example.net"}])).await;
+    let vips = Api::new(&running).ok("/api/v1/vips/203.0.113.7").await;
+    assert_eq!(
+        (&vips["services"][0]["name"], &vips["services"][0]["source"]),
+        (&json!("a"), &json!("appliance")),
+        "{vips}"
+    );
+    let modified = rx.accepted().iter().map(|h| h.json()).find(|b| b["data"]["event"] == "MODIFIED").unwrap();
+    assert_eq!(modified["data"]["cause"], "appliance");
+    assert_eq!(modified["data"]["changed"], json!(["allocation"]));
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn release_finalizers_removes_ours_and_only_ours() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let mut other = lb_service("ns", "b", 80);
+    other["metadata"]["finalizers"] = json!(["example.com/keep"]);
+    h.api.apply(lb_service("ns", "a", 80));
+    h.api.apply(other);
+    let running = h.start(config(&h, &rx, vec![])).await;
+    wait_until("both finalized", || async {
+        let b = h.api.get("ns", "b")?;
+        (b["metadata"]["finalizers"] == json!(["example.com/keep", "vipwatch.io/cleanup"])
+            && h.api.get("ns", "a")?["metadata"]["finalizers"] == json!(["vipwatch.io/cleanup"]))
+        .then_some(())
+    })
+    .await;
+    running.stop().await.unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_vipwatch"))
+        .arg("release-finalizers")
+        .env("VIPWATCH_KUBERNETES__URL", h.api.url())
+        .env("VIPWATCH_DATABASE__PATH", h.db_path())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout, "released ns/a\nreleased ns/b\nremoved the vipwatch.io/cleanup finalizer from 2 Services\n");
+    assert_eq!(h.api.get("ns", "a").unwrap()["metadata"].get("finalizers").cloned().unwrap_or(json!([])), json!([]));
+    assert_eq!(h.api.get("ns", "b").unwrap()["metadata"]["finalizers"], json!(["example.com/keep"]));
+}
+
+#[tokio::test]
+async fn no_delivery_goes_out_before_the_finalizer_is_on_the_service() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let running = h.start(config(&h, &rx, vec![])).await;
+    common::wait_watching(&h.api).await;
+    // Every request fails from now on (the open watch needs none): the finalizer cannot be added.
+    h.api.faults().fail_requests(usize::MAX);
+    h.api.apply(lb_service("ns", "a", 80));
+    wait_until("two failed finalizer patches", || async {
+        let patches =
+            h.api.requests().iter().filter(|r| r.method == "PATCH" && r.path.ends_with("/services/a")).count();
+        (patches >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(rx.hits().len(), 0, "the ADDED waits for the finalizer");
+    h.api.faults().fail_requests(0);
+    wait_until("the ADDED delivered", || async { (rx.accepted().len() == 1).then_some(()) }).await;
+    assert_eq!(h.api.get("ns", "a").unwrap()["metadata"]["finalizers"], json!(["vipwatch.io/cleanup"]));
+    running.stop().await.unwrap();
+}
