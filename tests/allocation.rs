@@ -335,3 +335,28 @@ async fn no_delivery_goes_out_before_the_finalizer_is_on_the_service() {
     assert_eq!(h.api.get("ns", "a").unwrap()["metadata"]["finalizers"], json!(["vipwatch.io/cleanup"]));
     running.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn leaving_scope_clears_the_status_and_the_finalizer_after_the_deleted_is_acknowledged() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(lb_service("ns", "a", 80));
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.0/28"])])).await;
+    wait_ingress(&h.api, "ns", "a", vip("192.0.2.0")).await;
+    h.api.update("ns", "a", |s| {
+        s["spec"]["type"] = json!("ClusterIP");
+        s["spec"]["ports"][0].as_object_mut().unwrap().remove("nodePort");
+    });
+    wait_ingress(&h.api, "ns", "a", Value::Null).await;
+    wait_until("the finalizer removed", || async {
+        let finalizers = h.api.get("ns", "a")?["metadata"].get("finalizers").cloned().unwrap_or(json!([]));
+        (finalizers == json!([])).then_some(())
+    })
+    .await;
+    let kinds: Vec<String> = rx.accepted().iter().map(|h| h.event().0).collect();
+    assert_eq!(kinds, vec!["ADDED", "DELETED"]);
+    // The address is free again.
+    h.api.apply(lb_service("ns", "b", 80));
+    wait_ingress(&h.api, "ns", "b", vip("192.0.2.0")).await;
+    running.stop().await.unwrap();
+}
