@@ -69,8 +69,8 @@ pub enum DemoError {
         source: std::io::Error,
     },
     /// Another demo uses the same directory.
-    #[error("another vipwatch uses this demo directory ({0}); stop it or pass another `--dir`")]
-    Busy(StoreError),
+    #[error("another vipwatch uses the demo directory; stop it or pass another `--dir`")]
+    Busy(#[source] StoreError),
     /// The demo appliance could not start.
     #[error(transparent)]
     Appliance(#[from] ApplianceError),
@@ -108,7 +108,7 @@ pub async fn run(options: DemoOptions, shutdown: impl Future<Output = ()>) -> Re
     };
     let config = config::write_and_load(&options.dir, &setup)?;
     let running = app::start(config, api_listener).await?;
-    let result = supervise(&running, &cluster, &appliance, &options, &setup, shutdown).await;
+    let result = supervise(&running, &cluster, &options, &setup, shutdown).await;
     let stopped = running.stop().await;
     appliance.shutdown().await;
     cluster.shutdown().await;
@@ -120,7 +120,6 @@ pub async fn run(options: DemoOptions, shutdown: impl Future<Output = ()>) -> Re
 async fn supervise(
     running: &Running,
     cluster: &FakeApiServer,
-    appliance: &Appliance,
     options: &DemoOptions,
     setup: &config::DemoSetup,
     shutdown: impl Future<Output = ()>,
@@ -133,7 +132,8 @@ async fn supervise(
     }
     print_banner(setup, cluster, &options.dir);
     let cancel = CancellationToken::new();
-    let script = tokio::spawn(script::run(cluster.clone(), appliance.url(), options.interval, cancel.clone()));
+    let script = script::run(cluster.clone(), setup.appliance_url.clone(), options.interval, cancel.clone());
+    let script = tokio::spawn(script);
     tokio::select! {
         _ = &mut shutdown => {}
         _ = running.failed() => {}
