@@ -46,4 +46,36 @@ pub enum Command {
         #[arg(long)]
         seed: Option<PathBuf>,
     },
+    /// Show the whole product with nothing else installed: a simulated cluster with sample Services,
+    /// vipwatch itself, and a demo appliance printing each signed delivery, driven by a scripted
+    /// stream of changes and faults until Ctrl-C / SIGTERM. Ignores `--config`: the demo writes its
+    /// own into `--dir`.
+    Demo {
+        /// API listen address [default: 127.0.0.1:8080, or a free port when that is taken].
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Time between scripted changes (humantime, e.g. `3s`, `200ms`).
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
+        /// Directory for the generated config and the database (the old database is removed at start).
+        #[arg(long, default_value = "vipwatch-demo")]
+        dir: PathBuf,
+    },
+    /// Run the demo appliance alone: verify each Standard Webhooks delivery and print one line per
+    /// request (204, or 401 for a bad signature); `GET /healthz` answers 200. Ignores `--config`.
+    DemoReceiver {
+        /// Listen address.
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: std::net::SocketAddr,
+        /// The endpoint's Standard Webhooks secret (`whsec_...`).
+        #[arg(long, env = "APPLIANCE_WEBHOOK_SECRET", hide_env_values = true)]
+        secret: String,
+    },
+    /// Exit 0 when the running service answers `GET /healthz` with 2xx within 3 s, else 1 with the
+    /// reason (for container health checks; the address comes from `server.listen`).
+    Healthcheck {
+        /// URL to check instead of `http://<server.listen>/healthz`.
+        #[arg(long)]
+        url: Option<url::Url>,
+    },
 }

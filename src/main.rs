@@ -7,18 +7,35 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vipwatch::cli::{Cli, Command};
 use vipwatch::config::Config;
+use vipwatch::healthcheck::healthz_url;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
-    let config = match Config::load(cli.config.as_deref()) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("vipwatch: invalid configuration: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    init_tracing(&cli.command);
     let result = match cli.command {
+        // The demo writes and loads its own config; these need none.
+        Command::Demo { listen, interval, dir } => demo(vipwatch::demo::DemoOptions { listen, interval, dir }),
+        Command::DemoReceiver { listen, secret } => demo_receiver(listen, secret),
+        Command::Healthcheck { url: Some(url) } => healthcheck(url),
+        command => match Config::load(cli.config.as_deref()) {
+            Ok(config) => with_config(command, config),
+            Err(e) => {
+                eprintln!("vipwatch: invalid configuration: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vipwatch: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn with_config(command: Command, config: Config) -> anyhow::Result<()> {
+    match command {
         Command::CheckConfig => {
             print!("{}", config.to_redacted_toml());
             Ok(())
@@ -33,19 +50,48 @@ fn main() -> ExitCode {
         Command::FakeApiserver { listen, seed } => fake_apiserver(listen, seed),
         Command::Resync { webhook } => resync(config, webhook),
         Command::ReleaseFinalizers => release_finalizers(config),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("vipwatch: {e:#}");
-            ExitCode::FAILURE
+        Command::Healthcheck { url: None } => healthcheck(healthz_url(config.server.listen)),
+        Command::Demo { .. } | Command::DemoReceiver { .. } | Command::Healthcheck { url: Some(_) } => {
+            unreachable!("run without a config")
         }
     }
 }
 
-fn init_tracing() {
-    let filter = EnvFilter::try_from_env("VIPWATCH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logs to stderr, filtered by `VIPWATCH_LOG`; by default `info`, but `warn` for the demo commands so
+/// their readable lines on stdout stand out.
+fn init_tracing(command: &Command) {
+    let default = match command {
+        Command::Demo { .. } | Command::DemoReceiver { .. } => "warn",
+        _ => "info",
+    };
+    let filter = EnvFilter::try_from_env("VIPWATCH_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+#[tokio::main]
+async fn demo(options: vipwatch::demo::DemoOptions) -> anyhow::Result<()> {
+    vipwatch::demo::run(options, shutdown_signal()).await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn demo_receiver(listen: std::net::SocketAddr, secret: String) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let mut appliance = vipwatch::demo::Appliance::start(listener, &secret).await?;
+    println!("demo appliance listening on http://{}", appliance.addr());
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        _ = appliance.stopped() => anyhow::bail!("the demo appliance stopped"),
+    }
+    appliance.shutdown().await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn healthcheck(url: url::Url) -> anyhow::Result<()> {
+    let status = vipwatch::healthcheck::check(&url).await?;
+    println!("healthy: GET {url} answered {status}");
+    Ok(())
 }
 
 #[tokio::main]

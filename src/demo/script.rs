@@ -1,0 +1,143 @@
+//! The demo's scripted stream of changes: every `interval` one step on the simulated cluster (or a
+//! forged delivery to the appliance), looping until cancelled, each announced by one `demo …` line.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::samples::{self, REQUESTED_IPS};
+use super::say;
+use crate::fake_apiserver::FakeApiServer;
+
+/// The Service the script creates, changes and deletes in every round.
+const NAMESPACE: &str = "shop";
+const NAME: &str = "checkout";
+/// The seeded Service whose labels change under a cut watch stream.
+const CUT_TARGET: (&str, &str) = ("payments", "gateway");
+
+/// One scripted step, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Create `shop/checkout` with port 80.
+    Create,
+    /// Add port 443 to it.
+    ChangePorts,
+    /// Request a VIP for it by annotation.
+    Annotate,
+    /// Delete it.
+    Delete,
+    /// Expire every open watch (`410 Gone`).
+    ForceGone,
+    /// Cut the next watch event mid-line, then change a label of `payments/gateway`.
+    CutMidLine,
+    /// Send the appliance a delivery signed with the wrong secret.
+    Forge,
+}
+
+impl Step {
+    /// Every step, in script order.
+    pub const ALL: [Step; 7] =
+        [Step::Create, Step::ChangePorts, Step::Annotate, Step::Delete, Step::ForceGone, Step::CutMidLine, Step::Forge];
+
+    /// The `demo` line announcing this step.
+    pub fn describe(self) -> String {
+        let svc = format!("{NAMESPACE}/{NAME}");
+        let (ns, name) = CUT_TARGET;
+        match self {
+            Step::Create => format!("create Service {svc} (port 80/TCP)"),
+            Step::ChangePorts => format!("change the ports of {svc}: 80/TCP → 80/TCP,443/TCP"),
+            Step::Annotate => format!("annotate {svc} with {REQUESTED_IPS}=192.0.2.30"),
+            Step::Delete => format!("delete Service {svc}"),
+            Step::ForceGone => {
+                "expire every watch (410 Gone): vipwatch re-lists; nothing changed, so nothing is recorded".into()
+            }
+            Step::CutMidLine => format!(
+                "cut the watch stream in the middle of the next event (a label change on {ns}/{name}): vipwatch resumes and the change still arrives"
+            ),
+            Step::Forge => "send the appliance a delivery signed with the wrong secret".into(),
+        }
+    }
+
+    /// Performs the step in round `round` (1-based; it makes each round's label value new).
+    async fn apply(self, cluster: &FakeApiServer, forger: &Forger, round: u64) {
+        match self {
+            Step::Create => {
+                cluster.apply(samples::lb(NAMESPACE, NAME, &[("http", 80)]));
+            }
+            Step::ChangePorts => {
+                cluster.update(NAMESPACE, NAME, |svc| {
+                    svc["spec"]["ports"] = json!([samples::port_json("http", 80), samples::port_json("https", 443)]);
+                });
+            }
+            Step::Annotate => {
+                cluster.update(NAMESPACE, NAME, |svc| {
+                    svc["metadata"]["annotations"] = json!({ REQUESTED_IPS: "192.0.2.30" });
+                });
+            }
+            Step::Delete => {
+                cluster.delete(NAMESPACE, NAME);
+            }
+            Step::ForceGone => cluster.faults().force_gone(),
+            Step::CutMidLine => {
+                cluster.faults().cut_next_event_mid_line();
+                let (ns, name) = CUT_TARGET;
+                cluster.update(ns, name, |svc| {
+                    svc["metadata"]["labels"]["demo.vipwatch.io/round"] = json!(round.to_string())
+                });
+            }
+            Step::Forge => forger.send().await,
+        }
+    }
+}
+
+/// Runs the script against `cluster` (forged deliveries go to `appliance_url`), one step every
+/// `interval`, until `cancel` fires.
+pub async fn run(cluster: FakeApiServer, appliance_url: String, interval: Duration, cancel: CancellationToken) {
+    let forger = Forger::new(appliance_url);
+    for round in 1.. {
+        for step in Step::ALL {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            say(&format!("demo       {}", step.describe()));
+            step.apply(&cluster, &forger, round).await;
+        }
+    }
+}
+
+/// Sends deliveries signed with a key the appliance does not know.
+struct Forger {
+    url: String,
+    client: reqwest::Client,
+    signer: standardwebhooks::Webhook,
+}
+
+impl Forger {
+    fn new(url: String) -> Self {
+        let signer = standardwebhooks::Webhook::from_bytes(rand::random::<[u8; 32]>().to_vec()).expect("any key signs");
+        Self { url, client: reqwest::Client::new(), signer }
+    }
+
+    /// One forged `service.deleted` for `shop/web`; the answer is the appliance's to print.
+    async fn send(&self) {
+        let body = json!({"type": "service.deleted", "timestamp": "1970-01-01T00:00:00.000Z",
+            "data": {"event_id": null, "event": "DELETED", "cause": "watch", "previous": null, "changed": [],
+                     "service": {"namespace": "shop", "name": "web", "vips": ["192.0.2.10"], "ports": []}}})
+        .to_string();
+        let (id, ts) = ("msg_forged", jiff::Timestamp::now().as_second());
+        let signature = self.signer.sign(id, ts, body.as_bytes()).expect("JSON is UTF-8");
+        let request = self
+            .client
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", signature)
+            .body(body);
+        if let Err(e) = request.send().await {
+            tracing::warn!(error = %e, "cannot send the forged delivery");
+        }
+    }
+}

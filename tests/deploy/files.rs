@@ -1,0 +1,265 @@
+//! Readers for the deployment files of tests/deploy.rs: the Dockerfile's final stage, docker-compose.yml
+//! (typed), the Kubernetes manifests (multi-document YAML, checked strictly against k8s-openapi), and
+//! config files loaded by `vipwatch check-config`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use k8s_openapi::Resource;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Secret, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use vipwatch::config::Config;
+
+/// A path inside the repository.
+pub fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Runs `vipwatch check-config --config FILE` with `env` and no other `VIPWATCH_*` variable.
+pub fn check_config<K: AsRef<str>, V: AsRef<str>>(file: &Path, env: &[(K, V)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vipwatch"));
+    cmd.arg("check-config").arg("--config").arg(file).current_dir(std::env::temp_dir());
+    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("VIPWATCH_")) {
+        cmd.env_remove(key);
+    }
+    for (key, value) in env {
+        cmd.env(key.as_ref(), value.as_ref());
+    }
+    cmd.output().expect("vipwatch runs")
+}
+
+/// The effective configuration of `file` with `env`, as the normal loader sees it (secrets redacted).
+/// Panics with the loader's message when it is invalid.
+pub fn load_config<K: AsRef<str>, V: AsRef<str>>(file: &Path, env: &[(K, V)]) -> Config {
+    let output = check_config(file, env);
+    assert!(output.status.success(), "{}: {}", file.display(), String::from_utf8_lossy(&output.stderr));
+    toml::from_str(&String::from_utf8(output.stdout).unwrap()).expect("check-config prints the config")
+}
+
+/// The instructions of the Dockerfile's final stage: `(INSTRUCTION, arguments)`, continuation lines
+/// joined, comments dropped.
+pub struct Dockerfile(Vec<(String, String)>);
+
+impl Dockerfile {
+    pub fn read() -> Self {
+        let mut all = Vec::new();
+        let mut current = String::new();
+        for line in read("Dockerfile").lines().map(str::trim) {
+            if current.is_empty() && (line.is_empty() || line.starts_with('#')) {
+                continue;
+            }
+            if let Some(start) = line.strip_suffix('\\') {
+                current.push_str(start);
+                continue;
+            }
+            current.push_str(line);
+            let (instruction, args) = current.split_once(' ').expect("instruction with arguments");
+            all.push((instruction.to_ascii_uppercase(), args.trim().to_owned()));
+            current.clear();
+        }
+        let last_from = all.iter().rposition(|(i, _)| i == "FROM").expect("a FROM");
+        Self(all.split_off(last_from))
+    }
+
+    /// The arguments of every `instruction` of the final stage, in order.
+    pub fn args(&self, instruction: &str) -> Vec<String> {
+        self.0.iter().filter(|(i, _)| i == instruction).map(|(_, a)| a.clone()).collect()
+    }
+
+    /// The exec-form (JSON array) arguments of the only `instruction`.
+    pub fn json(&self, instruction: &str) -> Vec<String> {
+        let args = self.args(instruction);
+        assert_eq!(args.len(), 1, "one {instruction}");
+        serde_json::from_str(&args[0]).unwrap_or_else(|e| panic!("{instruction} {}: {e}", args[0]))
+    }
+
+    /// The value the final stage's `ENV` gives `name` (`ENV NAME=value`).
+    pub fn env(&self, name: &str) -> String {
+        let prefix = format!("{name}=");
+        self.args("ENV")
+            .iter()
+            .find_map(|a| a.strip_prefix(&prefix).map(str::to_owned))
+            .unwrap_or_else(|| panic!("ENV {name}"))
+    }
+
+    /// The exec-form command of `HEALTHCHECK [options] CMD [...]`.
+    pub fn healthcheck(&self) -> Vec<String> {
+        let args = self.args("HEALTHCHECK");
+        let (_, cmd) = args[0].split_once("CMD ").expect("HEALTHCHECK ... CMD [...]");
+        serde_json::from_str(cmd).expect("exec form")
+    }
+}
+
+/// docker-compose.yml, the parts the tests compare.
+#[derive(Debug, Deserialize)]
+pub struct Compose {
+    pub services: BTreeMap<String, ComposeService>,
+    pub volumes: BTreeMap<String, Option<Value>>,
+}
+
+/// One service of [`Compose`].
+#[derive(Debug, Deserialize)]
+pub struct ComposeService {
+    pub image: String,
+    #[serde(default)]
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub depends_on: BTreeMap<String, DependsOn>,
+    #[serde(default)]
+    pub environment: BTreeMap<String, Option<String>>,
+    #[serde(default)]
+    pub volumes: Vec<String>,
+    #[serde(default)]
+    pub ports: Vec<String>,
+    pub healthcheck: Healthcheck,
+}
+
+/// `depends_on.NAME` in long form.
+#[derive(Debug, Deserialize)]
+pub struct DependsOn {
+    pub condition: String,
+}
+
+/// `healthcheck` of a service.
+#[derive(Debug, Deserialize)]
+pub struct Healthcheck {
+    pub test: Vec<String>,
+}
+
+impl Compose {
+    pub fn read() -> Self {
+        serde_norway::from_str(&read("docker-compose.yml")).expect("docker-compose.yml parses")
+    }
+
+    pub fn service(&self, name: &str) -> &ComposeService {
+        self.services.get(name).unwrap_or_else(|| panic!("service {name}"))
+    }
+}
+
+impl ComposeService {
+    /// The source of the volume mounted at `target` (`SOURCE:TARGET[:ro]`), with `./` dropped.
+    pub fn mount_source(&self, target: &str) -> Option<String> {
+        self.volumes.iter().find_map(|v| {
+            let mut parts = v.split(':');
+            let (source, at) = (parts.next()?, parts.next()?);
+            (at == target).then(|| source.trim_start_matches("./").to_owned())
+        })
+    }
+}
+
+/// Every document of every deploy/kubernetes/*.yaml but kustomization.yaml, as `(file name, JSON)`,
+/// files sorted by name, documents in file order.
+pub struct Manifests {
+    pub docs: Vec<(String, Value)>,
+}
+
+/// kustomization.yaml, the parts the tests compare.
+#[derive(Debug, Deserialize)]
+pub struct Kustomization {
+    pub resources: Vec<String>,
+}
+
+impl Manifests {
+    pub fn read() -> Self {
+        let mut files: Vec<String> = std::fs::read_dir(repo("deploy/kubernetes"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|f| f.ends_with(".yaml") && f != "kustomization.yaml")
+            .collect();
+        files.sort();
+        let docs = files
+            .into_iter()
+            .flat_map(|file| {
+                documents(&read(&format!("deploy/kubernetes/{file}"))).into_iter().map(move |d| (file.clone(), d))
+            })
+            .collect();
+        Self { docs }
+    }
+
+    pub fn kustomization(&self) -> Kustomization {
+        serde_norway::from_str(&read("deploy/kubernetes/kustomization.yaml")).unwrap()
+    }
+
+    /// The only object of type `T`, checked strictly (see [`strict`]).
+    pub fn one<T: Resource + DeserializeOwned + Serialize>(&self) -> T {
+        let mut found = self.docs.iter().filter(|(_, d)| d["apiVersion"] == T::API_VERSION && d["kind"] == T::KIND);
+        let (file, doc) = found.next().unwrap_or_else(|| panic!("no {}", T::KIND));
+        assert!(found.next().is_none(), "more than one {}", T::KIND);
+        strict(file, doc)
+    }
+
+    /// Parses every document into its k8s-openapi type, failing on an unknown kind or field.
+    pub fn check_all_strictly(&self) {
+        for (file, doc) in &self.docs {
+            let known = parse_as::<Namespace>(file, doc)
+                || parse_as::<ServiceAccount>(file, doc)
+                || parse_as::<ClusterRole>(file, doc)
+                || parse_as::<ClusterRoleBinding>(file, doc)
+                || parse_as::<ConfigMap>(file, doc)
+                || parse_as::<Secret>(file, doc)
+                || parse_as::<PersistentVolumeClaim>(file, doc)
+                || parse_as::<Deployment>(file, doc)
+                || parse_as::<Service>(file, doc);
+            assert!(known, "{file}: unknown kind {} {}", doc["apiVersion"], doc["kind"]);
+        }
+    }
+}
+
+/// `true` (after a strict parse) when `doc` is a `T`.
+fn parse_as<T: Resource + DeserializeOwned + Serialize>(file: &str, doc: &Value) -> bool {
+    let is = doc["apiVersion"] == T::API_VERSION && doc["kind"] == T::KIND;
+    if is {
+        strict::<T>(file, doc);
+    }
+    is
+}
+
+/// `doc` as a `T`. k8s-openapi ignores unknown fields, so the object is serialized back and must equal
+/// what was written: a misspelt or misplaced field fails here.
+pub fn strict<T: DeserializeOwned + Serialize>(file: &str, doc: &Value) -> T {
+    let typed: T = serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{file}: {}: {e}", doc["kind"]));
+    let understood = serde_json::to_value(&typed).unwrap();
+    if let Some(path) = first_difference(doc, &understood, String::new()) {
+        panic!("{file}: {} {path}: not a field k8s-openapi knows (misspelt or misplaced?)", doc["kind"]);
+    }
+    typed
+}
+
+/// The JSON path of the first place where `written` and `understood` differ, if any.
+fn first_difference(written: &Value, understood: &Value, path: String) -> Option<String> {
+    match (written, understood) {
+        (Value::Object(w), Value::Object(u)) => w.iter().find_map(|(k, v)| match u.get(k) {
+            Some(uv) => first_difference(v, uv, format!("{path}.{k}")),
+            None => Some(format!("{path}.{k}")),
+        }),
+        (Value::Array(w), Value::Array(u)) if w.len() == u.len() => {
+            w.iter().zip(u).enumerate().find_map(|(i, (wv, uv))| first_difference(wv, uv, format!("{path}[{i}]")))
+        }
+        _ => (written != understood).then_some(path),
+    }
+}
+
+/// The non-empty documents of a multi-document YAML text, as JSON.
+pub fn documents(text: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).expect("YAML parses"))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// `kubectl kustomize deploy/kubernetes`, as JSON documents.
+pub fn kustomize() -> Vec<Value> {
+    let output =
+        Command::new("kubectl").arg("kustomize").arg(repo("deploy/kubernetes")).output().expect("kubectl on PATH");
+    assert!(output.status.success(), "kubectl kustomize: {}", String::from_utf8_lossy(&output.stderr));
+    documents(&String::from_utf8(output.stdout).unwrap())
+}
