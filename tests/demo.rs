@@ -99,13 +99,13 @@ async fn the_demo_relays_verified_changes_serves_them_and_stops_on_sigterm() {
         "appliance  ✓ service.added     shop/web          vips=[192.0.2.10] ports=80/TCP,443/TCP  (cause: startup)";
     demo.line("shop/web's startup delivery", |l| l == startup).await;
     demo.line("the scripted create", |l| l == "demo       create Service shop/checkout (port 80/TCP)").await;
-    let added = "appliance  ✓ service.added     shop/checkout     vips=[] ports=80/TCP";
+    let added = "appliance  ✓ service.added     shop/checkout     vips=[192.0.2.3] ports=80/TCP";
     demo.line("the created Service's delivery", |l| l == added).await;
-    let ports = "appliance  ✓ service.modified  shop/checkout     vips=[] ports=80/TCP,443/TCP  (changed: ports)";
+    let ports = "appliance  ✓ service.modified  shop/checkout     vips=[192.0.2.3] ports=80/TCP,443/TCP  (changed: ports)";
     demo.line("the port change's delivery", |l| l == ports).await;
     demo.line("the deletion's delivery", |l| l.starts_with("appliance  ✓ service.deleted   shop/checkout ")).await;
     // Resumed by a re-watch (cause watch) or a re-list, as vipwatch sees fit.
-    let cut = "appliance  ✓ service.modified  payments/gateway  vips=[] ports=443/TCP  (changed: labels";
+    let cut = "appliance  ✓ service.modified  payments/gateway  vips=[192.0.2.1] ports=443/TCP  (changed: labels";
     demo.line("the change made under a cut watch", |l| {
         [format!("{cut})"), format!("{cut}; cause: relist)")].iter().any(|c| c == l)
     })

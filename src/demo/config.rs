@@ -54,6 +54,12 @@ name = "{WEBHOOK_NAME}"
 url = {appliance_url}
 secret = "{secret}"
 retry = {{ initial_delay = "200ms", max_delay = "5s" }}
+
+# VIPs for every LoadBalancer Service, written back to its status once the appliance acknowledged.
+[[pools]]
+name = "demo"
+addresses = ["192.0.2.0/24"]
+avoid_buggy_ips = true
 "#,
         kubernetes_url = quoted(&s.kubernetes_url),
         database = quoted(&s.database.to_string_lossy()),
