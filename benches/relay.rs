@@ -1,7 +1,8 @@
 //! Relay benchmark (issue 3): deliveries/s to a local receiver that answers 204 at once, and
 //! event→delivery latency at a steady 500 events/s.
 //!
-//! Run: `cargo bench --bench relay` (optional args: BACKLOG RATE SECONDS, default 20000 500 10).
+//! Run: `cargo bench --bench relay` (optional args: BACKLOG RATE SECONDS, default 20000 500 10;
+//! `--no-finalizer` to leave out the finalizer patch before each Service's first delivery).
 //!
 //! - throughput: BACKLOG Services exist before vipwatch starts, so its first list records BACKLOG ADDED
 //!   events at once; measured from ready to the last 2xx, next to the baseline of a bare reqwest client
@@ -104,6 +105,9 @@ async fn main() {
     let mut w: WebhookConfig = toml::from_str(&format!("name = \"bench\"\nurl = \"{url}\"\n")).unwrap();
     w.secret = Some(Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"));
     config.webhooks = vec![w];
+    // `--no-finalizer`: measure the relay alone. By default (as in production) each Service's first
+    // delivery waits until vipwatch's finalizer is on it, a Kubernetes write per Service.
+    config.kubernetes.finalizer = !std::env::args().any(|a| a == "--no-finalizer");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let running = vipwatch::app::start(config, listener).await.unwrap();
     running.ready().await;

@@ -94,6 +94,7 @@ impl Running {
 /// retention pruner and the API on `listener`. Errors: [`AppError`] for anything that fails at start.
 pub async fn start(config: Config, listener: TcpListener) -> Result<Running, AppError> {
     relay::sender::install_crypto_provider();
+    warn_blind_endpoints(&config);
     let lock = WriterLock::acquire(&config.database.path)?;
     let store = Store::open(&config.database.path).await?;
     info!(path = %config.database.path.display(), "database open");
@@ -145,6 +146,18 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         tasks: vec![watch_task, relay_task, prune_task, api_task],
         _lock: lock,
     })
+}
+
+/// With VIPs assigned by vipwatch, an endpoint that takes no MODIFIED never hears of an address that
+/// changes after the ADDED (an address freed up for a pending Service), yet its acknowledgement of
+/// the earlier delivery still lets the status be written.
+fn warn_blind_endpoints(config: &Config) {
+    let assigning = !config.pools.is_empty() || config.webhooks.iter().any(|w| w.enabled && w.assigns_vip);
+    for w in config.webhooks.iter().filter(|w| w.enabled && !w.events.iter().any(|e| e == "MODIFIED")) {
+        if assigning {
+            warn!(webhook = %w.name, "endpoint does not take MODIFIED: it will not hear of VIPs assigned after a Service's ADDED");
+        }
+    }
 }
 
 /// Spawns `task`; if it ends with an error, logs it and cancels everything (the process then stops

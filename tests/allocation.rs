@@ -264,11 +264,12 @@ async fn the_appliance_can_assign_the_vip() {
         Reply::Body(200, body.to_string())
     })
     .await;
+    let audit = Receiver::ok().await;
     h.api.apply(lb_service("ns", "a", 80));
     h.api.apply(lb_service("ns", "b", 80));
     let mut endpoint = webhook("lb", &rx.url);
     endpoint.assigns_vip = true;
-    let running = h.start(h.config_with(vec![endpoint])).await;
+    let running = h.start(h.config_with(vec![endpoint, webhook("audit", &audit.url)])).await;
     wait_ingress(&h.api, "ns", "a", vip("203.0.113.7")).await;
     wait_ingress(&h.api, "ns", "b", json!([{"hostname": "lb-b.example.net"}])).await;
     let vips = Api::new(&running).ok("/api/v1/vips/203.0.113.7").await;
@@ -277,9 +278,12 @@ async fn the_appliance_can_assign_the_vip() {
         (&json!("a"), &json!("appliance")),
         "{vips}"
     );
-    let modified = rx.accepted().iter().map(|h| h.json()).find(|b| b["data"]["event"] == "MODIFIED").unwrap();
+    // The other endpoints hear of the address; the appliance that chose it is not asked again.
+    let modified = audit.accepted().iter().map(|h| h.json()).find(|b| b["data"]["event"] == "MODIFIED").unwrap();
     assert_eq!(modified["data"]["cause"], "appliance");
     assert_eq!(modified["data"]["changed"], json!(["allocation"]));
+    let kinds: Vec<String> = rx.accepted().iter().map(|h| h.event().0).collect();
+    assert_eq!(kinds, vec!["ADDED", "ADDED"]);
     running.stop().await.unwrap();
 }
 
@@ -358,5 +362,64 @@ async fn leaving_scope_clears_the_status_and_the_finalizer_after_the_deleted_is_
     // The address is free again.
     h.api.apply(lb_service("ns", "b", 80));
     wait_ingress(&h.api, "ns", "b", vip("192.0.2.0")).await;
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn after_a_lost_database_statuses_outside_the_pools_take_nothing_and_requests_come_first() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let pools = vec![pool("two", &["192.0.2.1-192.0.2.2"])];
+    h.api.apply(lb_service("ns", "z1", 80));
+    h.api.apply(lb_service("ns", "z2", 80));
+    let running = h.start(config(&h, &rx, pools.clone())).await;
+    wait_ingress(&h.api, "ns", "z2", vip("192.0.2.2")).await;
+    running.stop().await.unwrap();
+    std::fs::remove_file(h.db_path()).unwrap();
+    // Sorted first: a Service showing an address of another controller, and one requesting z1's.
+    let mut foreign = lb_service("ns", "a0", 80);
+    foreign["status"] = json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.99"}]}});
+    h.api.apply(foreign);
+    h.api.apply(with_annotations(lb_service("ns", "a1", 80), json!({"vipwatch.io/loadBalancerIPs": "192.0.2.1"})));
+    let running = h.start(config(&h, &rx, pools)).await;
+    assert_eq!(
+        wait_k8s_event(&h.api, "a1", "AllocationFailed").await,
+        "192.0.2.1 is already used by ns/z1 (share it with the same vipwatch.io/allow-shared-ip key and distinct ports)"
+    );
+    assert_eq!(wait_k8s_event(&h.api, "a0", "AllocationFailed").await, "address pool `two` exhausted");
+    assert_eq!((ingress(&h.api, "ns", "z1"), ingress(&h.api, "ns", "z2")), (vip("192.0.2.1"), vip("192.0.2.2")));
+    running.stop().await.unwrap();
+
+    // On an empty pool, an explicit request wins over an auto-assigned Service listed before it.
+    let h = Harness::new().await;
+    h.api.apply(lb_service("ns", "aa", 80));
+    h.api.apply(with_annotations(lb_service("ns", "bb", 80), json!({"vipwatch.io/loadBalancerIPs": "192.0.2.1"})));
+    let running = h.start(config(&h, &rx, vec![pool("two", &["192.0.2.1-192.0.2.2"])])).await;
+    wait_ingress(&h.api, "ns", "bb", vip("192.0.2.1")).await;
+    wait_ingress(&h.api, "ns", "aa", vip("192.0.2.2")).await;
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_terminating_service_unknown_to_a_lost_database_still_gets_its_deleted() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(lb_service("ns", "q1", 80));
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.0/28"])])).await;
+    wait_ingress(&h.api, "ns", "q1", vip("192.0.2.0")).await;
+    running.stop().await.unwrap();
+    h.api.delete("ns", "q1");
+    std::fs::remove_file(h.db_path()).unwrap();
+    let before = rx.accepted().len();
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.0/28"])])).await;
+    wait_until("q1 is gone", || async { h.api.get("ns", "q1").is_none().then_some(()) }).await;
+    let sent: Vec<Value> = rx.accepted()[before..].iter().map(|h| h.json()).collect();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        (&sent[0]["data"]["event"], &sent[0]["data"]["service"]["vips"]),
+        (&json!("DELETED"), &json!(["192.0.2.0"]))
+    );
+    let events = common::events(&running.store).await;
+    assert_eq!(common::summary(&events), vec![(common::s("DELETED"), common::s("startup"), common::s("ns/q1"))]);
     running.stop().await.unwrap();
 }

@@ -101,7 +101,8 @@ async fn the_demo_relays_verified_changes_serves_them_and_stops_on_sigterm() {
     demo.line("the scripted create", |l| l == "demo       create Service shop/checkout (port 80/TCP)").await;
     let added = "appliance  ✓ service.added     shop/checkout     vips=[192.0.2.3] ports=80/TCP";
     demo.line("the created Service's delivery", |l| l == added).await;
-    let ports = "appliance  ✓ service.modified  shop/checkout     vips=[192.0.2.3] ports=80/TCP,443/TCP  (changed: ports)";
+    let ports =
+        "appliance  ✓ service.modified  shop/checkout     vips=[192.0.2.3] ports=80/TCP,443/TCP  (changed: ports)";
     demo.line("the port change's delivery", |l| l == ports).await;
     demo.line("the deletion's delivery", |l| l.starts_with("appliance  ✓ service.deleted   shop/checkout ")).await;
     // Resumed by a re-watch (cause watch) or a re-list, as vipwatch sees fit.

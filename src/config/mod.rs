@@ -305,12 +305,7 @@ impl Config {
 fn validate_namespaces(namespaces: &[String]) -> Result<(), ConfigError> {
     let mut seen = std::collections::HashSet::new();
     for ns in namespaces {
-        let dns1123 = !ns.is_empty()
-            && ns.len() <= 63
-            && ns.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            && !ns.starts_with('-')
-            && !ns.ends_with('-');
-        if !dns1123 {
+        if !is_dns1123_label(ns) {
             let reason = format!("`{ns}` is not a valid namespace name (DNS-1123 label)");
             return Err(ConfigError::Value { key: "kubernetes.namespaces", reason });
         }
@@ -319,6 +314,16 @@ fn validate_namespaces(namespaces: &[String]) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// Whether `s` is a DNS-1123 label (lower-case alphanumerics and `-`, not at either end, 1 to 63
+/// characters), the rule for namespace names.
+pub fn is_dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
 }
 
 /// Turns figment's error into one line naming the key (lower-case, dotted), the problem and the source.

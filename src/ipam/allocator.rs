@@ -51,6 +51,16 @@ impl Allocator {
         !self.pools.is_empty() && view.service_type == "LoadBalancer"
     }
 
+    /// Whether `ip` is a usable address of some pool.
+    pub fn in_pools(&self, ip: &IpAddr) -> bool {
+        self.pools.iter().any(|p| p.contains(ip))
+    }
+
+    /// Whether `key` holds any address.
+    pub fn holds(&self, key: &ServiceKey) -> bool {
+        self.by_service.contains_key(key)
+    }
+
     /// Records what `view.allocation` says `key` holds (from the database, or after an event), replacing
     /// what it held before. Appliance-assigned or pending allocations hold nothing.
     pub fn hold(&mut self, key: &ServiceKey, view: &ServiceView) {
@@ -128,17 +138,23 @@ impl Allocator {
             }
         }
         let names: Vec<String> = candidates.iter().map(|&i| format!("`{}`", self.pools[i].name)).collect();
-        let missing: Vec<&str> = req
-            .families
-            .list()
-            .iter()
-            .filter(|f| req.families.requires(**f) && !candidates.iter().any(|&i| self.pools[i].has(**f)))
+        let needed = req.families.list().iter().filter(|f| req.families.requires(**f) || candidates.len() == 1);
+        let missing: Vec<&str> = needed
+            .clone()
+            .filter(|f| !candidates.iter().any(|&i| self.pools[i].has(**f)))
             .map(|f| f.as_str())
             .collect();
         if !missing.is_empty() {
             return Err(format!("no {} address in pool {}", missing.join("/"), names.join(", ")));
         }
-        Err(format!("address pool {} exhausted", names.join(", ")))
+        if candidates.len() == 1 {
+            return Err(format!("address pool {} exhausted", names[0]));
+        }
+        let full: Vec<&str> = needed
+            .filter(|f| !candidates.iter().any(|&i| self.find(i, **f, key, req, &[]).is_some()))
+            .map(|f| f.as_str())
+            .collect();
+        Err(format!("no free {} address left in address pools {}", full.join("/"), names.join(", ")))
     }
 
     /// The pools that may serve `req`, in config order. Errors: the named pool does not exist or does
@@ -168,13 +184,16 @@ impl Allocator {
 
     fn check_accepts(&self, i: usize, key: &ServiceKey, req: &Request) -> Result<(), String> {
         let pool = &self.pools[i];
-        if pool.accepts(&key.namespace, &req.labels) {
-            return Ok(());
+        if !pool.allows_namespace(&key.namespace) {
+            return Err(format!("address pool `{}` does not allow namespace `{}`", pool.name, key.namespace));
         }
-        Err(format!(
-            "address pool `{}` does not accept namespace `{}` and this Service's labels",
-            pool.name, key.namespace
-        ))
+        if !pool.accepts(&key.namespace, &req.labels) {
+            return Err(format!(
+                "address pool `{}`: this Service's labels do not match its service_selector",
+                pool.name
+            ));
+        }
+        Ok(())
     }
 
     fn pick_in_pool(&self, i: usize, key: &ServiceKey, req: &Request, prefer: &[IpAddr]) -> Option<Vec<IpAddr>> {
@@ -390,5 +409,34 @@ mod tests {
         let adopted = al.assign(&key("a"), &plain(), &["192.0.2.9".parse().unwrap(), "203.0.113.1".parse().unwrap()]);
         assert_eq!(addrs(&adopted), vec!["192.0.2.9"]);
         assert_eq!(addrs(&al.assign(&key("b"), &plain(), &["192.0.2.9".parse().unwrap()])), vec!["192.0.2.0"]);
+    }
+
+    #[test]
+    fn failure_reasons_name_what_is_missing() {
+        let mut al = allocator(&[("a", &["192.0.2.1"], true), ("v6", &["2001:db8::/64"], true)]);
+        al.assign(&key("x"), &plain(), &[]);
+        assert_eq!(
+            al.assign(&key("y"), &plain(), &[]).reason.as_deref(),
+            Some("no free IPv4 address left in address pools `a`, `v6`")
+        );
+        let mut restricted = allocator(&[]);
+        let cfg = PoolConfig {
+            name: "edge".into(),
+            addresses: vec!["192.0.2.0/30".into()],
+            auto_assign: false,
+            namespaces: vec!["prod".into()],
+            service_selector: "tier=edge".into(),
+            avoid_buggy_ips: false,
+        };
+        restricted.pools = Pools::new(&[cfg]).unwrap().0;
+        let named = svc(serde_json::json!({"vipwatch.io/address-pool": "edge"}), serde_json::json!({}));
+        assert_eq!(
+            restricted.assign(&key("z"), &named, &[]).reason.as_deref(),
+            Some("address pool `edge` does not allow namespace `ns`")
+        );
+        assert_eq!(
+            restricted.assign(&ServiceKey::new("prod", "z"), &named, &[]).reason.as_deref(),
+            Some("address pool `edge`: this Service's labels do not match its service_selector")
+        );
     }
 }

@@ -137,6 +137,12 @@ impl Pool {
         if cfg.name.trim().is_empty() {
             return Err(err("`name` must not be empty".into()));
         }
+        if !cfg.name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_')) {
+            return Err(err("`name` may hold only letters, digits, `-` and `_`".into()));
+        }
+        if let Some(ns) = cfg.namespaces.iter().find(|n| !crate::config::is_dns1123_label(n)) {
+            return Err(err(format!("`{ns}` in `namespaces` is not a valid namespace name (DNS-1123 label)")));
+        }
         if cfg.addresses.is_empty() {
             return Err(err("`addresses` is empty: a pool needs at least one CIDR, range or address".into()));
         }
@@ -170,7 +176,12 @@ impl Pool {
 
     /// Whether a Service in `namespace` with `labels` may use the pool.
     pub fn accepts(&self, namespace: &str, labels: &std::collections::BTreeMap<String, String>) -> bool {
-        (self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)) && self.selector.matches(labels)
+        self.allows_namespace(namespace) && self.selector.matches(labels)
+    }
+
+    /// Whether `namespaces` is empty or lists `namespace`.
+    pub fn allows_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
 
     /// Whether the pool has addresses of `family`.

@@ -25,10 +25,10 @@ use kube_ops::Written;
 pub use events::CONTROLLER;
 
 /// Most finalizers added per pass.
-const BATCH: i64 = 256;
+const BATCH: i64 = 512;
 
 /// Finalizer patches in flight at once.
-const CONCURRENCY: usize = 16;
+const CONCURRENCY: usize = 32;
 
 /// Errors of one pass (logged; the pass is retried).
 #[derive(Debug, thiserror::Error)]
@@ -84,8 +84,11 @@ impl Publisher {
     /// (deliveries complete without a signal).
     pub async fn run(mut self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
         loop {
-            if let Err(e) = self.pass().await {
-                warn!(error = %e, "writing back to Kubernetes failed; retrying");
+            match self.pass().await {
+                // A full batch of finalizers: more Services wait, go on at once.
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "writing back to Kubernetes failed; retrying"),
             }
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -95,20 +98,23 @@ impl Publisher {
         }
     }
 
-    /// One pass over the three kinds of work.
-    pub async fn pass(&mut self) -> Result<(), PublishError> {
-        self.finalizers().await?;
+    /// One pass over the three kinds of work. Returns whether more finalizers wait than one pass
+    /// takes ([`BATCH`]).
+    pub async fn pass(&mut self) -> Result<bool, PublishError> {
+        let more = self.finalizers().await?;
         if self.write_status {
             self.statuses().await?;
         }
-        self.cleanups().await
+        self.cleanups().await?;
+        Ok(more)
     }
 
     /// Adds the finalizer to Services whose deliveries wait for it (up to [`CONCURRENCY`] at once),
     /// then lets those go. A Service that is gone or being deleted gets none (its DELETED follows), and
     /// its deliveries go too. A Service whose patch failed stays held for the next pass.
-    async fn finalizers(&mut self) -> Result<(), PublishError> {
+    async fn finalizers(&mut self) -> Result<bool, PublishError> {
         let held = self.store.held_services(BATCH).await?;
+        let full = held.len() as i64 == BATCH;
         let client = &self.client;
         let results: Vec<(ServiceKey, Result<Written, kube::Error>)> = futures::stream::iter(held)
             .map(|key| async move {
@@ -130,7 +136,7 @@ impl Publisher {
             }
             self.store.release_held(&key).await?;
         }
-        Ok(())
+        Ok(full)
     }
 
     async fn statuses(&mut self) -> Result<(), PublishError> {

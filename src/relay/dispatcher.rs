@@ -115,7 +115,13 @@ impl Dispatcher {
                     recovered |= std::mem::replace(failing, false);
                     self.assigned(claimed, result).await;
                 }
-                _ => *failing = true,
+                _ => {
+                    if !std::mem::replace(failing, true) {
+                        let r = &result.record;
+                        let error = r.error.clone().unwrap_or_else(|| format!("HTTP {:?}", r.status_code));
+                        warn!(webhook = %self.name, url = %self.url, error = %error, "endpoint failing; retrying with backoff (each failed attempt is in the delivery log)");
+                    }
+                }
             }
             completions.push(Completion { delivery_id: claimed.id, attempt: result.record.clone(), outcome });
         }

@@ -24,7 +24,7 @@ use tracing::info;
 
 use crate::config::{Config, WebhookConfig, redact_url};
 use crate::metrics::Metrics;
-use crate::model::{Assignment, LabelSelector};
+use crate::model::{Assignment, Cause, LabelSelector};
 use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow, Store, StoreError};
 use payload::{PayloadInput, render};
 
@@ -54,6 +54,7 @@ pub fn new_msg_id() -> String {
 
 struct Route {
     name: String,
+    assigns_vip: bool,
     events: HashSet<String>,
     namespaces: Vec<String>,
     selector: LabelSelector,
@@ -61,6 +62,11 @@ struct Route {
 
 impl Route {
     fn accepts(&self, e: &RecordedEvent<'_>) -> bool {
+        // The assigning appliance already knows the address it chose; echoing it back would let an
+        // appliance that answers every request with a new address loop forever.
+        if self.assigns_vip && e.cause == Cause::Appliance {
+            return false;
+        }
         let ns_ok = self.namespaces.is_empty() || self.namespaces.contains(&e.key.namespace);
         let labels_ok = self.selector.matches(&e.event.view.labels)
             || e.event.previous.as_ref().is_some_and(|p| self.selector.matches(&p.labels));
@@ -92,6 +98,7 @@ impl Router {
                     .map_err(|e| RelayError::Endpoint { name: w.name.clone(), reason: e.to_string() })?;
                 Ok(Route {
                     name: w.name.clone(),
+                    assigns_vip: w.assigns_vip,
                     events: w.events.iter().cloned().collect(),
                     namespaces: w.namespaces.clone(),
                     selector,

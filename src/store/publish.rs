@@ -46,6 +46,10 @@ const LATEST_PER_WEBHOOK: &str = "SELECT d.webhook, d.id, d.state, d.attempts, d
     JOIN (SELECT webhook, MAX(id) AS id FROM deliveries WHERE namespace = ?1 AND name = ?2 \
           AND state <> 'superseded' GROUP BY webhook) l ON l.id = d.id";
 
+/// Pending deliveries of a Service whose last attempt failed (they may sit behind the newest one).
+const FAILING: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE namespace = ?1 \
+    AND name = ?2 AND state = 'pending' AND attempts > 0";
+
 const OF_EVENT: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE event_id = ?1";
 
 impl Store {
@@ -81,10 +85,18 @@ impl Store {
             .collect()
     }
 
-    /// Whether the newest non-superseded delivery of `key` to each endpoint in `webhooks` succeeded.
+    /// Whether the newest non-superseded delivery of `key` to each endpoint in `webhooks` succeeded;
+    /// `failing` also lists older pending deliveries whose last attempt failed.
     pub async fn service_acks(&self, key: &ServiceKey, webhooks: &[String]) -> Result<Acks, StoreError> {
         let q = sqlx::query(LATEST_PER_WEBHOOK).bind(&key.namespace).bind(&key.name);
-        Ok(acks(&q.fetch_all(&self.pool).await?, webhooks))
+        let mut out = acks(&q.fetch_all(&self.pool).await?, webhooks);
+        let q = sqlx::query(FAILING).bind(&key.namespace).bind(&key.name);
+        for f in acks(&q.fetch_all(&self.pool).await?, webhooks).failing {
+            if !out.failing.contains(&f) {
+                out.failing.push(f);
+            }
+        }
+        Ok(out)
     }
 
     /// Whether every delivery of event `event_id` to an endpoint in `webhooks` succeeded.

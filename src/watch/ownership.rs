@@ -42,9 +42,34 @@ impl Ownership {
         if stored || !obs.in_scope || !self.allocator.manages(&obs.view) {
             return;
         }
-        let published: Vec<IpAddr> = obs.view.ingress.iter().filter_map(|i| i.ip.as_ref()?.parse().ok()).collect();
-        if !published.is_empty() {
-            self.allocator.assign(&obs.key, &obs.view, &published);
+        let published: Vec<IpAddr> = obs
+            .view
+            .ingress
+            .iter()
+            .filter_map(|i| i.ip.as_ref()?.parse().ok())
+            .filter(|ip| self.allocator.in_pools(ip))
+            .collect();
+        if published.is_empty() {
+            return;
+        }
+        let got = self.allocator.assign(&obs.key, &obs.view, &published);
+        let adopted = got.addresses.iter().all(|a| published.iter().any(|p| p.to_string() == *a));
+        if got.addresses.is_empty() || !adopted {
+            // Not what it shows (taken, or no longer requested): the regular pass decides, after the
+            // other adoptions and the explicit requests.
+            self.allocator.release(&obs.key);
+        }
+    }
+
+    /// At start, after [`Self::adopt`] and before auto-assignment: Services that request explicit
+    /// addresses take them, so a Service without a request cannot grab them first.
+    pub fn reserve_requested(&mut self, current: Option<&Tracked>, obs: &Observed) {
+        let stored = current.and_then(|t| t.view.allocation.as_ref()).is_some_and(|a| !a.addresses.is_empty());
+        if stored || !obs.in_scope || !self.allocator.manages(&obs.view) || self.allocator.holds(&obs.key) {
+            return;
+        }
+        if crate::ipam::request::read(&obs.view).is_ok_and(|r| !r.ips.is_empty()) {
+            self.allocator.assign(&obs.key, &obs.view, &[]);
         }
     }
 

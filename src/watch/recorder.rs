@@ -14,7 +14,9 @@ use tracing::info;
 use super::ownership::Ownership;
 use super::stream::{Observation, ScopeSpec};
 use super::writer::{Plan, Signals, Writer};
-use crate::model::{Cause, ChangeKind, Decision, Observed, Recorded, ServiceKey, Tracked, decide_apply, decide_delete};
+use crate::model::{
+    Cause, ChangeKind, Decision, FINALIZER, Observed, Recorded, ServiceKey, Tracked, decide_apply, decide_delete,
+};
 use crate::store::{Outbox, StateChange, Store, StoreError, WatchProgress};
 
 /// Most observations folded into one transaction.
@@ -32,6 +34,9 @@ pub struct Recorder {
     pending_allocation: BTreeSet<ServiceKey>,
     /// An address was released since the last retry of the pending ones.
     freed: bool,
+    /// uids of terminating objects carrying our finalizer whose DELETED is recorded (pending cleanups
+    /// at load, then every such DELETED): they never get a second one.
+    announced: HashSet<String>,
     /// Scopes whose first list has not arrived yet; observations wait in `held` meanwhile.
     awaiting: HashSet<String>,
     held: Vec<Observation>,
@@ -71,6 +76,7 @@ impl Recorder {
             })
             .collect();
         info!(services = mirror.len(), "loaded current state");
+        let announced = store.cleanups().await?.into_iter().map(|c| c.uid).collect();
         let writer = Writer::new(store, outbox, scopes, signals);
         let awaiting = scopes.iter().map(|s| s.label().to_owned()).collect();
         Ok(Self {
@@ -81,6 +87,7 @@ impl Recorder {
             ownership,
             pending_allocation,
             freed: false,
+            announced,
             awaiting,
             held: Vec::new(),
         })
@@ -128,12 +135,16 @@ impl Recorder {
         if !self.awaiting.is_empty() {
             return false;
         }
-        for o in &self.held {
-            if let Observation::Listed { objects, first: true, .. } = o {
-                for obs in objects {
-                    self.ownership.adopt(self.mirror.get(&obs.key), obs);
-                }
-            }
+        let first_lists = self.held.iter().filter_map(|o| match o {
+            Observation::Listed { objects, first: true, .. } => Some(objects),
+            _ => None,
+        });
+        let listed: Vec<&Observed> = first_lists.flatten().collect();
+        for obs in &listed {
+            self.ownership.adopt(self.mirror.get(&obs.key), obs);
+        }
+        for obs in &listed {
+            self.ownership.reserve_requested(self.mirror.get(&obs.key), obs);
         }
         *queued = std::mem::take(&mut self.held);
         true
@@ -143,11 +154,12 @@ impl Recorder {
         match observation {
             Observation::Apply(scope, mut obs) => {
                 self.ownership.allocate(self.mirror.get(&obs.key), &mut obs);
-                let decision = decide_apply(self.mirror.get(&obs.key), &obs);
+                let decision = self.decide(&obs);
                 self.note_progress(plan, &scope, &obs.resource_version, None);
                 self.take(plan, &obs.key, Cause::Watch, decision, Some(&obs));
             }
             Observation::Delete(scope, obs) => {
+                self.announced.remove(&obs.uid);
                 let decision = decide_delete(self.mirror.get(&obs.key), &obs);
                 self.note_progress(plan, &scope, &obs.resource_version, None);
                 self.take(plan, &obs.key, Cause::Watch, decision, None);
@@ -160,6 +172,18 @@ impl Recorder {
                 self.take(plan, &obs.key, Cause::Appliance, decision, Some(&obs));
             }
         }
+    }
+
+    /// [`decide_apply`], plus: an object being deleted that carries our finalizer but that we have no
+    /// record of (the database was lost or restored from an old backup) gets its one DELETED now, so
+    /// the appliance is told and the finalizer comes off — else it would wait forever.
+    fn decide(&self, obs: &Observed) -> Decision {
+        let current = self.mirror.get(&obs.key);
+        let ours = obs.view.finalizers.iter().any(|f| f == FINALIZER);
+        if current.is_none() && obs.view.deleting && ours && !self.announced.contains(&obs.uid) {
+            return Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &obs.view)]);
+        }
+        decide_apply(current, obs)
     }
 
     /// Gives the Services still waiting for an address another try after addresses were released, in
@@ -189,7 +213,7 @@ impl Recorder {
         let listed: HashSet<ServiceKey> = objects.iter().map(|o| o.key.clone()).collect();
         for mut obs in objects {
             self.ownership.allocate(self.mirror.get(&obs.key), &mut obs);
-            let decision = decide_apply(self.mirror.get(&obs.key), &obs);
+            let decision = self.decide(&obs);
             self.take(plan, &obs.key, cause, decision, Some(&obs));
         }
         let vanished: BTreeSet<ServiceKey> =
@@ -222,6 +246,9 @@ impl Recorder {
                     plan.notices.extend(Ownership::notices(key, &event, before));
                     let hold = self.ownership.hold(&event);
                     let cleanup = Ownership::cleanup(&event, live);
+                    if cleanup.as_ref().is_some_and(|c| c.remove_finalizer) {
+                        self.announced.insert(event.uid.clone());
+                    }
                     self.mirror_event(key, &event);
                     let event = Box::new(event);
                     plan.changes.push(StateChange::Event { key: key.clone(), cause, event, hold, cleanup });
