@@ -46,3 +46,14 @@ DROP TABLE events;
 ALTER TABLE events_new RENAME TO events;
 CREATE INDEX events_by_service ON events (namespace, name, id);
 CREATE INDEX events_by_time ON events (observed_at);
+
+-- Pool addresses of a DELETED Service stay reserved until every subscribed endpoint acknowledged the
+-- DELETED, so the appliance is never asked to add a VIP it still serves for another Service.
+CREATE TABLE releases (
+    event_id   INTEGER PRIMARY KEY NOT NULL, -- the DELETED event
+    namespace  TEXT    NOT NULL,
+    name       TEXT    NOT NULL,
+    uid        TEXT    NOT NULL,
+    addresses  TEXT    NOT NULL,             -- JSON array of the addresses held
+    created_at INTEGER NOT NULL
+);

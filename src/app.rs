@@ -20,7 +20,7 @@ use crate::store::{Outbox, WriterLock};
 use crate::store::{Store, StoreError, now_ms};
 use crate::watch::{self, WatchError};
 
-/// Capacity of the queue of appliance-assigned addresses (relay → recorder).
+/// Capacity of the feedback queue (relay and publisher → recorder).
 const ASSIGNMENT_QUEUE: usize = 1024;
 
 /// A failure that stops the service.
@@ -110,8 +110,9 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&config.webhooks)?);
     let (assign_tx, assign_rx) = tokio::sync::mpsc::channel(ASSIGNMENT_QUEUE);
     let mut relay_tasks =
-        relay::start(&config, store.clone(), metrics.clone(), committed.clone(), assign_tx, cancel.clone()).await?;
-    let publisher = Publisher::new(client.clone(), &config, store.clone(), metrics.clone(), notices);
+        relay::start(&config, store.clone(), metrics.clone(), committed.clone(), assign_tx.clone(), cancel.clone())
+            .await?;
+    let publisher = Publisher::new(client.clone(), &config, store.clone(), metrics.clone(), notices, assign_tx.clone());
     let publisher_task = tokio::spawn(publisher.run(committed.clone(), cancel.clone()));
     let relay_task = tokio::spawn(async move {
         while relay_tasks.join_next().await.is_some() {}

@@ -423,3 +423,45 @@ async fn a_terminating_service_unknown_to_a_lost_database_still_gets_its_deleted
     assert_eq!(common::summary(&events), vec![(common::s("DELETED"), common::s("startup"), common::s("ns/q1"))]);
     running.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_deleted_services_address_is_reused_only_after_the_appliance_acknowledged_the_deleted() {
+    let h = Harness::new().await;
+    let deletes_fail = Arc::new(AtomicBool::new(true));
+    let flag = deletes_fail.clone();
+    let rx = Receiver::start(move |_, hit| {
+        let failing = hit.event().0 == "DELETED" && flag.load(Ordering::SeqCst);
+        Reply::Status(if failing { 500 } else { 204 })
+    })
+    .await;
+    h.api.apply(lb_service("ns", "a", 80));
+    let running = h.start(config(&h, &rx, vec![pool("one", &["192.0.2.1"])])).await;
+    wait_ingress(&h.api, "ns", "a", vip("192.0.2.1")).await;
+    h.api.delete("ns", "a");
+    h.api.apply(with_annotations(lb_service("ns", "b", 80), json!({"vipwatch.io/loadBalancerIPs": "192.0.2.1"})));
+    let why = wait_k8s_event(&h.api, "b", "AllocationFailed").await;
+    assert_eq!(
+        why,
+        "192.0.2.1 is already used by ns/a (deleted; the appliance has not acknowledged it yet) (share it with the same vipwatch.io/allow-shared-ip key and distinct ports)"
+    );
+    wait_until("a failed DELETED attempt", || async {
+        rx.hits().iter().any(|h| h.event().0 == "DELETED").then_some(())
+    })
+    .await;
+    assert_eq!(ingress(&h.api, "ns", "b"), Value::Null);
+    deletes_fail.store(false, Ordering::SeqCst);
+    wait_ingress(&h.api, "ns", "b", vip("192.0.2.1")).await;
+    let order: Vec<(String, String)> = rx
+        .accepted()
+        .iter()
+        .map(|h| h.json())
+        .map(|b| {
+            (b["data"]["event"].as_str().unwrap().to_owned(), b["data"]["service"]["name"].as_str().unwrap().to_owned())
+        })
+        .filter(|(_, name)| name == "a" || name == "b")
+        .collect();
+    let deleted_a = order.iter().position(|e| *e == ("DELETED".to_owned(), "a".to_owned())).unwrap();
+    let b_gets_it = order.iter().position(|(kind, name)| kind == "MODIFIED" && name == "b").unwrap();
+    assert!(deleted_a < b_gets_it, "{order:?}");
+    running.stop().await.unwrap();
+}

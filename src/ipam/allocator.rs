@@ -17,6 +17,9 @@ struct Holder {
     key: ServiceKey,
     sharing_key: Option<String>,
     ports: Vec<(i32, String)>,
+    /// `Some(uid)`: the Service was DELETED and the appliance has not acknowledged it yet; the address
+    /// stays reserved (only a Service of the same name may reuse it: its queue orders the two).
+    draining: Option<String>,
 }
 
 /// Addresses in use and free in one pool, for metrics and the API.
@@ -72,18 +75,56 @@ impl Allocator {
             key: key.clone(),
             sharing_key: req.as_ref().and_then(|r| r.sharing_key.clone()),
             ports: req.map(|r| r.ports).unwrap_or_default(),
+            draining: None,
         };
         self.take(&holder, &ips);
     }
 
-    /// Drops everything `key` holds.
+    /// Drops everything `key` holds (not what a deleted object of that name still drains).
     pub fn release(&mut self, key: &ServiceKey) {
+        let ips = self.by_service.remove(key).unwrap_or_default();
+        self.drop_holders(&ips, |h| h.key == *key && h.draining.is_none());
+    }
+
+    /// `key` (object `uid`) was DELETED: what it holds stays reserved until [`Self::finish_drain`].
+    pub fn drain(&mut self, key: &ServiceKey, uid: &str) {
         for ip in self.by_service.remove(key).unwrap_or_default() {
-            if let Some(holders) = self.used.get_mut(&ip) {
-                holders.retain(|h| h.key != *key);
+            for h in self.used.get_mut(&ip).into_iter().flatten() {
+                if h.key == *key && h.draining.is_none() {
+                    h.draining = Some(uid.to_owned());
+                }
+            }
+        }
+    }
+
+    /// At start: `addresses` of the DELETED object `uid` of `key` are still draining.
+    pub fn restore_draining(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr]) {
+        let holder = Holder { key: key.clone(), sharing_key: None, ports: Vec::new(), draining: Some(uid.to_owned()) };
+        for ip in addresses {
+            self.used.entry(*ip).or_default().push(holder.clone());
+        }
+    }
+
+    /// Every endpoint acknowledged the DELETED of `key`/`uid`: its addresses are free. Returns whether
+    /// anything was released.
+    pub fn finish_drain(&mut self, key: &ServiceKey, uid: &str) -> bool {
+        let ips: Vec<IpAddr> = self
+            .used
+            .iter()
+            .filter(|(_, hs)| hs.iter().any(|h| h.key == *key && h.draining.as_deref() == Some(uid)))
+            .map(|(ip, _)| *ip)
+            .collect();
+        self.drop_holders(&ips, |h| h.key == *key && h.draining.as_deref() == Some(uid));
+        !ips.is_empty()
+    }
+
+    fn drop_holders(&mut self, ips: &[IpAddr], gone: impl Fn(&Holder) -> bool) {
+        for ip in ips {
+            if let Some(holders) = self.used.get_mut(ip) {
+                holders.retain(|h| !gone(h));
                 if holders.is_empty() {
-                    self.used.remove(&ip);
-                    self.lower_hint(ip);
+                    self.used.remove(ip);
+                    self.lower_hint(*ip);
                 }
             }
         }
@@ -100,7 +141,8 @@ impl Allocator {
         self.release(key);
         let outcome = request::read(view).and_then(|req| {
             let (pool, ips) = self.solve(key, &req, &prefer)?;
-            let holder = Holder { key: key.clone(), sharing_key: req.sharing_key.clone(), ports: req.ports };
+            let holder =
+                Holder { key: key.clone(), sharing_key: req.sharing_key.clone(), ports: req.ports, draining: None };
             self.take(&holder, &ips);
             Ok((pool, ips))
         });
@@ -234,7 +276,8 @@ impl Allocator {
     fn available(&self, ip: &IpAddr, key: &ServiceKey, req: &Request) -> bool {
         let Some(holders) = self.used.get(ip) else { return true };
         holders.iter().filter(|h| h.key != *key).all(|h| {
-            req.sharing_key.is_some()
+            h.draining.is_none()
+                && req.sharing_key.is_some()
                 && h.sharing_key == req.sharing_key
                 && !h.ports.iter().any(|p| req.ports.contains(p))
         })
@@ -256,8 +299,14 @@ impl Allocator {
                 return Err(format!("{ip} is in pool `{}`, not in the requested pool `{want}`", pool.name));
             }
             if !self.available(ip, key, req) {
-                let holders: Vec<String> =
-                    self.used[ip].iter().filter(|h| h.key != *key).map(|h| h.key.to_string()).collect();
+                let holders: Vec<String> = self.used[ip]
+                    .iter()
+                    .filter(|h| h.key != *key)
+                    .map(|h| match h.draining {
+                        Some(_) => format!("{} (deleted; the appliance has not acknowledged it yet)", h.key),
+                        None => h.key.to_string(),
+                    })
+                    .collect();
                 return Err(format!(
                     "{ip} is already used by {} (share it with the same {} key and distinct ports)",
                     holders.join(", "),
@@ -438,5 +487,15 @@ mod tests {
             restricted.assign(&ServiceKey::new("prod", "z"), &named, &[]).reason.as_deref(),
             Some("address pool `edge`: this Service's labels do not match its service_selector")
         );
+    }
+
+    #[test]
+    fn a_deleted_services_addresses_drain_before_anyone_else_gets_them() {
+        let mut al = allocator(&[("one", &["192.0.2.1"], true)]);
+        al.assign(&key("a"), &plain(), &[]);
+        al.drain(&key("a"), "uid-a");
+        assert_eq!(al.assign(&key("b"), &plain(), &[]).reason.as_deref(), Some("address pool `one` exhausted"));
+        assert!(al.finish_drain(&key("a"), "uid-a"));
+        assert_eq!(addrs(&al.assign(&key("b"), &plain(), &[])), vec!["192.0.2.1"]);
     }
 }

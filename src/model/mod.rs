@@ -8,7 +8,7 @@ mod selector;
 mod view;
 
 pub use change::{Cause, ChangeKind, Decision, Observed, Recorded, Tracked, decide_apply, decide_delete};
-pub use notice::{Assignment, FINALIZER, Notice};
+pub use notice::{Assignment, FINALIZER, Feedback, Notice};
 pub use scope::Scope;
 pub use selector::{LabelSelector, SelectorError};
 pub use view::{

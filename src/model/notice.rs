@@ -36,3 +36,18 @@ pub struct Assignment {
     /// `{"hostname": "..."}`.
     pub hostname: Option<String>,
 }
+
+/// What the parts downstream of the recorder tell it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Feedback {
+    /// An appliance chose a Service's address (relay).
+    Assigned(Assignment),
+    /// Every subscribed endpoint acknowledged the DELETED of this object: the pool addresses it held
+    /// may go to other Services now (publish).
+    Released {
+        /// The Service.
+        key: ServiceKey,
+        /// `metadata.uid` of the deleted object.
+        uid: String,
+    },
+}

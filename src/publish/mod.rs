@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::model::{IngressView, Notice, ServiceKey};
+use crate::model::{Feedback, IngressView, Notice, ServiceKey};
 use crate::store::{Acks, CleanupWork, StatusWork, Store, StoreError};
 use kube_ops::Written;
 
@@ -47,6 +47,8 @@ pub struct Publisher {
     store: Store,
     metrics: Arc<Metrics>,
     notices: mpsc::Sender<Notice>,
+    /// Where acknowledged releases go (the recorder frees the addresses).
+    feedback: mpsc::Sender<Feedback>,
     /// Enabled endpoint names: only their deliveries gate a write.
     webhooks: Vec<String>,
     write_status: bool,
@@ -59,19 +61,21 @@ pub struct Publisher {
 
 impl Publisher {
     /// A publisher for `config` (`kubernetes.write_status`, enabled endpoints, `relay.poll_interval`
-    /// as the pass period). Events go to `notices`.
+    /// as the pass period). Events go to `notices`, acknowledged releases to `feedback`.
     pub fn new(
         client: kube::Client,
         config: &Config,
         store: Store,
         metrics: Arc<Metrics>,
         notices: mpsc::Sender<Notice>,
+        feedback: mpsc::Sender<Feedback>,
     ) -> Self {
         Self {
             client,
             store,
             metrics,
             notices,
+            feedback,
             webhooks: config.webhooks.iter().filter(|w| w.enabled).map(|w| w.name.clone()).collect(),
             write_status: config.kubernetes.write_status,
             poll: config.relay.poll_interval,
@@ -106,7 +110,22 @@ impl Publisher {
             self.statuses().await?;
         }
         self.cleanups().await?;
+        self.releases().await?;
         Ok(more)
+    }
+
+    /// Frees the pool addresses of DELETED objects whose DELETED every endpoint acknowledged.
+    async fn releases(&mut self) -> Result<(), PublishError> {
+        for r in self.store.releases().await? {
+            if !self.store.event_acks(r.event_id, &self.webhooks).await?.done {
+                continue;
+            }
+            if self.feedback.send(Feedback::Released { key: r.key, uid: r.uid }).await.is_err() {
+                return Ok(()); // the recorder is gone: shutting down; the row stays for the next start
+            }
+            self.store.finish_release(r.event_id).await?;
+        }
+        Ok(())
     }
 
     /// Adds the finalizer to Services whose deliveries wait for it (up to [`CONCURRENCY`] at once),
@@ -124,7 +143,8 @@ impl Publisher {
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
-        for (key, written) in results {
+        let mut done = Vec::with_capacity(results.len());
+        for (key, written) in &results {
             self.metrics.kube_write("finalizer_add", written.is_ok());
             match written {
                 Ok(Written::Refused(why)) => info!(service = %key, reason = %why, "finalizer not added"),
@@ -134,8 +154,9 @@ impl Publisher {
                     continue;
                 }
             }
-            self.store.release_held(&key).await?;
+            done.push(key);
         }
+        self.store.release_held(&done).await?;
         Ok(full)
     }
 

@@ -15,7 +15,7 @@ use super::policy::{Verdict, after_failure, already_gone};
 use super::sender::{AttemptResult, Sender};
 use crate::config::{RelayConfig, RetryConfig};
 use crate::metrics::Metrics;
-use crate::model::Assignment;
+use crate::model::Feedback;
 use crate::store::{Claimed, Completion, Outcome, Store, StoreError, now_ms};
 
 /// Everything one endpoint's loop needs.
@@ -28,7 +28,7 @@ pub(super) struct Dispatcher {
     pub relay: RelayConfig,
     pub metrics: Arc<Metrics>,
     /// Where addresses from the response body go, for an endpoint with `assigns_vip`.
-    pub assignments: Option<mpsc::Sender<Assignment>>,
+    pub assignments: Option<mpsc::Sender<Feedback>>,
 }
 
 type InFlight = JoinSet<(Claimed, AttemptResult)>;
@@ -162,7 +162,7 @@ impl Dispatcher {
         }
         match assignment(claimed, &result.body) {
             Ok(Some(a)) => {
-                let _ = tx.send(a).await;
+                let _ = tx.send(Feedback::Assigned(a)).await;
             }
             Ok(None) => {}
             Err(e) => {

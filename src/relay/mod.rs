@@ -24,7 +24,7 @@ use tracing::info;
 
 use crate::config::{Config, WebhookConfig, redact_url};
 use crate::metrics::Metrics;
-use crate::model::{Assignment, Cause, LabelSelector};
+use crate::model::{Cause, Feedback, LabelSelector};
 use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow, Store, StoreError};
 use payload::{PayloadInput, render};
 
@@ -183,7 +183,7 @@ pub async fn start(
     store: Store,
     metrics: Arc<Metrics>,
     committed: watch::Receiver<i64>,
-    assignments: mpsc::Sender<Assignment>,
+    assignments: mpsc::Sender<Feedback>,
     cancel: CancellationToken,
 ) -> Result<JoinSet<()>, RelayError> {
     let released = store.release_leases().await?;

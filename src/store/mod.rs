@@ -17,7 +17,7 @@ pub use events::{EventFilter, EventRow};
 pub use open::WriterLock;
 pub use outbox::{Claimed, NewDelivery, NoOutbox, Outbox, RecordedEvent};
 pub use progress::{ProgressRow, WatchProgress};
-pub use publish::{Acks, CleanupWork, StatusWork};
+pub use publish::{Acks, CleanupWork, ReleaseWork, StatusWork};
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};
 pub use state::{Cleanup, ServiceRow, StateChange};
 

@@ -32,6 +32,19 @@ pub struct CleanupWork {
     pub clear_ingress: Vec<IngressView>,
 }
 
+/// Pool addresses of a DELETED object, free once the DELETED `event_id` is acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseWork {
+    /// The DELETED event.
+    pub event_id: i64,
+    /// The Service.
+    pub key: ServiceKey,
+    /// `metadata.uid` of the deleted object.
+    pub uid: String,
+    /// The addresses it held.
+    pub addresses: Vec<std::net::IpAddr>,
+}
+
 /// Where the deliveries that gate a write stand.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Acks {
@@ -61,11 +74,15 @@ impl Store {
         Ok(rows.iter().map(|r| ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1))).collect())
     }
 
-    /// Lets the held deliveries of `key` go (due now). Returns how many.
-    pub async fn release_held(&self, key: &ServiceKey) -> Result<u64, StoreError> {
-        let sql = "UPDATE deliveries SET held = 0, next_attempt_at = ?3 WHERE namespace = ?1 AND name = ?2 \
-                   AND held = 1 AND state = 'pending'";
-        let q = sqlx::query(sql).bind(&key.namespace).bind(&key.name).bind(now_ms());
+    /// Lets the held deliveries of `keys` go (due now), in one statement. Returns how many.
+    pub async fn release_held(&self, keys: &[&ServiceKey]) -> Result<u64, StoreError> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let sql = "UPDATE deliveries SET held = 0, next_attempt_at = ?2 WHERE held = 1 AND state = 'pending' \
+                   AND (namespace, name) IN (SELECT j.value->>0, j.value->>1 FROM json_each(?1) AS j)";
+        let pairs: Vec<(&str, &str)> = keys.iter().map(|k| (k.namespace.as_str(), k.name.as_str())).collect();
+        let q = sqlx::query(sql).bind(serde_json::to_string(&pairs)?).bind(now_ms());
         Ok(q.execute(&self.write).await?.rows_affected())
     }
 
@@ -121,6 +138,28 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// Every address release waiting for its DELETED to be acknowledged, oldest first.
+    pub async fn releases(&self) -> Result<Vec<ReleaseWork>, StoreError> {
+        let sql = "SELECT event_id, namespace, name, uid, addresses FROM releases ORDER BY event_id";
+        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ReleaseWork {
+                    event_id: r.get(0),
+                    key: ServiceKey::new(r.get::<String, _>(1), r.get::<String, _>(2)),
+                    uid: r.get(3),
+                    addresses: serde_json::from_str(r.get::<&str, _>(4))?,
+                })
+            })
+            .collect()
+    }
+
+    /// Marks a release done.
+    pub async fn finish_release(&self, event_id: i64) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM releases WHERE event_id = ?1").bind(event_id).execute(&self.write).await?;
+        Ok(())
     }
 
     /// Marks a cleanup done.

@@ -11,7 +11,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use super::outbox::{Outbox, RecordedEvent, enqueue};
 use super::progress::{WatchProgress, write_progress};
 use super::{Store, StoreError, now_ms};
-use crate::model::{Cause, ChangeKind, IngressView, Recorded, ServiceKey, ServiceView, Tracked};
+use crate::model::{Cause, ChangeKind, IngressView, Recorded, ServiceKey, ServiceView, Tracked, VipSource};
 
 /// One change to persist, in the order given to [`Store::apply`].
 #[derive(Debug, Clone)]
@@ -106,6 +106,10 @@ const UPSERT_SERVICES: &str = "INSERT INTO services (namespace, name, uid, resou
      uid = excluded.uid, resource_version = excluded.resource_version, type = excluded.type, \
      load_balancer_class = excluded.load_balancer_class, view = excluded.view, publish = excluded.publish, \
      updated_at = excluded.updated_at";
+
+const INSERT_RELEASES: &str = "INSERT OR REPLACE INTO releases (event_id, namespace, name, uid, addresses, created_at) \
+     SELECT j.value->>'id', j.value->>'ns', j.value->>'name', j.value->>'uid', j.value->>'addresses', ?1 \
+     FROM json_each(?2) AS j";
 
 const INSERT_CLEANUPS: &str = "INSERT OR REPLACE INTO cleanups (event_id, namespace, name, uid, remove_finalizer, \
      clear_ingress, created_at) SELECT j.value->>'id', j.value->>'ns', j.value->>'name', j.value->>'uid', \
@@ -239,7 +243,8 @@ async fn insert_event_chunk(
     Ok(q.build_query_scalar().fetch_all(&mut **tx).await?)
 }
 
-/// Records the follow-up work of DELETED events (ids in event order, as [`insert_events`] returns).
+/// Records the follow-up work of DELETED events (ids in event order, as [`insert_events`] returns):
+/// cleanups of objects that still exist, and the pool addresses to release once acknowledged.
 async fn insert_cleanups(
     tx: &mut Transaction<'_, Sqlite>,
     now: i64,
@@ -251,7 +256,13 @@ async fn insert_cleanups(
         StateChange::Refresh { .. } => None,
     });
     let mut rows = Vec::new();
+    let mut releases = Vec::new();
     for ((key, event, cleanup), id) in events.zip(ids) {
+        let pool = event.view.allocation.as_ref().filter(|a| a.source == VipSource::Pool && !a.addresses.is_empty());
+        if let Some(a) = pool.filter(|_| event.kind == ChangeKind::Deleted) {
+            releases.push(serde_json::json!({"id": id, "ns": key.namespace, "name": key.name, "uid": event.uid,
+                "addresses": serde_json::to_string(&a.addresses)?}));
+        }
         if let Some(c) = cleanup {
             let clear = (!c.clear_ingress.is_empty()).then(|| serde_json::to_string(&c.clear_ingress)).transpose()?;
             rows.push(serde_json::json!({"id": id, "ns": key.namespace, "name": key.name, "uid": event.uid,
@@ -260,6 +271,9 @@ async fn insert_cleanups(
     }
     if !rows.is_empty() {
         sqlx::query(INSERT_CLEANUPS).bind(now).bind(serde_json::to_string(&rows)?).execute(&mut **tx).await?;
+    }
+    if !releases.is_empty() {
+        sqlx::query(INSERT_RELEASES).bind(now).bind(serde_json::to_string(&releases)?).execute(&mut **tx).await?;
     }
     Ok(())
 }

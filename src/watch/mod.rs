@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, KubernetesConfig};
 use crate::ipam::{Allocator, Pools};
-use crate::model::Assignment;
+use crate::model::Feedback;
 use crate::store::{Outbox, Store, StoreError};
 
 /// Errors that stop the watch before it starts (once running, errors are logged and retried).
@@ -50,7 +50,8 @@ const CHANNEL_CAPACITY: usize = 1024;
 
 /// Runs the watch until `cancel` fires: one stream task per scope plus the recorder and its writer.
 /// Each recorded event is routed to its deliveries by `outbox` in the same transaction. VIPs are
-/// allocated from `config.pools`; `assignments` brings addresses chosen by appliances.
+/// allocated from `config.pools`; `feedback` brings addresses chosen by appliances and releases
+/// acknowledged by every endpoint.
 /// `signals` report readiness (first full list of every scope stored) and each commit. Errors: only
 /// start-up failures ([`WatchError::Store`]); watch errors are logged, counted in `signals.metrics`
 /// and retried with backoff.
@@ -60,7 +61,7 @@ pub async fn run(
     store: Store,
     outbox: Arc<dyn Outbox>,
     signals: Signals,
-    assignments: mpsc::Receiver<Assignment>,
+    feedback: mpsc::Receiver<Feedback>,
     cancel: CancellationToken,
 ) -> Result<(), WatchError> {
     let cfg = &config.kubernetes;
@@ -85,26 +86,23 @@ pub async fn run(
         };
         tasks.spawn(task.run(cancel.clone()));
     }
-    tasks.spawn(forward(assignments, tx, cancel.clone()));
+    tasks.spawn(forward(feedback, tx, cancel.clone()));
     let recorder = Recorder::load(store, outbox, &scopes, signals, ownership).await?;
     recorder.run(rx).await;
     tasks.join_all().await;
     Ok(())
 }
 
-/// Passes appliance-assigned addresses to the recorder until `cancel` or the relay is gone.
-async fn forward(
-    mut assignments: mpsc::Receiver<Assignment>,
-    tx: mpsc::Sender<Observation>,
-    cancel: CancellationToken,
-) {
+/// Passes feedback (appliance-assigned addresses, acknowledged releases) to the recorder until
+/// `cancel` or every sender is gone.
+async fn forward(mut feedback: mpsc::Receiver<Feedback>, tx: mpsc::Sender<Observation>, cancel: CancellationToken) {
     loop {
         let next = tokio::select! {
             _ = cancel.cancelled() => return,
-            next = assignments.recv() => next,
+            next = feedback.recv() => next,
         };
-        let Some(a) = next else { return };
-        if tx.send(Observation::Assigned(a)).await.is_err() {
+        let Some(f) = next else { return };
+        if tx.send(Observation::Feedback(f)).await.is_err() {
             return;
         }
     }

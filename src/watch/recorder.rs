@@ -15,7 +15,8 @@ use super::ownership::Ownership;
 use super::stream::{Observation, ScopeSpec};
 use super::writer::{Plan, Signals, Writer};
 use crate::model::{
-    Cause, ChangeKind, Decision, FINALIZER, Observed, Recorded, ServiceKey, Tracked, decide_apply, decide_delete,
+    Cause, ChangeKind, Decision, FINALIZER, Feedback, Observed, Recorded, ServiceKey, Tracked, decide_apply,
+    decide_delete,
 };
 use crate::store::{Outbox, StateChange, Store, StoreError, WatchProgress};
 
@@ -70,13 +71,16 @@ impl Recorder {
             .filter_map(|key| mirror.remove(&key).map(|t| (key, t)))
             .map(|(key, t)| {
                 count_vips(&mut vip_refs, &t, -1);
-                ownership.allocator.release(&key);
+                ownership.allocator.drain(&key, &t.uid);
                 pending_allocation.remove(&key);
                 deleted(key, Cause::Startup, &t)
             })
             .collect();
         info!(services = mirror.len(), "loaded current state");
         let announced = store.cleanups().await?.into_iter().map(|c| c.uid).collect();
+        for r in store.releases().await? {
+            ownership.allocator.restore_draining(&r.key, &r.uid, &r.addresses);
+        }
         let writer = Writer::new(store, outbox, scopes, signals);
         let awaiting = scopes.iter().map(|s| s.label().to_owned()).collect();
         Ok(Self {
@@ -165,11 +169,14 @@ impl Recorder {
                 self.take(plan, &obs.key, Cause::Watch, decision, None);
             }
             Observation::Listed { scope, objects, first } => self.plan_list(plan, scope, objects, first),
-            Observation::Assigned(a) => {
+            Observation::Feedback(Feedback::Assigned(a)) => {
                 let Some(t) = self.mirror.get(&a.key).filter(|t| t.uid == a.uid) else { return };
                 let obs = Ownership::assigned(t, a);
                 let decision = decide_apply(Some(t), &obs);
                 self.take(plan, &obs.key, Cause::Appliance, decision, Some(&obs));
+            }
+            Observation::Feedback(Feedback::Released { key, uid }) => {
+                self.freed |= self.ownership.allocator.finish_drain(&key, &uid);
             }
         }
     }
@@ -284,9 +291,8 @@ impl Recorder {
     fn unmirror(&mut self, key: &ServiceKey) -> Option<Tracked> {
         let old = self.mirror.remove(key)?;
         count_vips(&mut self.vip_refs, &old, -1);
-        self.ownership.allocator.release(key);
+        self.ownership.allocator.drain(key, &old.uid);
         self.pending_allocation.remove(key);
-        self.freed = true;
         Some(old)
     }
 

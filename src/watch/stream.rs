@@ -52,8 +52,9 @@ pub enum Observation {
         /// True for the first list since the process started (cause `startup`).
         first: bool,
     },
-    /// An endpoint with `assigns_vip` returned the Service's addresses (from the relay, not a scope).
-    Assigned(crate::model::Assignment),
+    /// From the relay or the publisher, not a scope: an appliance chose an address, or a DELETED was
+    /// acknowledged everywhere.
+    Feedback(crate::model::Feedback),
 }
 
 /// Normalizes a Service for the recorder.
