@@ -144,20 +144,26 @@ impl Publisher {
             .collect()
             .await;
         let mut done = Vec::with_capacity(results.len());
+        let mut failed: Option<(&ServiceKey, &kube::Error, usize)> = None;
         for (key, written) in &results {
             self.metrics.kube_write("finalizer_add", written.is_ok());
             match written {
                 Ok(Written::Refused(why)) => info!(service = %key, reason = %why, "finalizer not added"),
                 Ok(_) => {}
                 Err(e) => {
-                    warn!(service = %key, error = %e, "cannot add the finalizer; deliveries wait");
+                    let n = failed.map_or(0, |f| f.2);
+                    failed = Some((failed.map_or(key, |f| f.0), failed.map_or(e, |f| f.1), n + 1));
                     continue;
                 }
             }
             done.push(key);
         }
+        if let Some((key, error, services)) = failed {
+            warn!(service = %key, %error, services, "cannot add the finalizer; their deliveries wait (retrying)");
+        }
         self.store.release_held(&done).await?;
-        Ok(full)
+        // Go on at once only while making progress: a failing apiserver must not be hammered.
+        Ok(full && !done.is_empty())
     }
 
     async fn statuses(&mut self) -> Result<(), PublishError> {
