@@ -198,3 +198,9 @@ fn bad_pools_name_the_pool_and_the_reason() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("[[pools]]\nname = \"lab\"\naddresses = [\n    \"192.0.2.0/24\",\n    \"2001:db8::/120\",\n]\nauto_assign = false\n"), "{}", String::from_utf8_lossy(&o.stdout));
 }
+
+#[test]
+fn the_shipped_api_token_placeholder_is_refused() {
+    let o = vipwatch(&["check-config"], &[("VIPWATCH_API_TOKEN", "REPLACE_ME_WITH_A_RANDOM_TOKEN")], None);
+    assert_invalid(&o, "invalid value for `server.api_token`: is still the shipped placeholder");
+}

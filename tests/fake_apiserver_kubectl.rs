@@ -235,3 +235,24 @@ async fn binary_serves_seed_dir_to_kubectl() {
 
     child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn kubectl_get_prints_the_service_columns_with_external_ips() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.apply(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "shop", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.10", "selector": {"app": "web"},
+                 "ports": [{"port": 80, "nodePort": 30080, "protocol": "TCP"}]},
+        "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10", "ipMode": "VIP"}]}}}));
+    api.apply(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "cart", "namespace": "shop", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 8080, "protocol": "TCP"}]}}));
+    let out = kubectl(&api.url(), &["get", "svc", "-A"], None).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0], vec!["NAMESPACE", "NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"]);
+    assert_eq!(rows[1][..6], ["shop", "cart", "LoadBalancer", "<none>", "<pending>", "8080/TCP"]);
+    assert_eq!(rows[2][..6], ["shop", "web", "LoadBalancer", "10.96.0.10", "192.0.2.10", "80:30080/TCP"]);
+    assert!(rows[2][6].ends_with('d'), "age in days: {text}");
+}

@@ -254,6 +254,13 @@ impl Config {
         LabelSelector::parse(&k.label_selector)
             .map_err(|e| ConfigError::Value { key: "kubernetes.label_selector", reason: e.to_string() })?;
         self.validate_webhooks()?;
+        if let Some(token) = &self.server.api_token
+            && token.expose().contains("REPLACE_ME")
+        {
+            let reason =
+                "is still the shipped placeholder; set a random token (e.g. `head -c 32 /dev/urandom | base64`)";
+            return Err(ConfigError::Value { key: "server.api_token", reason: reason.into() });
+        }
         crate::ipam::Pools::new(&self.pools)?;
         if k.relist_interval < Duration::from_secs(1) {
             return Err(ConfigError::Value { key: "kubernetes.relist_interval", reason: "must be at least 1s".into() });

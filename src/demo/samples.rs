@@ -9,7 +9,7 @@ pub const REQUESTED_IPS: &str = "vipwatch.io/loadBalancerIPs";
 /// by annotation, one with a published ingress address, two still without a VIP) and the
 /// `default/kubernetes` ClusterIP Service every cluster has, which is out of scope.
 pub fn seed() -> Vec<Value> {
-    vec![
+    let mut services = vec![
         with_annotation(lb("shop", "web", &[("http", 80), ("https", 443)]), REQUESTED_IPS, "192.0.2.10"),
         lb("shop", "cart", &[("http", 8080)]),
         with_ingress(lb("payments", "api", &[("https", 443), ("grpc", 9443)]), "192.0.2.20"),
@@ -18,7 +18,13 @@ pub fn seed() -> Vec<Value> {
                "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver"}},
                "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.1",
                         "ports": [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": 6443}]}}),
-    ]
+    ];
+    // Distinct node ports, as a cluster allocates them (31000 up; the scripted Service's are below).
+    let node_ports = services.iter_mut().flat_map(|s| s["spec"]["ports"].as_array_mut().into_iter().flatten());
+    for (i, port) in node_ports.filter(|p| p.get("nodePort").is_some()).enumerate() {
+        port["nodePort"] = json!(31000 + i as i64);
+    }
+    services
 }
 
 /// A `LoadBalancer` Service `namespace/name` selecting `app: name`, one TCP port per `(name, port)`,
@@ -57,6 +63,16 @@ mod tests {
             let node_port = port_json("p", port)["nodePort"].as_i64().unwrap();
             assert!((30000..=32767).contains(&node_port), "{port} → {node_port}");
         }
+    }
+
+    #[test]
+    fn seeded_node_ports_are_distinct() {
+        let ports: Vec<i64> = seed()
+            .iter()
+            .flat_map(|s| s["spec"]["ports"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p["nodePort"].as_i64())
+            .collect();
+        assert_eq!(ports, vec![31000, 31001, 31002, 31003, 31004, 31005]);
     }
 
     #[test]

@@ -175,6 +175,14 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             Some(doc) => ok(&doc),
             None => status(404, "NotFound", "the server could not find the requested resource"),
         },
+        (Method::GET, Route::Collection { ns, watch })
+            if super::table::wanted(&headers) && !watch && !params.flag("watch") =>
+        {
+            match matcher(ns, None, &params) {
+                Ok(m) => list::services_table(&shared, &m),
+                Err(e) => bad_request(e),
+            }
+        }
         (Method::GET, Route::Collection { ns, watch }) => collection(&shared, ns, None, watch, &params),
         (Method::POST, Route::Collection { ns: Some(ns), watch: false }) => {
             services::create(&shared, ns, &params, &body)
@@ -183,7 +191,11 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
             collection(&shared, Some(ns), Some(name), true, &params)
         }
         (Method::GET, Route::Item { ns, name, .. } | Route::Status { ns, name }) => {
-            match shared.store.lock().expect("store lock").get(ns, name) {
+            let store = shared.store.lock().expect("store lock");
+            match store.get(ns, name) {
+                Some(obj) if super::table::wanted(&headers) => {
+                    ok(&super::table::services(std::slice::from_ref(obj), store.rv()))
+                }
                 Some(obj) => ok(obj),
                 None => not_found(name),
             }
@@ -221,20 +233,23 @@ pub(crate) fn not_found(name: &str) -> Response {
 }
 
 /// List or watch a collection (`name` narrows a watch to one object, as the named watch paths do).
-fn collection(shared: &Arc<Shared>, ns: Option<&str>, name: Option<&str>, watch: bool, params: &Params) -> Response {
-    let labels = match LabelSelector::parse(params.get("labelSelector").unwrap_or("")) {
-        Ok(l) => l,
-        Err(e) => return bad_request(e),
-    };
+/// The label and field selectors of a collection request (plus `name`, for a watch of one object).
+/// Errors: the message of a 400 (a selector that does not parse).
+fn matcher(ns: Option<&str>, name: Option<&str>, params: &Params) -> Result<Matcher, String> {
+    let labels = LabelSelector::parse(params.get("labelSelector").unwrap_or(""))?;
     let mut fields_raw = params.get("fieldSelector").unwrap_or("").to_string();
     if let Some(name) = name {
         fields_raw = format!("{fields_raw},metadata.name={name}");
     }
-    let fields = match FieldSelector::parse(&fields_raw) {
-        Ok(f) => f,
+    let fields = FieldSelector::parse(&fields_raw)?;
+    Ok(Matcher { namespace: ns.map(str::to_string), labels, fields })
+}
+
+fn collection(shared: &Arc<Shared>, ns: Option<&str>, name: Option<&str>, watch: bool, params: &Params) -> Response {
+    let matcher = match matcher(ns, name, params) {
+        Ok(m) => m,
         Err(e) => return bad_request(e),
     };
-    let matcher = Matcher { namespace: ns.map(str::to_string), labels, fields };
     if watch || params.flag("watch") {
         watch_request(shared, matcher, params)
     } else {

@@ -117,6 +117,15 @@ pub(crate) fn services(shared: &Arc<Shared>, matcher: &Matcher, params: &Params)
     list_response("ServiceList", "v1", rv, items, next)
 }
 
+/// `GET` of a Service collection as a `meta.k8s.io/v1` Table (`kubectl get svc`), unpaged.
+pub(crate) fn services_table(shared: &Arc<Shared>, matcher: &Matcher) -> Response {
+    let store = shared.store.lock().expect("store lock");
+    let rv = store.rv();
+    let objects = store.objects_after(matcher.namespace.as_deref(), None);
+    let (items, _) = page(objects, matcher, 0, rv, Value::clone);
+    json_response(StatusCode::OK, &super::table::services(&items, rv))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,6 +48,7 @@ mod selector;
 mod services;
 mod smp;
 mod state;
+mod table;
 mod watch;
 
 use std::net::{Ipv4Addr, SocketAddr};
