@@ -86,6 +86,13 @@ async fn every_error_is_problem_json_with_a_stable_code() {
     assert_eq!(big.headers()["content-type"], "application/problem+json");
     assert_eq!(big.json::<serde_json::Value>().await.unwrap()["code"], "payload_too_large");
     assert!(api.get("/api/v1/events").await.headers.get("access-control-allow-origin").is_none(), "CORS off");
+    let no_follow = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let root = no_follow.get(format!("{}/", api.base)).send().await.unwrap();
+    assert_eq!(
+        (root.status().as_u16(), &root.headers()["location"]),
+        (303, &"/docs/".parse::<reqwest::header::HeaderValue>().unwrap()),
+        "/ points at the Swagger UI"
+    );
     vw.stop().await.unwrap();
 }
 

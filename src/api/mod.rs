@@ -94,6 +94,9 @@ pub fn router(mut state: ApiState) -> Router {
     let docs = SwaggerUi::new("/docs").config(SwaggerConfig::from("/openapi.json").validator_url("none"));
     let mut app = routes
         .merge(docs)
+        // The address the demo banner and a browser start from: the Swagger UI (not in the OpenAPI
+        // document: it is a pointer, not part of the API).
+        .route("/", axum::routing::get(|| async { axum::response::Redirect::to("/docs/") }))
         .fallback(|| async { ApiError::NoRoute })
         .layer(middleware::from_fn_with_state(auth::AuthPolicy::new(&server), auth::require_token))
         .layer(RequestBodyLimitLayer::new(server.body_limit));
