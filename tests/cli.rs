@@ -204,3 +204,40 @@ fn the_shipped_api_token_placeholder_is_refused() {
     let o = vipwatch(&["check-config"], &[("VIPWATCH_API_TOKEN", "REPLACE_ME_WITH_A_RANDOM_TOKEN")], None);
     assert_invalid(&o, "invalid value for `server.api_token`: is still the shipped placeholder");
 }
+
+#[test]
+fn variables_of_other_tools_and_kubernetes_service_links_are_not_configuration() {
+    let env = [
+        ("VIPWATCH_PORT", "tcp://10.0.0.1:8080"),
+        ("VIPWATCH_SERVICE_HOST", "10.0.0.1"),
+        ("VIPWATCH_PORT_8080_TCP_ADDR", "10.0.0.1"),
+        ("VIPWATCH_BIN", "/usr/local/bin/vipwatch"),
+    ];
+    let o = vipwatch(&["check-config"], &env, None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let plain = vipwatch(&["check-config"], &[], None);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&plain.stdout));
+}
+
+#[test]
+fn a_table_and_key_variable_that_names_no_key_is_still_an_error() {
+    let o = vipwatch(&["check-config"], &[("VIPWATCH_SEVRER__LISTEN", "0.0.0.0:8080")], None);
+    assert_invalid(&o, "`sevrer`: unknown field");
+    assert!(stderr(&o).contains("(from `VIPWATCH_` environment variable(s))"), "{}", stderr(&o));
+    let o = vipwatch(&["check-config"], &[("VIPWATCH_SERVER__LISTN", "0.0.0.0:8080")], None);
+    assert_invalid(&o, "`server.listn`: unknown field");
+}
+
+#[test]
+fn a_key_with_one_underscore_too_few_is_ignored_with_a_warning_naming_the_right_form() {
+    let o = vipwatch(&["check-config"], &[("VIPWATCH_DATABASE_PATH", "/var/lib/x.db")], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("did you mean VIPWATCH_DATABASE__PATH?"), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("path = \"vipwatch.db\""), "the variable changed nothing");
+}
+
+#[test]
+fn an_empty_api_token_is_refused() {
+    let o = vipwatch(&["check-config"], &[("VIPWATCH_API_TOKEN", "")], None);
+    assert_invalid(&o, "invalid value for `server.api_token`: is empty");
+}

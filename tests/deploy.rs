@@ -4,19 +4,28 @@
 
 #[path = "deploy/files.rs"]
 mod deploy_files;
+#[path = "deploy/kubelet.rs"]
+mod kubelet;
+#[path = "deploy/serve.rs"]
+mod serve;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use deploy_files::{Compose, Dockerfile, Manifests, check_config, load_config, repo};
+use deploy_files::{Compose, Dockerfile, Manifests, check_config, load_config, repo, vipwatch};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use vipwatch::config::Config;
+use vipwatch::fake_apiserver::FakeApiServer;
 
 /// The image's health check, the compose health check and the binary path all name this.
 const BINARY: &str = "/usr/local/bin/vipwatch";
+
+/// How long a started `vipwatch serve` may take to become ready, and to stop after SIGTERM.
+const DEADLINE: Duration = Duration::from_secs(30);
 
 #[test]
 fn the_image_exposes_the_port_its_config_listens_on_and_keeps_the_database_on_its_volume() {
@@ -248,6 +257,144 @@ fn the_cluster_role_grants_what_vipwatch_does_and_is_bound_to_its_account() {
     );
 }
 
+#[test]
+fn the_deployment_turns_service_links_off_and_outlasts_the_shutdown_grace() {
+    let m = Manifests::read();
+    let deployment: Deployment = m.one();
+    let pod = deployment.spec.template.spec.unwrap();
+    assert_eq!(pod.enable_service_links, Some(false));
+    let config = configmap_config(&m, &secret_env(&m, true));
+    let grace = Duration::from_secs(pod.termination_grace_period_seconds.unwrap().try_into().unwrap());
+    // After SIGTERM, in-flight deliveries get relay.shutdown_grace, then the database closes; the
+    // kubelet's SIGKILL must not come first.
+    assert!(
+        config.relay.shutdown_grace + Duration::from_secs(5) <= grace,
+        "{:?} vs {grace:?}",
+        config.relay.shutdown_grace
+    );
+}
+
+#[test]
+fn check_config_reads_the_same_configuration_from_what_a_kubelet_injects() {
+    let m = Manifests::read();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_configmap_toml(&m, &dir);
+    let baseline = check_config(&file, &secret_env(&m, true));
+    assert_eq!(baseline.status.code(), Some(0), "{}", String::from_utf8_lossy(&baseline.stderr));
+    for links in [false, true] {
+        let env = pod_env(&m, links, &file);
+        assert_eq!(env.iter().any(|(k, _)| k == "VIPWATCH_PORT_8080_TCP_ADDR"), links);
+        let output = vipwatch(&env).arg("check-config").output().unwrap();
+        assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&baseline.stdout));
+    }
+}
+
+#[tokio::test]
+async fn serve_becomes_ready_on_a_read_only_root_from_what_a_kubelet_injects() {
+    let m = Manifests::read();
+    let api = FakeApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_configmap_toml(&m, &dir);
+    let mut env = pod_env(&m, true, &file);
+    let data = dir.path().join("data");
+    env.extend(test_overrides(&api, &data));
+    let served = serve::serve_read_only(&env, &data, DEADLINE).await;
+    assert!(served.ready, "not ready:\n{}", served.stderr);
+    assert_eq!(served.status.code(), Some(0), "{}", served.stderr);
+}
+
+#[tokio::test]
+async fn compose_environment_is_accepted_by_check_config_and_serve() {
+    let compose = Compose::read();
+    let vipwatch_service = compose.service("vipwatch");
+    let config_path = Dockerfile::read().env("VIPWATCH_CONFIG");
+    let mounted = repo(&vipwatch_service.mount_source(&config_path).unwrap());
+    let mut env = vec![
+        ("HOSTNAME".to_owned(), "3f2a9c1d7b8e".to_owned()),
+        ("VIPWATCH_CONFIG".to_owned(), mounted.to_str().unwrap().to_owned()),
+    ];
+    for key in vipwatch_service.environment.keys() {
+        env.push((key.clone(), valid_secret_value(key)));
+    }
+    let output = vipwatch(&env).arg("check-config").output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let api = FakeApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    env.extend(test_overrides(&api, &data));
+    let served = serve::serve_read_only(&env, &data, DEADLINE).await;
+    assert!(served.ready, "not ready:\n{}", served.stderr);
+    assert_eq!(served.status.code(), Some(0), "{}", served.stderr);
+}
+
+#[tokio::test]
+async fn while_the_first_list_cannot_complete_the_probes_keep_the_pod_alive_but_unready() {
+    let deployment: Deployment = Manifests::read().one();
+    let container = deployment.spec.template.spec.unwrap().containers.remove(0);
+    let path = |p: Option<k8s_openapi::api::core::v1::Probe>| p.unwrap().http_get.unwrap().path.unwrap();
+    let probes = [
+        (path(container.startup_probe), 200),
+        (path(container.liveness_probe), 200),
+        (path(container.readiness_probe.clone()), 503),
+    ];
+    let api = FakeApiServer::start().await.unwrap();
+    api.faults().refuse_connections(true);
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.kubernetes.url = Some(api.url().parse().unwrap());
+    config.database.path = dir.path().join("vipwatch.db");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let running = vipwatch::app::start(config, listener).await.unwrap();
+    vipwatch::relay::sender::install_crypto_provider();
+    let client = reqwest::Client::new();
+    let get = |path: String| {
+        let url = format!("http://{}{path}", running.addr);
+        let client = client.clone();
+        async move { client.get(url).send().await.unwrap().status().as_u16() }
+    };
+    for (path, status) in &probes {
+        assert_eq!(get(path.clone()).await, *status, "{path} while the apiserver is unreachable");
+    }
+    api.faults().refuse_connections(false);
+    let ready = tokio::time::timeout(DEADLINE, async {
+        while get(path(container.readiness_probe.clone())).await != 200 {
+            tokio::time::sleep(Duration::from_millis(50)).await; // ok: polling a condition under a deadline
+        }
+    });
+    assert!(ready.await.is_ok(), "ready once the apiserver answers");
+    running.stop().await.unwrap();
+}
+
+/// What the kubelet injects into the shipped container (see `deploy/kubelet.rs`), with the mounted
+/// ConfigMap file at `file` instead of `/etc/vipwatch/vipwatch.toml` (the test cannot write there).
+fn pod_env(m: &Manifests, service_links: bool, file: &Path) -> Vec<(String, String)> {
+    let mut env = kubelet::environment(m, service_links, valid_secret_value);
+    for (key, value) in &mut env {
+        if key == "VIPWATCH_CONFIG" {
+            *value = file.to_str().unwrap().to_owned();
+        }
+    }
+    env
+}
+
+/// What only this test changes, in documented forms: the simulated cluster instead of the in-cluster
+/// one, the database in `data`, the API on a free loopback port.
+fn test_overrides(api: &FakeApiServer, data: &Path) -> Vec<(String, String)> {
+    std::fs::create_dir_all(data).unwrap();
+    vec![
+        ("VIPWATCH_KUBERNETES__URL".into(), api.url()),
+        ("VIPWATCH_DATABASE__PATH".into(), data.join("vipwatch.db").to_str().unwrap().to_owned()),
+        ("VIPWATCH_SERVER__LISTEN".into(), "127.0.0.1:0".into()),
+    ]
+}
+
+/// A valid value for a variable the shipped Secret or compose file passes: the API token, or a
+/// webhook secret.
+fn valid_secret_value(key: &str) -> String {
+    if key == "VIPWATCH_API_TOKEN" { "t0ken" } else { "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" }.to_owned()
+}
+
 /// The directory of the database file.
 fn database_dir(config: &Config) -> String {
     config.database.path.parent().unwrap().to_str().unwrap().to_owned()
@@ -257,13 +404,11 @@ fn database_dir(config: &Config) -> String {
 /// replaced by a valid one of its kind.
 fn secret_env(m: &Manifests, valid: bool) -> Vec<(String, String)> {
     let secret: Secret = m.one();
-    let valid_value =
-        |k: &str| if k == "VIPWATCH_API_TOKEN" { "t0ken" } else { "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw" };
     secret
         .string_data
         .unwrap()
         .into_iter()
-        .map(|(k, v)| (k.clone(), if valid { valid_value(&k).to_owned() } else { v }))
+        .map(|(k, v)| (k.clone(), if valid { valid_secret_value(&k) } else { v }))
         .collect()
 }
 

@@ -12,6 +12,7 @@ use url::Url;
 
 use crate::model::{LabelSelector, Scope};
 
+pub mod env;
 mod pool;
 mod relay;
 
@@ -20,10 +21,6 @@ pub use relay::{RelayConfig, RetryConfig, Secret, TlsConfig, WebhookConfig, reda
 
 /// The file read when `--config` is not given, if it exists (otherwise built-in defaults apply).
 pub const DEFAULT_CONFIG_FILE: &str = "vipwatch.toml";
-
-/// Environment variables that are not config keys: `VIPWATCH_CONFIG` (file path, read by the CLI) and
-/// `VIPWATCH_LOG` (log filter).
-const NON_KEY_VARS: [&str; 2] = ["config", "log"];
 
 /// A configuration that cannot be used. The message names the key and the problem; the CLI prints it
 /// and exits with status 2.
@@ -220,6 +217,7 @@ impl Config {
             None if Path::new(DEFAULT_CONFIG_FILE).exists() => figment = figment.merge(Toml::file(DEFAULT_CONFIG_FILE)),
             None => {}
         }
+        env::log_ignored();
         let config: Config = figment.merge(env_provider()).extract().map_err(invalid)?;
         config.validate()?;
         Ok(config)
@@ -254,6 +252,10 @@ impl Config {
         LabelSelector::parse(&k.label_selector)
             .map_err(|e| ConfigError::Value { key: "kubernetes.label_selector", reason: e.to_string() })?;
         self.validate_webhooks()?;
+        if self.server.api_token.as_ref().is_some_and(|t| t.expose().is_empty()) {
+            let reason = "is empty; set a random token, or leave it unset to refuse every POST";
+            return Err(ConfigError::Value { key: "server.api_token", reason: reason.into() });
+        }
         if let Some(token) = &self.server.api_token
             && token.expose().contains("REPLACE_ME")
         {
@@ -346,10 +348,11 @@ fn invalid(e: figment::Error) -> ConfigError {
     ConfigError::Invalid { key, problem: e.kind.to_string().trim_end().to_owned(), origin }
 }
 
-/// `VIPWATCH_<TABLE>__<KEY>` variables, plus `VIPWATCH_API_TOKEN` for `server.api_token`.
+/// `VIPWATCH_<TABLE>__<KEY>` variables, plus `VIPWATCH_API_TOKEN` for `server.api_token`; every other
+/// `VIPWATCH_*` variable is not configuration (see [`env`]).
 fn env_provider() -> Env {
-    Env::prefixed("VIPWATCH_")
-        .ignore(&NON_KEY_VARS)
-        .map(|key| if key == "api_token" { "server.api_token".into() } else { key.into() })
-        .split("__")
+    Env::prefixed(env::PREFIX).filter_map(|rest| match env::classify_rest(rest.as_str()) {
+        env::EnvVar::Key(dotted) => Some(dotted.into()),
+        env::EnvVar::Named | env::EnvVar::Ignored { .. } => None,
+    })
 }

@@ -26,15 +26,27 @@ fn read(path: &str) -> String {
 
 /// Runs `vipwatch check-config --config FILE` with `env` and no other `VIPWATCH_*` variable.
 pub fn check_config<K: AsRef<str>, V: AsRef<str>>(file: &Path, env: &[(K, V)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vipwatch"));
-    cmd.arg("check-config").arg("--config").arg(file).current_dir(std::env::temp_dir());
-    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("VIPWATCH_")) {
+    let mut cmd = vipwatch(env);
+    cmd.arg("check-config").arg("--config").arg(file);
+    cmd.output().expect("vipwatch runs")
+}
+
+/// The `vipwatch` binary in the temp directory with `env` and no other `VIPWATCH_*` variable.
+pub fn vipwatch<K: AsRef<str>, V: AsRef<str>>(env: &[(K, V)]) -> Command {
+    command(env!("CARGO_BIN_EXE_vipwatch"), env)
+}
+
+/// `program` in the temp directory with `env` and no other `VIPWATCH_*` variable.
+pub fn command<K: AsRef<str>, V: AsRef<str>>(program: &str, env: &[(K, V)]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.current_dir(std::env::temp_dir());
+    for (key, _) in std::env::vars().filter(|(k, _)| k.to_ascii_uppercase().starts_with("VIPWATCH_")) {
         cmd.env_remove(key);
     }
     for (key, value) in env {
         cmd.env(key.as_ref(), value.as_ref());
     }
-    cmd.output().expect("vipwatch runs")
+    cmd
 }
 
 /// The effective configuration of `file` with `env`, as the normal loader sees it (secrets redacted).

@@ -1,0 +1,96 @@
+//! What a kubelet puts into the environment of the shipped Deployment's container, derived from the
+//! manifests themselves: the service-link variables of the Services in the pod's namespace
+//! (`deploy/kubernetes/service.yaml`) and of the master Service `default/kubernetes`, the container's
+//! `env`, and every key of the Secrets named in its `envFrom`. Rules from the kubelet
+//! (`pkg/kubelet/envvars/envvars.go`, `FromServices` and `makeLinkVariables`).
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::deploy_files::Manifests;
+
+/// The ClusterIP the test pretends the apiserver gave the Service `vipwatch`.
+pub const CLUSTER_IP: &str = "10.96.12.34";
+
+/// The kubelet's environment for the shipped container: service links (when `service_links`, i.e. with
+/// `enableServiceLinks` left at its default `true`), the master Service's variables (always), the
+/// container's `env` values and the Secret keys of its `envFrom` with the values `secret_value` gives.
+pub fn environment(m: &Manifests, service_links: bool, secret_value: impl Fn(&str) -> String) -> Vec<(String, String)> {
+    let mut env = vec![("HOSTNAME".to_owned(), "vipwatch-6d9c7b8f5-x2x7q".to_owned())];
+    env.extend(links(&master_service()));
+    if service_links {
+        let mut service: Service = m.one();
+        service.spec.get_or_insert_with(Default::default).cluster_ip = Some(CLUSTER_IP.into());
+        env.extend(links(&service));
+    }
+    let deployment: Deployment = m.one();
+    let container = deployment.spec.template.spec.unwrap().containers.remove(0);
+    for var in container.env.into_iter().flatten() {
+        env.push((var.name, var.value.unwrap_or_default()));
+    }
+    let secret: Secret = m.one();
+    for source in container.env_from.into_iter().flatten() {
+        let name = source.secret_ref.expect("envFrom a Secret").name;
+        assert_eq!(Some(&name), secret.metadata.name.as_ref(), "envFrom names the shipped Secret");
+        for key in secret.string_data.clone().unwrap_or_default().into_keys() {
+            env.push((key.clone(), secret_value(&key)));
+        }
+    }
+    env
+}
+
+/// `default/kubernetes`, whose variables every pod gets whatever `enableServiceLinks` says.
+fn master_service() -> Service {
+    Service {
+        metadata: ObjectMeta {
+            name: Some("kubernetes".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("10.96.0.1".into()),
+            ports: Some(vec![ServicePort {
+                name: Some("https".into()),
+                port: 443,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The kubelet's `FromServices` for one Service with a ClusterIP.
+fn links(service: &Service) -> Vec<(String, String)> {
+    let spec = service.spec.as_ref().expect("a spec");
+    let ip = spec.cluster_ip.clone().expect("a ClusterIP");
+    let ports = spec.ports.clone().unwrap_or_default();
+    let prefix = env_name(service.metadata.name.as_deref().unwrap());
+    let mut out = vec![
+        (format!("{prefix}_SERVICE_HOST"), ip.clone()),
+        (format!("{prefix}_SERVICE_PORT"), ports[0].port.to_string()),
+    ];
+    for p in ports.iter().filter(|p| p.name.as_deref().is_some_and(|n| !n.is_empty())) {
+        out.push((format!("{prefix}_SERVICE_PORT_{}", env_name(p.name.as_deref().unwrap())), p.port.to_string()));
+    }
+    for (i, p) in ports.iter().enumerate() {
+        let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+        let url = format!("{}://{ip}:{}", protocol.to_lowercase(), p.port);
+        if i == 0 {
+            out.push((format!("{prefix}_PORT"), url.clone()));
+        }
+        let port_prefix = format!("{prefix}_PORT_{}_{}", p.port, protocol.to_uppercase());
+        out.push((port_prefix.clone(), url));
+        out.push((format!("{port_prefix}_PROTO"), protocol.to_lowercase()));
+        out.push((format!("{port_prefix}_PORT"), p.port.to_string()));
+        out.push((format!("{port_prefix}_ADDR"), ip.clone()));
+    }
+    out
+}
+
+/// The kubelet's `makeEnvVariableName`: upper case, `-` → `_`.
+fn env_name(name: &str) -> String {
+    name.replace('-', "_").to_uppercase()
+}
