@@ -9,7 +9,9 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod demo;
-pub mod fake_apiserver;
+/// The simulated Kubernetes API (tests and `vipwatch demo` / `vipwatch fake-apiserver`), from the
+/// `vipwatch-fake-apiserver` crate.
+pub use vipwatch_fake_apiserver as fake_apiserver;
 pub mod healthcheck;
 pub mod ipam;
 pub mod metrics;

@@ -1,6 +1,8 @@
 //! The `vipwatch` binary's command line: config validation exits 2 with one message naming the key.
 
-use std::process::{Command, Output};
+use std::collections::BTreeSet;
+use std::io::BufRead;
+use std::process::{Command, Output, Stdio};
 
 fn vipwatch(args: &[&str], env: &[(&str, &str)], config: Option<&str>) -> Output {
     let dir = tempfile::tempdir().unwrap();
@@ -240,4 +242,54 @@ fn a_key_with_one_underscore_too_few_is_ignored_with_a_warning_naming_the_right_
 fn an_empty_api_token_is_refused() {
     let o = vipwatch(&["check-config"], &[("VIPWATCH_API_TOKEN", "")], None);
     assert_invalid(&o, "invalid value for `server.api_token`: is empty");
+}
+
+#[test]
+fn the_fake_apiserver_subcommand_serves_a_seed_directory_to_kubectl() {
+    let seed = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kubernetes/real-world");
+    let mut expected = BTreeSet::new();
+    for entry in std::fs::read_dir(&seed).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|x| x == "json") {
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let ns = v["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
+            expected.insert(format!("{ns}/{}", v["metadata"]["name"].as_str().unwrap()));
+        }
+    }
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vipwatch"))
+        .current_dir(cwd.path())
+        .env_remove("VIPWATCH_CONFIG")
+        .env("VIPWATCH_LOG", "warn")
+        .args(["fake-apiserver", "--listen", "127.0.0.1:0", "--seed"])
+        .arg(&seed)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let url = first.trim().strip_prefix("fake apiserver listening on ").expect("the startup line").to_owned();
+    let kubectl = |args: &[&str]| {
+        let home = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new("kubectl");
+        cmd.env("HOME", home.path()).env_remove("KUBECONFIG").arg("--server").arg(&url).args(args);
+        let out = cmd.output().expect("kubectl is installed (see README)");
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let listed: serde_json::Value = serde_json::from_str(&kubectl(&["get", "svc", "-A", "-o", "json"])).unwrap();
+    let got: BTreeSet<String> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            format!("{}/{}", i["metadata"]["namespace"].as_str().unwrap(), i["metadata"]["name"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(got, expected);
+    kubectl(&["label", "svc", "-n", "kube-system", "kube-dns", "seen=yes"]);
+    let dns = kubectl(&["get", "svc", "-n", "kube-system", "kube-dns", "-o", "jsonpath={.metadata.labels.seen}"]);
+    assert_eq!(dns, "yes");
+    child.kill().unwrap();
+    child.wait().unwrap();
 }

@@ -50,7 +50,7 @@ async fn an_added_service_is_delivered_signed_with_the_documented_payload() {
                              "loadBalancerSourceRanges": [], "externalIps": [], "ipFamilies": [], "ipFamilyPolicy": null,
                              "allocateLoadBalancerNodePorts": null, "loadBalancerIp": null, "requestedIps": [],
                              "ingress": [], "labels": {"app": "web"}, "annotations": {},
-                             "allocation": null, "finalizers": [], "deleting": false},
+                             "allocation": null, "finalizers": [], "deleting": false, "backends": null},
                  "previous": null, "changed": []}
     });
     assert_eq!(body, expected);

@@ -11,8 +11,8 @@ use super::ApiState;
 use super::error::{ApiError, Problem};
 use super::extract::{Path, Query};
 use super::pagination::{self, page, rfc3339};
-use super::schema::WebhookPayloadSchema;
 use crate::store::{AttemptRow, DeliveryFilter, DeliveryRow};
+use vipwatch_contract::WebhookPayload;
 
 /// One attempt to deliver.
 #[derive(Debug, Serialize, ToSchema)]
@@ -111,7 +111,7 @@ pub struct DeliveryDetail {
     #[serde(flatten)]
     pub delivery: DeliveryDto,
     /// The body sent (and signed), as JSON.
-    #[schema(value_type = WebhookPayloadSchema)]
+    #[schema(value_type = WebhookPayload)]
     pub payload: serde_json::Value,
 }
 

@@ -9,7 +9,6 @@ use super::ApiState;
 use super::error::{ApiError, Problem};
 use super::extract::{Path, Query};
 use super::pagination::{self, page, parse_time, rfc3339};
-use super::schema::ServiceViewSchema;
 use crate::model::ServiceView;
 use crate::store::{EventFilter, EventRow};
 
@@ -39,7 +38,6 @@ pub struct EventDto {
     /// MODIFIED: the changed fields (view names, e.g. `ports`); otherwise empty.
     pub changed: Vec<String>,
     /// The view after the change (the last view for DELETED).
-    #[schema(value_type = ServiceViewSchema)]
     pub view: ServiceView,
 }
 
@@ -67,7 +65,6 @@ pub struct EventDetail {
     #[serde(flatten)]
     pub event: EventDto,
     /// MODIFIED: the view before the change; otherwise `null`.
-    #[schema(value_type = Option<ServiceViewSchema>)]
     pub previous: Option<ServiceView>,
 }
 

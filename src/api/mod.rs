@@ -15,7 +15,6 @@ pub mod extract;
 pub mod health;
 pub mod openapi;
 pub mod pagination;
-pub mod schema;
 pub mod services;
 pub mod sse;
 pub mod vip_index;

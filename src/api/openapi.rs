@@ -10,8 +10,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{PROBLEM_JSON, Problem};
-use super::schema::WebhookPayloadSchema;
 use super::{ApiState, deliveries, events, health, services, sse, vips, webhooks};
+use vipwatch_contract::WebhookPayload;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -19,7 +19,7 @@ use super::{ApiState, deliveries, events, health, services, sse, vips, webhooks}
         the webhook deliveries to the load-balancer appliance. Lists return `{\"items\": [...], \"next_cursor\"}`; \
         pass `next_cursor` back as `cursor` for the next page. Every error is `application/problem+json` \
         (RFC 9457) with a stable `code`. POSTs need `Authorization: Bearer <server.api_token>`."),
-    components(schemas(Problem, WebhookPayloadSchema)),
+    components(schemas(Problem, WebhookPayload)),
     modifiers(&BearerAuth),
     tags((name = "vips", description = "VIPs in use"), (name = "services", description = "In-scope Services"),
         (name = "events", description = "The event log"), (name = "webhooks", description = "Webhook endpoints"),

@@ -14,7 +14,6 @@ use super::error::{ApiError, Problem};
 use super::events::EventDto;
 use super::extract::{Path, Query};
 use super::pagination::{self, page, rfc3339};
-use super::schema::ServiceViewSchema;
 use crate::model::{LabelSelector, ServiceKey, ServiceView};
 use crate::store::{ServiceDeliveryState, ServicePageQuery, ServiceRow};
 
@@ -55,7 +54,6 @@ pub struct ServiceDto {
     /// Its VIPs: published ingress first, then requested by annotation, then `spec.loadBalancerIP`.
     pub vips: Vec<VipRef>,
     /// The normalized view.
-    #[schema(value_type = ServiceViewSchema)]
     pub view: ServiceView,
 }
 

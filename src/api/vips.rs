@@ -12,7 +12,6 @@ use super::ApiState;
 use super::error::{ApiError, Problem};
 use super::extract::{Path, Query};
 use super::pagination::{self, page, rfc3339};
-use super::schema::PortViewSchema;
 use super::vip_index::{Addr, VipEntry};
 use crate::model::{PortView, ServiceKey};
 
@@ -28,7 +27,6 @@ pub struct VipItem {
     /// Name of the Service.
     pub name: String,
     /// The Service's ports.
-    #[schema(value_type = Vec<PortViewSchema>)]
     pub ports: Vec<PortView>,
     /// Where the VIP comes from: `pool` (allocated by vipwatch from a `[[pools]]` entry), `appliance`
     /// (returned by an endpoint with `assigns_vip`); for Services whose addresses vipwatch does not

@@ -13,11 +13,11 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use standardwebhooks::Webhook;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use vipwatch_contract::{Cause, WebhookPayload};
 
 use super::say;
 
@@ -87,7 +87,7 @@ async fn receive(State(verifier): State<Arc<Webhook>>, headers: HeaderMap, body:
         say(&format!("appliance  ✗ rejected {msg_id}: {e} → 401"));
         return StatusCode::UNAUTHORIZED;
     }
-    match serde_json::from_slice::<Payload>(&body) {
+    match serde_json::from_slice::<WebhookPayload>(&body) {
         Ok(payload) => {
             say(&format!("appliance  ✓ {}", describe(&payload)));
             StatusCode::NO_CONTENT
@@ -99,83 +99,60 @@ async fn receive(State(verifier): State<Arc<Webhook>>, headers: HeaderMap, body:
     }
 }
 
-/// The part of a vipwatch webhook body the appliance shows (see the README's "What is sent").
-#[derive(Debug, Deserialize)]
-pub struct Payload {
-    /// `service.added`, `service.modified`, `service.deleted` or `service.synced`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// The change.
-    pub data: PayloadData,
-}
-
-/// `data` of a [`Payload`].
-#[derive(Debug, Deserialize)]
-pub struct PayloadData {
-    /// `watch`, `relist`, `startup` or `resync`.
-    pub cause: String,
-    /// The Service after the change.
-    pub service: PayloadService,
-    /// Changed field names (MODIFIED only).
-    #[serde(default)]
-    pub changed: Vec<String>,
-}
-
-/// `data.service` of a [`Payload`].
-#[derive(Debug, Deserialize)]
-pub struct PayloadService {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// VIP addresses.
-    pub vips: Vec<String>,
-    /// Ports.
-    pub ports: Vec<PayloadPort>,
-}
-
-/// One entry of `data.service.ports`.
-#[derive(Debug, Deserialize)]
-pub struct PayloadPort {
-    /// Service port number.
-    pub port: i32,
-    /// `TCP`, `UDP` or `SCTP`.
-    pub protocol: String,
-}
-
 /// One line for a delivery, e.g.
 /// `service.modified  shop/web  vips=[192.0.2.10] ports=80/TCP,443/TCP  (changed: ports)`.
 /// The parenthesis lists the changed fields, and the cause unless it is `watch`; it is left out when
-/// both are empty.
-pub fn describe(p: &Payload) -> String {
-    let s = &p.data.service;
-    let ports: Vec<String> = s.ports.iter().map(|port| format!("{}/{}", port.port, port.protocol)).collect();
+/// both are empty. With members, `members=N` counts them (active and draining) over every port.
+pub fn describe(p: &WebhookPayload) -> String {
+    let Some(s) = &p.data.service else {
+        let sync = p.data.sync.as_ref().map(|s| format!("{} of {} Services", s.id, s.total)).unwrap_or_default();
+        return format!("{:<16}  {sync}", p.kind.as_str());
+    };
+    let ports: Vec<String> = s.view.ports.iter().map(|port| format!("{}/{}", port.port, port.protocol)).collect();
     let mut notes = Vec::new();
     if !p.data.changed.is_empty() {
         notes.push(format!("changed: {}", p.data.changed.join(", ")));
     }
-    if p.data.cause != "watch" {
-        notes.push(format!("cause: {}", p.data.cause));
+    if p.data.cause != Cause::Watch {
+        notes.push(format!("cause: {}", p.data.cause.as_str()));
     }
     let notes = if notes.is_empty() { String::new() } else { format!("  ({})", notes.join("; ")) };
+    let members = s.backends.as_ref().map(|b| format!(" members={}", b.members().count())).unwrap_or_default();
     let key = format!("{}/{}", s.namespace, s.name);
-    format!("{:<16}  {key:<16}  vips=[{}] ports={}{notes}", p.kind, s.vips.join(","), ports.join(","))
+    format!("{:<16}  {key:<16}  vips=[{}] ports={}{members}{notes}", p.kind.as_str(), s.vips.join(","), ports.join(","))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use vipwatch_contract::{Cause, EventKind, ServiceView};
 
-    fn payload(json: serde_json::Value) -> Payload {
-        serde_json::from_value(json).unwrap()
+    use super::*;
+    use crate::model::ServiceKey;
+    use crate::relay::payload::{PayloadInput, payload};
+
+    fn delivery(event: EventKind, cause: Cause, ports: serde_json::Value, changed: &[&str]) -> WebhookPayload {
+        let svc = serde_json::json!({"metadata": {"name": "web"}, "spec": {"type": "LoadBalancer", "ports": ports},
+            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}});
+        let view = ServiceView::from_service(&serde_json::from_value(svc).unwrap());
+        let key = ServiceKey::new("shop", "web");
+        payload(&PayloadInput {
+            event_id: Some(1),
+            event,
+            cause,
+            observed_at: 0,
+            key: &key,
+            uid: "u",
+            resource_version: "1",
+            view: &view,
+            previous: None,
+            changed,
+        })
     }
 
     #[test]
     fn a_modified_delivery_reads_as_one_line_with_its_changed_fields() {
-        let p = payload(serde_json::json!({"type": "service.modified", "data": {"cause": "watch",
-            "service": {"namespace": "shop", "name": "web", "vips": ["192.0.2.10"],
-                        "ports": [{"port": 80, "protocol": "TCP"}, {"port": 443, "protocol": "TCP"}]},
-            "changed": ["ports"]}}));
+        let ports = serde_json::json!([{"port": 80}, {"name": "https", "port": 443}]);
+        let p = delivery(EventKind::Modified, Cause::Watch, ports, &["ports"]);
         assert_eq!(
             describe(&p),
             "service.modified  shop/web          vips=[192.0.2.10] ports=80/TCP,443/TCP  (changed: ports)"
@@ -184,9 +161,10 @@ mod tests {
 
     #[test]
     fn a_startup_delivery_names_its_cause() {
-        let p = payload(serde_json::json!({"type": "service.added", "data": {"cause": "startup",
-            "service": {"namespace": "payments", "name": "api", "vips": [], "ports": [{"port": 443, "protocol": "TCP"}]},
-            "changed": []}}));
-        assert_eq!(describe(&p), "service.added     payments/api      vips=[] ports=443/TCP  (cause: startup)");
+        let p = delivery(EventKind::Added, Cause::Startup, serde_json::json!([{"port": 443}]), &[]);
+        assert_eq!(
+            describe(&p),
+            "service.added     shop/web          vips=[192.0.2.10] ports=443/TCP  (cause: startup)"
+        );
     }
 }

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use vipwatch_contract::Cause;
+
 use super::{ServiceKey, ServiceView, changed_fields};
 
 /// Event type, as the Kubernetes watch names them.
@@ -21,40 +23,15 @@ pub enum ChangeKind {
 impl ChangeKind {
     /// `ADDED`, `MODIFIED` or `DELETED`: the string stored in the event log.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Added => "ADDED",
-            Self::Modified => "MODIFIED",
-            Self::Deleted => "DELETED",
-        }
+        self.event_kind().as_str()
     }
-}
 
-/// Why an event was recorded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Cause {
-    /// A watch event (`ADDED`/`MODIFIED`/`DELETED` on the stream).
-    Watch,
-    /// The difference found by a re-list (after a `410 Gone`, a broken stream, or a malformed line).
-    Relist,
-    /// The difference found by the first list after vipwatch started (changes made while it was down).
-    Startup,
-    /// The allocator changed the Service's addresses on its own: an address freed up for a Service
-    /// that was pending.
-    Allocation,
-    /// An endpoint with `assigns_vip` returned the Service's address.
-    Appliance,
-}
-
-impl Cause {
-    /// `watch`, `relist`, `startup`, `allocation` or `appliance`: the string stored in the event log.
-    pub fn as_str(self) -> &'static str {
+    /// The kind as the webhook contract names it (`data.event`).
+    pub fn event_kind(self) -> vipwatch_contract::EventKind {
         match self {
-            Self::Watch => "watch",
-            Self::Relist => "relist",
-            Self::Startup => "startup",
-            Self::Allocation => "allocation",
-            Self::Appliance => "appliance",
+            Self::Added => vipwatch_contract::EventKind::Added,
+            Self::Modified => vipwatch_contract::EventKind::Modified,
+            Self::Deleted => vipwatch_contract::EventKind::Deleted,
         }
     }
 }

@@ -4,13 +4,12 @@
 mod change;
 mod notice;
 mod scope;
-mod selector;
 mod view;
 
 pub use change::{Cause, ChangeKind, Decision, Observed, Recorded, Tracked, decide_apply, decide_delete};
 pub use notice::{Assignment, FINALIZER, Feedback, Notice};
 pub use scope::Scope;
-pub use selector::{LabelSelector, SelectorError};
 pub use view::{
     Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceKey, ServiceView, VipSource, changed_fields,
 };
+pub use vipwatch_label_selector::{LabelSelector, SelectorError};

@@ -24,6 +24,8 @@ use tracing::info;
 
 use crate::config::{Config, WebhookConfig, redact_url};
 use crate::metrics::Metrics;
+use vipwatch_contract::EventKind;
+
 use crate::model::{Cause, Feedback, LabelSelector};
 use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow, Store, StoreError};
 use payload::{PayloadInput, render};
@@ -117,8 +119,8 @@ impl Outbox for Router {
         }
         let payload = render(&PayloadInput {
             event_id: Some(e.id),
-            event: e.event.kind.as_str(),
-            cause: e.cause.as_str(),
+            event: e.event.kind.event_kind(),
+            cause: e.cause,
             observed_at: e.observed_at,
             key: e.key,
             uid: &e.event.uid,
@@ -161,8 +163,8 @@ pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Resul
 fn synced(route: &Route, s: &ServiceRow, now: i64) -> NewDelivery {
     let payload = render(&PayloadInput {
         event_id: None,
-        event: "SYNCED",
-        cause: "resync",
+        event: EventKind::Synced,
+        cause: Cause::Resync,
         observed_at: now,
         key: &s.key,
         uid: &s.uid,

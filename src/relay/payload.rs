@@ -1,67 +1,19 @@
-//! The webhook body (documented in the README and as the `WebhookPayload` schema of the OpenAPI
-//! document): `{"type", "timestamp", "data": {"event_id", "event", "cause", "service", "previous",
-//! "changed"}}`, serialized once at enqueue time so every retry sends (and signs) the same bytes.
+//! Builds the webhook body (the contract's [`WebhookPayload`], documented in the README and as the
+//! `WebhookPayload` schema of the OpenAPI document), serialized once at enqueue time so every retry
+//! sends (and signs) the same bytes.
 
-use serde::Serialize;
+use vipwatch_contract::{Cause, EventKind, WebhookPayload, WebhookPayloadData, WebhookService};
 
 use crate::model::{ServiceKey, ServiceView};
-
-/// The Service as sent: identity, the normalized view (camelCase) and its VIPs.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ServicePayload<'a> {
-    /// Namespace.
-    pub namespace: &'a str,
-    /// Name.
-    pub name: &'a str,
-    /// `metadata.uid`.
-    pub uid: &'a str,
-    /// `metadata.resourceVersion` of the change.
-    pub resource_version: &'a str,
-    /// VIP addresses (published ingress first, then requested), see `ServiceView::vips`.
-    pub vips: Vec<String>,
-    /// The rest of the normalized view.
-    #[serde(flatten)]
-    pub view: &'a ServiceView,
-}
-
-/// `data` of the body.
-#[derive(Debug, Clone, Serialize)]
-pub struct Data<'a> {
-    /// Event-log id (`null` for `service.synced`).
-    pub event_id: Option<i64>,
-    /// `ADDED`, `MODIFIED`, `DELETED` or `SYNCED`.
-    pub event: &'a str,
-    /// `watch`, `relist`, `startup` or `resync`.
-    pub cause: &'a str,
-    /// The Service after the change (the last view for DELETED).
-    pub service: ServicePayload<'a>,
-    /// MODIFIED: the Service before (its own `vips` included); otherwise `null`.
-    pub previous: Option<ServicePayload<'a>>,
-    /// MODIFIED: changed field names; otherwise empty.
-    pub changed: &'a [&'a str],
-}
-
-/// The whole body.
-#[derive(Debug, Clone, Serialize)]
-pub struct Payload<'a> {
-    /// `service.added`, `service.modified`, `service.deleted` or `service.synced`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// When the change was observed, RFC 3339 UTC with milliseconds.
-    pub timestamp: String,
-    /// The change.
-    pub data: Data<'a>,
-}
 
 /// Everything a payload is built from.
 pub struct PayloadInput<'a> {
     /// Event id, if any.
     pub event_id: Option<i64>,
     /// `ADDED` / `MODIFIED` / `DELETED` / `SYNCED`.
-    pub event: &'a str,
+    pub event: EventKind,
     /// The cause.
-    pub cause: &'a str,
+    pub cause: Cause,
     /// Observed at (Unix ms).
     pub observed_at: i64,
     /// The Service.
@@ -78,41 +30,36 @@ pub struct PayloadInput<'a> {
     pub changed: &'a [&'a str],
 }
 
-/// The `type` for an event kind.
-pub fn type_for(event: &str) -> &'static str {
-    match event {
-        "ADDED" => "service.added",
-        "MODIFIED" => "service.modified",
-        "DELETED" => "service.deleted",
-        _ => "service.synced",
-    }
-}
-
 /// Serializes the body (compact JSON).
 pub fn render(input: &PayloadInput<'_>) -> String {
-    fn service<'a>(input: &'a PayloadInput<'a>, view: &'a ServiceView) -> ServicePayload<'a> {
-        ServicePayload {
-            namespace: &input.key.namespace,
-            name: &input.key.name,
-            uid: input.uid,
-            resource_version: input.resource_version,
-            vips: view.vips(),
-            view,
-        }
-    }
-    let payload = Payload {
-        kind: type_for(input.event),
+    serde_json::to_string(&payload(input)).expect("payload serializes")
+}
+
+/// The body as a value.
+pub fn payload(input: &PayloadInput<'_>) -> WebhookPayload {
+    let service = |view: &ServiceView| WebhookService {
+        namespace: input.key.namespace.clone(),
+        name: input.key.name.clone(),
+        uid: input.uid.to_owned(),
+        resource_version: input.resource_version.to_owned(),
+        vips: view.vips(),
+        view: view.clone(),
+        backends: None,
+    };
+    WebhookPayload {
+        kind: input.event.payload_type(),
         timestamp: rfc3339(input.observed_at),
-        data: Data {
+        data: WebhookPayloadData {
             event_id: input.event_id,
             event: input.event,
             cause: input.cause,
-            service: service(input, input.view),
-            previous: input.previous.map(|p| service(input, p)),
-            changed: input.changed,
+            service: Some(service(input.view)),
+            previous: input.previous.map(service),
+            changed: input.changed.iter().map(|c| (*c).to_owned()).collect(),
+            backends_diff: None,
+            sync: None,
         },
-    };
-    serde_json::to_string(&payload).expect("payload serializes")
+    }
 }
 
 /// Unix ms → RFC 3339 UTC with milliseconds (`2026-11-29T23:05:00.123Z`).

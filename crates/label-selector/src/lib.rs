@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kube::core::{Expression, Selector, SelectorExt};
+use kube_core::{Expression, Selector, SelectorExt};
 
 /// A selector string that does not parse; the message says which term and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,11 +1,10 @@
 //! The installed `kubectl` (1.32) driving the fake apiserver: create, label, annotate, patch (strategic,
-//! JSON, merge), delete and client-side apply, each checked through a kube-rs watch; and the
-//! `vipwatch fake-apiserver` binary serving a seed directory to `kubectl get`.
+//! JSON, merge), delete and client-side apply, each checked through a kube-rs watch, and `kubectl get`
+//! tables. (The `vipwatch fake-apiserver` subcommand is tested with the binary, in `tests/cli.rs`.)
 //!
 //! Every kubectl run gets a fresh temporary `HOME` (kubectl caches discovery under it).
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
@@ -13,9 +12,9 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, WatchEvent, WatchParams};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::time::timeout;
-use vipwatch::fake_apiserver::FakeApiServer;
+use vipwatch_fake_apiserver::FakeApiServer;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -180,60 +179,6 @@ async fn kubectl_apply_creates_then_patches_strategically() {
     assert_eq!(kubectl_ok(&url, &["apply", "-f", "-"], Some(&v2.to_string())).await.trim(), "service/app unchanged");
     assert_eq!(server.resource_version(), rv, "an unchanged apply writes nothing");
     assert!(server.requests().iter().any(|r| r.path == "/openapi/v3"), "kubectl looked for OpenAPI v3");
-}
-
-#[tokio::test]
-async fn binary_serves_seed_dir_to_kubectl() {
-    let seed = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kubernetes/real-world");
-    let mut expected = BTreeSet::new();
-    for entry in std::fs::read_dir(&seed).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|x| x == "json") {
-            let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-            let ns = v["metadata"]["namespace"].as_str().unwrap_or("default").to_string();
-            expected.insert(format!("{ns}/{}", v["metadata"]["name"].as_str().unwrap()));
-        }
-    }
-    // A free port: bind :0, read it, release it for the binary.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let cwd = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vipwatch"))
-        .current_dir(cwd.path())
-        .env_remove("VIPWATCH_CONFIG")
-        .env("VIPWATCH_LOG", "warn")
-        .args(["fake-apiserver", "--listen", &addr.to_string(), "--seed"])
-        .arg(&seed)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = timeout(WAIT, lines.next_line()).await.expect("startup line in time").unwrap();
-    assert_eq!(line.as_deref(), Some(format!("fake apiserver listening on http://{addr}").as_str()));
-
-    let url = format!("http://{addr}");
-    let listed: Value =
-        serde_json::from_str(&kubectl_ok(&url, &["get", "svc", "-A", "-o", "json"], None).await).unwrap();
-    let got: BTreeSet<String> = listed["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| {
-            format!("{}/{}", i["metadata"]["namespace"].as_str().unwrap(), i["metadata"]["name"].as_str().unwrap())
-        })
-        .collect();
-    assert_eq!(got, expected);
-    // It takes writes too.
-    kubectl_ok(&url, &["label", "svc", "-n", "kube-system", "kube-dns", "seen=yes"], None).await;
-    let dns = kubectl_ok(
-        &url,
-        &["get", "svc", "-n", "kube-system", "kube-dns", "-o", "jsonpath={.metadata.labels.seen}"],
-        None,
-    )
-    .await;
-    assert_eq!(dns, "yes");
-
-    child.kill().await.unwrap();
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use serde_json::json;
 use tokio::time::timeout;
-use vipwatch::fake_apiserver::FakeApiServer;
+use vipwatch_fake_apiserver::FakeApiServer;
 
 const WAIT: Duration = Duration::from_secs(10);
 

@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, WatchEvent, WatchPara
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::json;
 use tokio::time::timeout;
-use vipwatch::fake_apiserver::FakeApiServer;
+use vipwatch_fake_apiserver::FakeApiServer;
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -10,15 +10,15 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-/// A parsed label selector (the crate's own parser, [`crate::model::LabelSelector`], which also filters
+/// A parsed label selector (the crate's own parser, [`vipwatch_label_selector::LabelSelector`], which vipwatch also uses to filter
 /// webhooks): all requirements must hold. Empty = matches everything.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct LabelSelector(crate::model::LabelSelector);
+pub(crate) struct LabelSelector(vipwatch_label_selector::LabelSelector);
 
 impl LabelSelector {
     /// Parse the `labelSelector` query value. Errors are human-readable messages for a 400 Status.
     pub(crate) fn parse(s: &str) -> Result<LabelSelector, String> {
-        crate::model::LabelSelector::parse(s).map(LabelSelector).map_err(|e| e.to_string())
+        vipwatch_label_selector::LabelSelector::parse(s).map(LabelSelector).map_err(|e| e.to_string())
     }
 
     /// Whether an object's `metadata.labels` (absent or `null` = no labels) satisfies the selector.

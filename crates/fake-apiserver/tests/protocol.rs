@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout};
-use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
+use vipwatch_fake_apiserver::{FakeApiServer, FakeApiServerOptions};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -249,7 +249,7 @@ async fn bookmarks_periodic_and_on_demand_and_silence() {
 }
 
 fn fixture_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kubernetes/real-world")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/kubernetes/real-world")
 }
 
 fn fixtures() -> Vec<Value> {

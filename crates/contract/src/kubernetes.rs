@@ -1,0 +1,136 @@
+//! Normalizing a Kubernetes Service (k8s-openapi) into a [`ServiceView`] (feature `kubernetes`): absent
+//! fields take Kubernetes' defaults, so that equal Services compare equal.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Service, ServicePort};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::view::{IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView};
+
+impl ServiceView {
+    /// Normalizes a Kubernetes Service. Never fails: absent fields take Kubernetes' defaults (type
+    /// `ClusterIP`, protocol `TCP`, `targetPort` = `port`, `sessionAffinity` `None`); `allocation` is
+    /// left `None` (the controller fills it in).
+    pub fn from_service(svc: &Service) -> Self {
+        Self::from_owned(svc.clone())
+    }
+
+    /// As [`Self::from_service`], consuming the object (no copy of its fields; the watch path uses it).
+    pub fn from_owned(svc: Service) -> Self {
+        let ingress = ingress_views(&svc);
+        let spec = svc.spec.unwrap_or_default();
+        let meta = svc.metadata;
+        let annotations: BTreeMap<String, String> = meta.annotations.unwrap_or_default();
+        Self {
+            service_type: spec.type_.unwrap_or_else(|| "ClusterIP".to_owned()),
+            load_balancer_class: spec.load_balancer_class,
+            ports: spec.ports.unwrap_or_default().iter().map(port_view).collect(),
+            selector: spec.selector.unwrap_or_default(),
+            external_traffic_policy: spec.external_traffic_policy,
+            health_check_node_port: spec.health_check_node_port,
+            session_affinity: spec.session_affinity.unwrap_or_else(|| "None".to_owned()),
+            session_affinity_timeout_seconds: spec
+                .session_affinity_config
+                .and_then(|c| c.client_ip)
+                .and_then(|c| c.timeout_seconds),
+            load_balancer_source_ranges: spec.load_balancer_source_ranges.unwrap_or_default(),
+            external_ips: spec.external_ips.unwrap_or_default(),
+            ip_families: spec.ip_families.unwrap_or_default(),
+            ip_family_policy: spec.ip_family_policy,
+            allocate_load_balancer_node_ports: spec.allocate_load_balancer_node_ports,
+            load_balancer_ip: spec.load_balancer_ip.filter(|ip| is_ip(ip)),
+            requested_ips: requested_ips(&annotations),
+            ingress,
+            labels: meta.labels.unwrap_or_default(),
+            annotations,
+            allocation: None,
+            finalizers: meta.finalizers.unwrap_or_default(),
+            deleting: meta.deletion_timestamp.is_some(),
+        }
+    }
+}
+
+fn port_view(p: &ServicePort) -> PortView {
+    let target_port = match &p.target_port {
+        Some(IntOrString::Int(n)) => n.to_string(),
+        Some(IntOrString::String(s)) => s.clone(),
+        None => p.port.to_string(),
+    };
+    PortView {
+        name: p.name.clone().filter(|n| !n.is_empty()),
+        protocol: p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()),
+        port: p.port,
+        target_port,
+        node_port: p.node_port,
+        app_protocol: p.app_protocol.clone(),
+    }
+}
+
+fn requested_ips(annotations: &BTreeMap<String, String>) -> Vec<String> {
+    let Some(value) = REQUESTED_IP_ANNOTATIONS.iter().find_map(|k| annotations.get(*k)) else {
+        return Vec::new();
+    };
+    value.split(',').map(str::trim).filter(|s| is_ip(s)).map(str::to_owned).collect()
+}
+
+/// Whether `s` is an IPv4 or IPv6 address. Anything else in `spec.loadBalancerIP` or a requested-IP
+/// annotation is not an address an appliance can bind, and is left out of the view.
+fn is_ip(s: &str) -> bool {
+    s.parse::<std::net::IpAddr>().is_ok()
+}
+
+fn ingress_views(svc: &Service) -> Vec<IngressView> {
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+    ingress
+        .map(|list| {
+            list.iter()
+                .map(|i| IngressView { ip: i.ip.clone(), hostname: i.hostname.clone(), ip_mode: i.ip_mode.clone() })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(json: serde_json::Value) -> ServiceView {
+        ServiceView::from_service(&serde_json::from_value(json).unwrap())
+    }
+
+    #[test]
+    fn defaults_are_filled_in() {
+        let v = view(serde_json::json!({"metadata": {"name": "a"}, "spec": {"ports": [{"port": 53}]}}));
+        assert_eq!(v.service_type, "ClusterIP");
+        assert_eq!(v.session_affinity, "None");
+        assert_eq!(
+            v.ports,
+            vec![PortView {
+                name: None,
+                protocol: "TCP".into(),
+                port: 53,
+                target_port: "53".into(),
+                node_port: None,
+                app_protocol: None
+            }]
+        );
+    }
+
+    #[test]
+    fn requested_ips_take_the_first_annotation_present_and_vips_dedupe() {
+        let v = view(serde_json::json!({"metadata": {"name": "a", "annotations": {
+            "metallb.io/loadBalancerIPs": "198.51.100.1", "vipwatch.io/loadBalancerIPs": " 192.0.2.1, 2001:db8::1 ,bogus,,999.1.1.1"}},
+            "spec": {"loadBalancerIP": "192.0.2.1"},
+            "status": {"loadBalancer": {"ingress": [{"hostname": "lb.example.net"}]}}}));
+        assert_eq!(v.requested_ips, vec!["192.0.2.1", "2001:db8::1"]);
+        assert_eq!(
+            v.vip_sources(),
+            vec![
+                ("lb.example.net".to_owned(), "status"),
+                ("192.0.2.1".to_owned(), "annotation"),
+                ("2001:db8::1".to_owned(), "annotation")
+            ]
+        );
+    }
+}

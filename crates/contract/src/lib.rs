@@ -1,0 +1,24 @@
+//! The webhook contract of vipwatch: exactly what a receiver of its deliveries gets, defined once.
+//! The controller serializes these types, the agents (`vipwatch-haproxy`) deserialize them, and the
+//! controller's OpenAPI document takes their schemas from here (feature `openapi`).
+//!
+//! A delivery is a Standard Webhooks POST whose body is a [`WebhookPayload`]:
+//! `{"type": "service.modified", "timestamp": "…", "data": {"event_id", "event", "cause", "service",
+//! "previous", "changed", "backendsDiff"}}`. `data.service` is a [`WebhookService`]: identity, VIPs,
+//! the normalized [`ServiceView`] (camelCase, Kubernetes defaults filled in) and its [`Backends`]
+//! (the pool members the appliance sends traffic to).
+//!
+//! Receivers should acknowledge (2xx) a `type` they do not know: new types are added without a new
+//! version (`sync.completed` is one).
+
+mod backends;
+#[cfg(feature = "kubernetes")]
+mod kubernetes;
+mod payload;
+mod view;
+
+pub use backends::{
+    BackendMode, BackendPort, Backends, BackendsDiff, HealthCheck, HealthCheckScope, Member, MemberChange, MemberState,
+};
+pub use payload::{Cause, EventKind, PayloadType, SyncMarker, WebhookPayload, WebhookPayloadData, WebhookService};
+pub use view::{Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, VipSource};

@@ -1,0 +1,209 @@
+//! The normalized view of a Kubernetes Service: exactly the fields an external load balancer needs,
+//! with Kubernetes defaults filled in so that equal Services compare equal. Serialized in camelCase,
+//! as Kubernetes spells the fields.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Annotations read as requested VIPs, in precedence order: the first one present wins. `vipwatch.io/`
+/// is vipwatch's own; the MetalLB and Cilium keys are honoured so Services migrated from those
+/// controllers keep their addresses. Values are comma-separated IP lists.
+pub const REQUESTED_IP_ANNOTATIONS: [&str; 4] = [
+    "vipwatch.io/loadBalancerIPs",
+    "metallb.io/loadBalancerIPs",
+    "metallb.universe.tf/loadBalancerIPs",
+    "lbipam.cilium.io/ips",
+];
+
+/// One Service port as the load balancer sees it (`spec.ports[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PortView {
+    /// Port name; required by Kubernetes only when a Service has several ports.
+    pub name: Option<String>,
+    /// `TCP`, `UDP` or `SCTP`; Kubernetes' default `TCP` when absent.
+    pub protocol: String,
+    /// The Service port the VIP listens on.
+    pub port: i32,
+    /// Target port on the Pods, as a string (a number or a named port); defaults to `port`.
+    pub target_port: String,
+    /// NodePort on every Node, when allocated.
+    pub node_port: Option<i32>,
+    /// `appProtocol` hint (e.g. `http`, `kubernetes.io/h2c`).
+    pub app_protocol: Option<String>,
+}
+
+/// One `status.loadBalancer.ingress[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct IngressView {
+    /// IP address, when the load balancer is reached by IP.
+    pub ip: Option<String>,
+    /// DNS name, when the load balancer is reached by name.
+    pub hostname: Option<String>,
+    /// `VIP` or `Proxy` (Kubernetes 1.30+), when set.
+    pub ip_mode: Option<String>,
+}
+
+/// Who chose a Service's VIPs when vipwatch assigns them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum VipSource {
+    /// Allocated by vipwatch from a configured `[[pools]]` entry.
+    Pool,
+    /// Returned by a webhook endpoint configured with `assigns_vip = true`.
+    Appliance,
+}
+
+impl VipSource {
+    /// `pool` or `appliance`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pool => "pool",
+            Self::Appliance => "appliance",
+        }
+    }
+}
+
+/// The addresses vipwatch assigned to a Service (or why it has none yet). Part of the view, so a
+/// change of allocation is a MODIFIED (`changed: ["allocation"]`) and reaches the appliance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Allocation {
+    /// `pool` or `appliance`.
+    pub source: VipSource,
+    /// The pool the addresses come from (`source = pool`).
+    pub pool: Option<String>,
+    /// The VIPs, primary family first; empty while pending.
+    pub addresses: Vec<String>,
+    /// A DNS name instead of addresses (`source = appliance` only).
+    pub hostname: Option<String>,
+    /// Why there is no address (impossible request, pool exhausted); `None` once allocated.
+    pub reason: Option<String>,
+}
+
+impl Allocation {
+    /// A pool allocation with no address, for `reason`.
+    pub fn pending(reason: String) -> Self {
+        Self { source: VipSource::Pool, pool: None, addresses: Vec::new(), hostname: None, reason: Some(reason) }
+    }
+
+    /// The `status.loadBalancer.ingress` this allocation publishes: one `{ip, ipMode: "VIP"}` per
+    /// address, or one `{hostname}`; empty while pending.
+    pub fn ingress(&self) -> Vec<IngressView> {
+        let ips = self.addresses.iter().map(|ip| IngressView {
+            ip: Some(ip.clone()),
+            hostname: None,
+            ip_mode: Some("VIP".into()),
+        });
+        let host = self.hostname.iter().map(|h| IngressView { ip: None, hostname: Some(h.clone()), ip_mode: None });
+        ips.chain(host).collect()
+    }
+}
+
+/// The normalized, LB-relevant view of one Service. Every field except `ingress`, `finalizers` and
+/// `deleting` takes part in the controller's MODIFIED decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceView {
+    /// `spec.type`; Kubernetes' default `ClusterIP` when absent.
+    #[serde(rename = "type")]
+    pub service_type: String,
+    /// `spec.loadBalancerClass`.
+    pub load_balancer_class: Option<String>,
+    /// `spec.ports`, in the order given.
+    pub ports: Vec<PortView>,
+    /// `spec.selector` (empty for Services without a selector).
+    pub selector: BTreeMap<String, String>,
+    /// `spec.externalTrafficPolicy` (`Cluster` or `Local`).
+    pub external_traffic_policy: Option<String>,
+    /// `spec.healthCheckNodePort` (only with `externalTrafficPolicy: Local`).
+    pub health_check_node_port: Option<i32>,
+    /// `spec.sessionAffinity`; Kubernetes' default `None` when absent.
+    pub session_affinity: String,
+    /// `spec.sessionAffinityConfig.clientIP.timeoutSeconds`, in seconds.
+    pub session_affinity_timeout_seconds: Option<i32>,
+    /// `spec.loadBalancerSourceRanges` (CIDRs allowed to reach the VIP).
+    pub load_balancer_source_ranges: Vec<String>,
+    /// `spec.externalIPs`.
+    pub external_ips: Vec<String>,
+    /// `spec.ipFamilies` (`IPv4`, `IPv6`), in order of preference.
+    pub ip_families: Vec<String>,
+    /// `spec.ipFamilyPolicy` (`SingleStack`, `PreferDualStack`, `RequireDualStack`).
+    pub ip_family_policy: Option<String>,
+    /// `spec.allocateLoadBalancerNodePorts`.
+    pub allocate_load_balancer_node_ports: Option<bool>,
+    /// `spec.loadBalancerIP` (deprecated upstream, still honoured); `None` unless it is an IP address.
+    pub load_balancer_ip: Option<String>,
+    /// IPs requested by annotation (first of [`REQUESTED_IP_ANNOTATIONS`] present), trimmed, in order;
+    /// entries that are not IP addresses are dropped.
+    pub requested_ips: Vec<String>,
+    /// `status.loadBalancer.ingress`: the addresses currently published. Status only: a change here
+    /// alone is not a MODIFIED.
+    pub ingress: Vec<IngressView>,
+    /// `metadata.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `metadata.annotations`.
+    pub annotations: BTreeMap<String, String>,
+    /// The VIPs vipwatch assigned (pools, or an appliance with `assigns_vip`), or why none yet; `None`
+    /// when vipwatch does not assign this Service's addresses.
+    #[serde(default)]
+    pub allocation: Option<Allocation>,
+    /// `metadata.finalizers`. Metadata only: a change here alone is not a MODIFIED.
+    #[serde(default)]
+    pub finalizers: Vec<String>,
+    /// Whether `metadata.deletionTimestamp` is set: the object is being deleted and waits for its
+    /// finalizers.
+    #[serde(default)]
+    pub deleting: bool,
+}
+
+impl ServiceView {
+    /// The VIPs of this Service with where each comes from. When vipwatch assigns this Service's
+    /// addresses ([`Self::allocation`] is set), exactly the allocated ones, with source `pool` or
+    /// `appliance` (none while pending). Otherwise, in this order and without repeats: `status`
+    /// (published ingress IPs and hostnames), then `annotation` (requested IPs), then `spec`
+    /// (`spec.loadBalancerIP`). Returns `(address, source)` pairs.
+    pub fn vip_sources(&self) -> Vec<(String, &'static str)> {
+        if let Some(a) = &self.allocation {
+            let source = a.source.as_str();
+            return a.addresses.iter().chain(&a.hostname).map(|v| (v.clone(), source)).collect();
+        }
+        let status = self.ingress.iter().filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone()));
+        let status = status.map(|a| (a, "status"));
+        let annotation = self.requested_ips.iter().map(|a| (a.clone(), "annotation"));
+        let spec = self.load_balancer_ip.iter().map(|a| (a.clone(), "spec"));
+        let mut out: Vec<(String, &'static str)> = Vec::new();
+        for (addr, source) in status.chain(annotation).chain(spec) {
+            if !out.iter().any(|(a, _)| *a == addr) {
+                out.push((addr, source));
+            }
+        }
+        out
+    }
+
+    /// The VIP addresses only, as in [`Self::vip_sources`].
+    pub fn vips(&self) -> Vec<String> {
+        self.vip_sources().into_iter().map(|(a, _)| a).collect()
+    }
+
+    /// The `status.loadBalancer.ingress` vipwatch should publish, when it differs from what the Service
+    /// shows: `Some(list)` (possibly empty, to clear) for a Service whose addresses vipwatch assigns,
+    /// `None` when the status is right or not vipwatch's to write.
+    pub fn status_to_publish(&self) -> Option<Vec<IngressView>> {
+        let want = self.allocation.as_ref()?.ingress();
+        (want != self.ingress).then_some(want)
+    }
+
+    /// The IP families the Service uses, primary first: `spec.ipFamilies`, or `["IPv4"]` when the
+    /// apiserver left it out (single-stack IPv4 clusters before 1.20).
+    pub fn families(&self) -> Vec<&str> {
+        if self.ip_families.is_empty() { vec!["IPv4"] } else { self.ip_families.iter().map(String::as_str).collect() }
+    }
+}
