@@ -19,9 +19,11 @@ pub struct EventLabels {
     pub cause: String,
 }
 
-/// Labels carrying one watch scope (`*` or a namespace).
+/// Labels carrying one watch scope: the resource and `*` or a namespace.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ScopeLabels {
+    /// `services`, `nodes` or `endpointslices`.
+    pub resource: String,
     /// `*` for the cluster-wide watch, else the namespace.
     pub scope: String,
 }
@@ -29,6 +31,8 @@ pub struct ScopeLabels {
 /// Labels of `vipwatch_watch_errors_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WatchErrorLabels {
+    /// `services`, `nodes` or `endpointslices`.
+    pub resource: String,
     /// `*` or the namespace.
     pub scope: String,
     /// `list`, `watch_start`, `gone` (410), `status`, `stream`, `decode`, `no_resource_version`.
@@ -87,6 +91,22 @@ pub struct WriteLabels {
     pub outcome: String,
 }
 
+/// Labels of `vipwatch_backend_members`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberLabels {
+    /// `nodePort` or `pod`.
+    pub mode: String,
+    /// `active` or `draining`.
+    pub state: String,
+}
+
+/// Labels of `vipwatch_nodes`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    /// `true` when the Node may carry load-balancer traffic.
+    pub eligible: String,
+}
+
 /// Every metric vipwatch exports. Clone the `Arc` to share.
 pub struct Metrics {
     registry: Registry,
@@ -101,6 +121,17 @@ pub struct Metrics {
     pub watch_restarts: Family<ScopeLabels, Counter>,
     /// `vipwatch_watch_gone_total{scope}`: `410 Gone` answers (expired resourceVersion).
     pub watch_gone: Family<ScopeLabels, Counter>,
+    /// `vipwatch_backend_members{mode,state}`: pool members over every in-scope Service.
+    pub backend_members: Family<MemberLabels, Gauge>,
+    /// `vipwatch_backend_changes_coalesced_total`: EndpointSlice and Node changes folded into a member
+    /// update that was already pending for a Service (one MODIFIED instead of several).
+    pub backend_coalesced: Counter,
+    /// `vipwatch_backend_noop_total`: member recomputations after an input changed that changed nothing
+    /// (a slice write that moved, relabelled or duplicated endpoints; a Node update that leaves its
+    /// addresses and eligibility as they were).
+    pub backend_noop: Counter,
+    /// `vipwatch_nodes{eligible}`: Nodes known, by eligibility for load-balancer traffic.
+    pub nodes: Family<NodeLabels, Gauge>,
     /// `vipwatch_services_in_scope`: rows in the current-state table.
     pub services_in_scope: Gauge,
     /// `vipwatch_vips_in_use`: distinct VIP addresses over in-scope Services.
@@ -145,6 +176,10 @@ impl Metrics {
             relists: Family::default(),
             watch_restarts: Family::default(),
             watch_gone: Family::default(),
+            backend_members: Family::default(),
+            backend_coalesced: Counter::default(),
+            backend_noop: Counter::default(),
+            nodes: Family::default(),
             services_in_scope: Gauge::default(),
             vips_in_use: Gauge::default(),
             pool_in_use: Family::default(),
@@ -163,6 +198,14 @@ impl Metrics {
         registry.register("watch_relists", "Full lists after the first one", m.relists.clone());
         registry.register("watch_restarts", "Watch restarts forced by vipwatch", m.watch_restarts.clone());
         registry.register("watch_gone", "410 Gone answers (expired resourceVersion)", m.watch_gone.clone());
+        registry.register("backend_members", "Pool members over every in-scope Service", m.backend_members.clone());
+        registry.register(
+            "backend_changes_coalesced",
+            "EndpointSlice and Node changes folded into an already pending member update",
+            m.backend_coalesced.clone(),
+        );
+        registry.register("backend_noop", "Member recomputations that changed nothing", m.backend_noop.clone());
+        registry.register("nodes", "Nodes known, by eligibility for load-balancer traffic", m.nodes.clone());
         registry.register("services_in_scope", "Services in the current-state table", m.services_in_scope.clone());
         registry.register("vips_in_use", "Distinct VIP addresses of in-scope Services", m.vips_in_use.clone());
         registry.register("pool_addresses_in_use", "Addresses of the pool held by Services", m.pool_in_use.clone());
@@ -187,12 +230,6 @@ impl Metrics {
             m.http_latency.clone(),
         );
         Arc::new(m)
-    }
-
-    /// Counts one watch error of `kind` on `scope`.
-    pub fn watch_error(&self, scope: &str, kind: &str) {
-        let labels = WatchErrorLabels { scope: scope.to_owned(), kind: kind.to_owned() };
-        self.watch_errors.get_or_create(&labels).inc();
     }
 
     /// Counts one recorded event.
@@ -240,14 +277,16 @@ impl Metrics {
         self.outbox_oldest_age.get_or_create(&labels).set(oldest_age_seconds);
     }
 
-    /// Total of a scope-labelled counter family for `scope` (0 when never incremented); for tests.
+    /// A scope-labelled counter of the Service watch of `scope` (0 when never incremented); for tests.
     pub fn scope_count(family: &Family<ScopeLabels, Counter>, scope: &str) -> u64 {
-        family.get(&ScopeLabels { scope: scope.to_owned() }).map(|c| c.get()).unwrap_or(0)
+        let labels = ScopeLabels { resource: "services".to_owned(), scope: scope.to_owned() };
+        family.get(&labels).map(|c| c.get()).unwrap_or(0)
     }
 
-    /// Sum over every label set of `vipwatch_watch_errors_total` of the given `kind`; for tests and logs.
+    /// `vipwatch_watch_errors_total` of the Service watch of `scope` and `kind`; for tests and logs.
     pub fn watch_error_count(&self, scope: &str, kind: &str) -> u64 {
-        let labels = WatchErrorLabels { scope: scope.to_owned(), kind: kind.to_owned() };
+        let labels =
+            WatchErrorLabels { resource: "services".to_owned(), scope: scope.to_owned(), kind: kind.to_owned() };
         self.watch_errors.get(&labels).map(|c| c.get()).unwrap_or(0)
     }
 

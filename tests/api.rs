@@ -125,7 +125,7 @@ async fn one_service_shows_its_last_events_and_delivery_state_per_endpoint() {
     assert_eq!((&web["service"]["namespace"], &web["service"]["name"]), (&json!("shop"), &json!("web")));
     assert_eq!(field(&web["events"], "type"), [json!("ADDED"), json!("MODIFIED")]);
     assert_eq!(field(&web["events"], "cause"), [json!("startup"), json!("watch")]);
-    assert_eq!(web["events"][1]["changed"], json!(["ports"]));
+    assert_eq!(web["events"][1]["changed"], json!(["ports", "backends"]), "members are keyed by Service port");
     let lab = &web["deliveries"][0];
     assert_eq!(
         (&lab["webhook"], &lab["state"], &lab["pending"], &lab["last_failure_at"]),
@@ -176,7 +176,8 @@ async fn events_list_filters_and_detail() {
     assert_problem(&api.get("/api/v1/events?limit=1001").await, 400, "invalid_query");
 
     let one = api.ok("/api/v1/events/4").await;
-    assert_eq!((&one["id"], &one["type"], &one["changed"]), (&json!(4), &json!("MODIFIED"), &json!(["ports"])));
+    let changed = json!(["ports", "backends"]);
+    assert_eq!((&one["id"], &one["type"], &one["changed"]), (&json!(4), &json!("MODIFIED"), &changed));
     assert_eq!((&one["previous"]["ports"][0]["port"], &one["view"]["ports"][0]["port"]), (&json!(80), &json!(81)));
     assert_eq!(api.ok("/api/v1/events/1").await["previous"], Value::Null);
     assert_problem(&api.get("/api/v1/events/99").await, 404, "not_found");
@@ -242,10 +243,13 @@ async fn deliveries_webhooks_and_the_write_endpoints() {
 
     let resync = api.post("/api/v1/webhooks/lab/resync", Some(TOKEN)).await;
     assert_eq!((resync.status.as_u16(), &resync.body), (202, &json!({"webhook": "lab", "enqueued": 3})));
-    wait_until("3 service.synced delivered", || async { (rx.accepted().len() >= 8).then_some(()) }).await;
+    wait_until("3 service.synced and sync.completed delivered", || async { (rx.accepted().len() >= 9).then_some(()) })
+        .await;
+    let mut types: Vec<Value> = rx.accepted()[5..].iter().map(|h| h.json()["type"].clone()).collect();
+    types.sort_by_key(|t| t.to_string());
     assert_eq!(
-        rx.accepted()[5..].iter().map(|h| h.json()["type"].clone()).collect::<Vec<_>>(),
-        vec![json!("service.synced"); 3]
+        types,
+        vec![json!("service.synced"), json!("service.synced"), json!("service.synced"), json!("sync.completed")]
     );
     assert_problem(&api.post("/api/v1/webhooks/nope/resync", Some(TOKEN)).await, 404, "not_found");
 

@@ -95,18 +95,22 @@ async fn the_demo_relays_verified_changes_serves_them_and_stops_on_sigterm() {
     let api = api.trim_start_matches("  API").trim().to_owned();
     assert!(api.starts_with("http://127.0.0.1:") && !api.ends_with(":0"), "{api}");
 
-    let startup =
-        "appliance  ✓ service.added     shop/web          vips=[192.0.2.10] ports=80/TCP,443/TCP  (cause: startup)";
+    // shop/web sends its two Pods (mode pod) for each of its two ports; the others their three Nodes.
+    let startup = "appliance  ✓ service.added     shop/web          vips=[192.0.2.10] ports=80/TCP,443/TCP members=4  (cause: startup)";
     demo.line("shop/web's startup delivery", |l| l == startup).await;
     demo.line("the scripted create", |l| l == "demo       create Service shop/checkout (port 80/TCP)").await;
-    let added = "appliance  ✓ service.added     shop/checkout     vips=[192.0.2.3] ports=80/TCP";
+    let added = "appliance  ✓ service.added     shop/checkout     vips=[192.0.2.3] ports=80/TCP members=3";
     demo.line("the created Service's delivery", |l| l == added).await;
-    let ports =
-        "appliance  ✓ service.modified  shop/checkout     vips=[192.0.2.3] ports=80/TCP,443/TCP  (changed: ports)";
+    let ports = "appliance  ✓ service.modified  shop/checkout     vips=[192.0.2.3] ports=80/TCP,443/TCP members=6  (changed: ports, backends)";
     demo.line("the port change's delivery", |l| l == ports).await;
     demo.line("the deletion's delivery", |l| l.starts_with("appliance  ✓ service.deleted   shop/checkout ")).await;
+    let rolled = "appliance  ✓ service.modified  shop/web          vips=[192.0.2.10] ports=80/TCP,443/TCP members=4  (changed: backends; cause: backends)";
+    demo.line("the rolled Pods' one MODIFIED", |l| l == rolled).await;
+    let dropped = "appliance  ✓ service.modified  shop/cart         vips=[192.0.2.2] ports=8080/TCP members=2  (changed: backends; cause: backends)";
+    demo.line("the excluded Node dropped from nodePort members", |l| l == dropped).await;
     // Resumed by a re-watch (cause watch) or a re-list, as vipwatch sees fit.
-    let cut = "appliance  ✓ service.modified  payments/gateway  vips=[192.0.2.1] ports=443/TCP  (changed: labels";
+    let cut =
+        "appliance  ✓ service.modified  payments/gateway  vips=[192.0.2.1] ports=443/TCP members=2  (changed: labels";
     demo.line("the change made under a cut watch", |l| {
         [format!("{cut})"), format!("{cut}; cause: relist)")].iter().any(|c| c == l)
     })

@@ -7,6 +7,7 @@ use std::time::Duration;
 use common::receiver::{Receiver, Reply, SECRET, WAIT};
 use common::*;
 use serde_json::json;
+use vipwatch::model::ServiceView;
 use vipwatch::store::DeliveryFilter;
 
 async fn wait_accepted(r: &Receiver, n: usize) -> Vec<receiver::Hit> {
@@ -38,6 +39,14 @@ async fn an_added_service_is_delivered_signed_with_the_documented_payload() {
     let uid = h.api.get("shop", "web").unwrap()["metadata"]["uid"].clone();
     // The ADDED as recorded, before vipwatch's finalizer (added before delivery) moved the object on.
     let rv = created_rv;
+    // Mode nodePort (the default) with no Node in the cluster: no member, kube-proxy's check hinted.
+    let view = ServiceView::from_service(&serde_json::from_value(h.api.get("shop", "web").unwrap()).unwrap());
+    let members = serde_json::to_value(node_port_members(&view, &[], 1)).unwrap();
+    assert_eq!(members["nodePort"]["ports"][0]["members"], json!([]));
+    assert_eq!(
+        members["nodePort"]["healthCheck"],
+        json!({"protocol": "HTTP", "port": 10256, "path": "/healthz", "scope": "node"})
+    );
     let expected = json!({
         "type": "service.added",
         "timestamp": body["timestamp"],
@@ -50,7 +59,8 @@ async fn an_added_service_is_delivered_signed_with_the_documented_payload() {
                              "loadBalancerSourceRanges": [], "externalIps": [], "ipFamilies": [], "ipFamilyPolicy": null,
                              "allocateLoadBalancerNodePorts": null, "loadBalancerIp": null, "requestedIps": [],
                              "ingress": [], "labels": {"app": "web"}, "annotations": {},
-                             "allocation": null, "finalizers": [], "deleting": false, "backends": null},
+                             "allocation": null, "finalizers": [], "deleting": false,
+                             "backends": members["nodePort"]},
                  "previous": null, "changed": []}
     });
     assert_eq!(body, expected);
@@ -254,21 +264,35 @@ async fn resync_enqueues_one_synced_delivery_per_service() {
     wait_accepted(&rx, 2).await;
     let counts = vipwatch::relay::resync(&vw.store, &config, Some("lab")).await.unwrap();
     assert_eq!(counts, vec![("lab".to_owned(), 2)]);
-    let hits = wait_accepted(&rx, 4).await;
-    let synced: Vec<(String, String, String)> = hits[2..]
+    let hits = wait_accepted(&rx, 5).await;
+    // (type, cause, name, sync index, sync total), plus one sync.completed with the same id.
+    let mut synced: Vec<(String, String, String, Option<u64>, u64)> = hits[2..]
         .iter()
         .map(|h| {
             let v = h.json();
+            let sync = &v["data"]["sync"];
             (
                 s(v["type"].as_str().unwrap()),
                 s(v["data"]["cause"].as_str().unwrap()),
-                s(v["data"]["service"]["name"].as_str().unwrap()),
+                s(v["data"]["service"]["name"].as_str().unwrap_or("")),
+                sync["index"].as_u64(),
+                sync["total"].as_u64().unwrap(),
             )
         })
         .collect();
-    let mut synced = synced;
     synced.sort();
-    assert_eq!(synced, vec![(s("service.synced"), s("resync"), s("a")), (s("service.synced"), s("resync"), s("b"))]);
+    assert_eq!(
+        synced,
+        vec![
+            (s("service.synced"), s("resync"), s("a"), Some(1), 2),
+            (s("service.synced"), s("resync"), s("b"), Some(2), 2),
+            (s("sync.completed"), s("resync"), s(""), None, 2),
+        ]
+    );
+    let ids: std::collections::BTreeSet<String> =
+        hits[2..].iter().map(|h| s(h.json()["data"]["sync"]["id"].as_str().unwrap())).collect();
+    assert_eq!(ids.len(), 1, "one resync, one id: {ids:?}");
+    assert!(ids.iter().all(|id| id.starts_with("sync_") && id.len() == 37), "{ids:?}");
     let err = vipwatch::relay::resync(&vw.store, &config, Some("nope")).await.unwrap_err();
     assert_eq!(err.to_string(), "no enabled webhook named `nope` in the configuration");
     vw.stop().await.unwrap();

@@ -6,6 +6,7 @@ use common::*;
 use serde_json::json;
 use vipwatch::model::{ServiceKey, ServiceView};
 use vipwatch::store::{EventRow, ServiceRow};
+use vipwatch_contract::{BackendMode, BackendsDiff};
 
 fn view_of(api: &vipwatch::fake_apiserver::FakeApiServer, ns: &str, name: &str) -> ServiceView {
     let obj = api.get(ns, name).expect("object exists");
@@ -46,6 +47,8 @@ async fn create_modify_delete_record_exact_event_and_state_rows() {
         view: expected_view.clone(),
         previous: None,
         changed: vec![],
+        backends: node_port_members(&expected_view, &[], 1),
+        backends_diff: Default::default(),
     };
     assert_eq!(added, vec![added_row.clone()]);
     let state = ServiceRow {
@@ -53,6 +56,7 @@ async fn create_modify_delete_record_exact_event_and_state_rows() {
         uid: uid.clone(),
         resource_version: rv1,
         view: expected_view.clone(),
+        backends: node_port_members(&expected_view, &[], 1),
         first_seen_at: 0,
         updated_at: 0,
     };
@@ -62,17 +66,27 @@ async fn create_modify_delete_record_exact_event_and_state_rows() {
     let rows = wait_events(&vw.store, 2).await;
     let mut modified_view = expected_view.clone();
     modified_view.ports[0].port = 8443;
+    // The members are keyed by Service port, so they changed too (revision 2), though with no Node
+    // there is no member to add or remove.
+    let empty_diff = BackendsDiff { from_revision: 1, to_revision: 2, added: vec![], removed: vec![], changed: vec![] };
     let modified_row = EventRow {
         id: 2,
         event_type: s("MODIFIED"),
         resource_version: rv2.clone(),
         view: modified_view.clone(),
         previous: Some(expected_view.clone()),
-        changed: vec![s("ports")],
+        changed: vec![s("ports"), s("backends")],
+        backends: Default::default(),
+        backends_diff: [(BackendMode::NodePort, empty_diff)].into_iter().collect(),
         ..added_row.clone()
     };
     assert_eq!(rows, vec![added_row.clone(), modified_row.clone()]);
-    let state2 = ServiceRow { resource_version: rv2, view: modified_view.clone(), ..state };
+    let state2 = ServiceRow {
+        resource_version: rv2,
+        view: modified_view.clone(),
+        backends: node_port_members(&modified_view, &[], 2),
+        ..state
+    };
     assert_eq!(services(&vw.store).await, vec![state2]);
 
     assert!(h.api.delete("shop", "web"));
@@ -83,9 +97,11 @@ async fn create_modify_delete_record_exact_event_and_state_rows() {
         id: 3,
         event_type: s("DELETED"),
         resource_version: deleted_rv,
-        view: modified_view,
+        view: modified_view.clone(),
         previous: None,
         changed: vec![],
+        backends: node_port_members(&modified_view, &[], 2),
+        backends_diff: Default::default(),
         ..added_row.clone()
     };
     assert_eq!(rows, vec![added_row, modified_row, deleted_row]);
@@ -153,7 +169,8 @@ async fn changes_made_while_stopped_are_caught_on_restart_and_an_unchanged_resta
         ]
     );
     let modified = rows.iter().find(|r| r.event_type == "MODIFIED").unwrap();
-    assert_eq!(modified.changed, vec![s("ports")]);
+    // Members are keyed by Service port: a port change is a member change too.
+    assert_eq!(modified.changed, vec![s("ports"), s("backends")]);
     vw.stop().await.unwrap();
 
     let vw = h.start(h.config()).await;
@@ -226,13 +243,15 @@ async fn watch_metrics_exist_at_zero_before_the_first_error() {
     let h = Harness::new().await;
     let vw = h.start(h.config()).await;
     let text = vw.metrics.render();
-    for line in [
-        "vipwatch_watch_errors_total{scope=\"*\",kind=\"decode\"} 0",
-        "vipwatch_watch_relists_total{scope=\"*\"} 0",
-        "vipwatch_watch_gone_total{scope=\"*\"} 0",
-        "vipwatch_watch_restarts_total{scope=\"*\"} 0",
-    ] {
-        assert!(text.lines().any(|l| l == line), "missing `{line}` in:\n{text}");
+    for resource in ["services", "nodes", "endpointslices"] {
+        for line in [
+            format!("vipwatch_watch_errors_total{{resource=\"{resource}\",scope=\"*\",kind=\"decode\"}} 0"),
+            format!("vipwatch_watch_relists_total{{resource=\"{resource}\",scope=\"*\"}} 0"),
+            format!("vipwatch_watch_gone_total{{resource=\"{resource}\",scope=\"*\"}} 0"),
+            format!("vipwatch_watch_restarts_total{{resource=\"{resource}\",scope=\"*\"}} 0"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing `{line}` in:\n{text}");
+        }
     }
     vw.stop().await.unwrap();
 }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod health;
+pub mod nodes;
 pub mod openapi;
 pub mod pagination;
 pub mod services;

@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{PROBLEM_JSON, Problem};
-use super::{ApiState, deliveries, events, health, services, sse, vips, webhooks};
+use super::{ApiState, deliveries, events, health, nodes, services, sse, vips, webhooks};
 use vipwatch_contract::WebhookPayload;
 
 #[derive(OpenApi)]
@@ -22,6 +22,7 @@ use vipwatch_contract::WebhookPayload;
     components(schemas(Problem, WebhookPayload)),
     modifiers(&BearerAuth),
     tags((name = "vips", description = "VIPs in use"), (name = "services", description = "In-scope Services"),
+        (name = "nodes", description = "Nodes and their eligibility for load-balancer traffic"),
         (name = "events", description = "The event log"), (name = "webhooks", description = "Webhook endpoints"),
         (name = "deliveries", description = "The delivery log"), (name = "operations", description = "Health, metrics, this document"))
 )]
@@ -43,6 +44,7 @@ pub fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(vips::get_vip))
         .routes(routes!(services::list_services))
         .routes(routes!(services::get_service))
+        .routes(routes!(nodes::list_nodes))
         .routes(routes!(events::list_events))
         .routes(routes!(sse::stream_events))
         .routes(routes!(events::get_event))

@@ -14,6 +14,9 @@ use super::error::{ApiError, Problem};
 use super::events::EventDto;
 use super::extract::{Path, Query};
 use super::pagination::{self, page, rfc3339};
+use vipwatch_contract::Backends;
+
+use crate::model::backends::BackendSets;
 use crate::model::{LabelSelector, ServiceKey, ServiceView};
 use crate::store::{ServiceDeliveryState, ServicePageQuery, ServiceRow};
 
@@ -55,6 +58,10 @@ pub struct ServiceDto {
     pub vips: Vec<VipRef>,
     /// The normalized view.
     pub view: ServiceView,
+    /// Its pool members per backend mode in use (`nodePort`, `pod`), as last announced: what is behind
+    /// its VIPs.
+    #[schema(value_type = std::collections::BTreeMap<String, Backends>)]
+    pub backends: BackendSets,
 }
 
 impl From<ServiceRow> for ServiceDto {
@@ -69,6 +76,7 @@ impl From<ServiceRow> for ServiceDto {
             updated_at: rfc3339(r.updated_at),
             vips: vips.collect(),
             view: r.view,
+            backends: r.backends,
         }
     }
 }

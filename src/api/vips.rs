@@ -13,6 +13,10 @@ use super::error::{ApiError, Problem};
 use super::extract::{Path, Query};
 use super::pagination::{self, page, rfc3339};
 use super::vip_index::{Addr, VipEntry};
+
+use vipwatch_contract::Backends;
+
+use crate::model::backends::BackendSets;
 use crate::model::{PortView, ServiceKey};
 
 /// One (VIP, Service) pair.
@@ -42,6 +46,17 @@ pub struct VipItem {
 
 page!(VipPage, VipItem, "A page of VIPs, by address (IPv4, IPv6, then hostnames), namespace, name.");
 
+/// One Service behind a VIP, with its members.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VipService {
+    /// The (VIP, Service) pair.
+    #[serde(flatten)]
+    pub item: VipItem,
+    /// The Service's pool members per backend mode in use, as last announced.
+    #[schema(value_type = std::collections::BTreeMap<String, Backends>)]
+    pub backends: BackendSets,
+}
+
 /// One VIP and the Service(s) behind it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct VipDetail {
@@ -49,8 +64,8 @@ pub struct VipDetail {
     pub ip: Option<String>,
     /// The VIP when it is a DNS name.
     pub hostname: Option<String>,
-    /// Every Service using it, by namespace and name.
-    pub services: Vec<VipItem>,
+    /// Every Service using it, by namespace and name, with its members.
+    pub services: Vec<VipService>,
 }
 
 /// Query of `GET /api/v1/vips`.
@@ -129,7 +144,14 @@ pub async fn list_vips(State(state): State<ApiState>, Query(q): Query<VipQuery>)
 pub async fn get_vip(State(state): State<ApiState>, Path(ip): Path<String>) -> Result<Json<VipDetail>, ApiError> {
     let addr = Addr::parse(&ip);
     let snapshot = state.vip_snapshot().await?;
-    let services: Vec<VipItem> = snapshot.of(&addr).into_iter().map(item).collect();
-    let Some(first) = services.first() else { return Err(ApiError::NotFound(format!("VIP `{ip}`"))) };
-    Ok(Json(VipDetail { ip: first.ip.clone(), hostname: first.hostname.clone(), services }))
+    let entries = snapshot.of(&addr);
+    let Some(first) = entries.first().map(|e| item(e)) else {
+        return Err(ApiError::NotFound(format!("VIP `{ip}`")));
+    };
+    let mut services = Vec::with_capacity(entries.len());
+    for e in entries {
+        let backends = state.store.service(&e.key).await?.map(|r| r.backends).unwrap_or_default();
+        services.push(VipService { item: item(e), backends });
+    }
+    Ok(Json(VipDetail { ip: first.ip, hostname: first.hostname, services }))
 }

@@ -12,10 +12,12 @@ use url::Url;
 
 use crate::model::{LabelSelector, Scope};
 
+mod backends;
 pub mod env;
 mod pool;
 mod relay;
 
+pub use backends::BackendsConfig;
 pub use pool::PoolConfig;
 pub use relay::{RelayConfig, RetryConfig, Secret, TlsConfig, WebhookConfig, redact_url};
 
@@ -79,6 +81,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// `[relay]`: webhook dispatch settings.
     pub relay: RelayConfig,
+    /// `[backends]`: pool members from Nodes and EndpointSlices.
+    pub backends: BackendsConfig,
     /// `[[webhooks]]`: the outbound endpoints (the LB appliance).
     pub webhooks: Vec<WebhookConfig>,
     /// `[[pools]]`: address pools VIPs are allocated from; empty = vipwatch allocates nothing.
@@ -264,6 +268,7 @@ impl Config {
             return Err(ConfigError::Value { key: "server.api_token", reason: reason.into() });
         }
         crate::ipam::Pools::new(&self.pools)?;
+        self.backends.validate()?;
         if k.relist_interval < Duration::from_secs(1) {
             return Err(ConfigError::Value { key: "kubernetes.relist_interval", reason: "must be at least 1s".into() });
         }
@@ -294,6 +299,13 @@ impl Config {
             return Err(ConfigError::Value { key: "relay.concurrency", reason: "must be at least 1".into() });
         }
         Ok(())
+    }
+
+    /// The backend mode of everything, and the endpoints that override it.
+    pub fn mode_plan(&self) -> crate::model::backends::ModePlan {
+        let endpoints =
+            self.webhooks.iter().filter(|w| w.enabled).filter_map(|w| Some((w.name.clone(), w.backend_mode?)));
+        crate::model::backends::ModePlan { global: self.backends.mode, endpoints: endpoints.collect() }
     }
 
     /// The effective configuration as TOML, with secrets redacted (for `vipwatch check-config`).

@@ -172,6 +172,10 @@ pub struct WebhookConfig {
     /// body becomes the Service's address (`source = "appliance"`), replacing a pool allocation.
     #[serde(default)]
     pub assigns_vip: bool,
+    /// This endpoint's backend mode (`nodePort`, `pod` or `none`) instead of `[backends] mode`; a
+    /// Service's `vipwatch.io/backend-mode` annotation still wins.
+    #[serde(default)]
+    pub backend_mode: Option<crate::model::backends::ModeSetting>,
 }
 
 fn all_events() -> Vec<String> {

@@ -146,6 +146,9 @@ mod tests {
             view: &view,
             previous: None,
             changed,
+            backends: None,
+            backends_diff: None,
+            sync: None,
         })
     }
 

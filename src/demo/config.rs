@@ -55,6 +55,12 @@ url = {appliance_url}
 secret = "{secret}"
 retry = {{ initial_delay = "200ms", max_delay = "5s" }}
 
+# Pool members: every Node's InternalIP × the Service's nodePorts; shop/web sends its Pods instead
+# (annotation vipwatch.io/backend-mode: pod). Churn within 250 ms becomes one MODIFIED.
+[backends]
+mode = "nodePort"
+window = "250ms"
+
 # VIPs for every LoadBalancer Service, written back to its status once the appliance acknowledged.
 [[pools]]
 name = "demo"

@@ -1,16 +1,26 @@
-//! The Services the demo's simulated cluster starts with, and the one its script creates and deletes.
+//! The objects the demo's simulated cluster starts with (Services, Nodes, EndpointSlices), and the
+//! ones its script writes.
 
 use serde_json::{Value, json};
+
+use crate::model::backends::{EXCLUDE_LABEL, MODE_ANNOTATION, SERVICE_NAME_LABEL, ZONE_LABEL};
 
 /// The annotation through which a Service requests its VIPs.
 pub const REQUESTED_IPS: &str = "vipwatch.io/loadBalancerIPs";
 
+/// The Nodes of the simulated cluster: `(name, InternalIP, zone)`.
+pub const NODES: [(&str, &str, &str); 3] =
+    [("w1", "10.0.0.11", "zone-a"), ("w2", "10.0.0.12", "zone-a"), ("w3", "10.0.0.13", "zone-b")];
+
 /// The seeded cluster: four `LoadBalancer` Services in `shop` and `payments` (one requesting its VIP
-/// by annotation, one with a published ingress address, two still without a VIP) and the
-/// `default/kubernetes` ClusterIP Service every cluster has, which is out of scope.
+/// by annotation, one with a published ingress address, two still without a VIP; `shop/web` sends
+/// its Pods as members, the others their Nodes' nodePorts), the `default/kubernetes` ClusterIP Service
+/// every cluster has (out of scope), three Nodes, and an EndpointSlice with two ready Pods per
+/// Service.
 pub fn seed() -> Vec<Value> {
+    let web = with_annotation(lb("shop", "web", &[("http", 80), ("https", 443)]), REQUESTED_IPS, "192.0.2.10");
     let mut services = vec![
-        with_annotation(lb("shop", "web", &[("http", 80), ("https", 443)]), REQUESTED_IPS, "192.0.2.10"),
+        with_annotation(web, MODE_ANNOTATION, "pod"),
         lb("shop", "cart", &[("http", 8080)]),
         with_ingress(lb("payments", "api", &[("https", 443), ("grpc", 9443)]), "192.0.2.20"),
         lb("payments", "gateway", &[("https", 443)]),
@@ -24,7 +34,59 @@ pub fn seed() -> Vec<Value> {
     for (i, port) in node_ports.filter(|p| p.get("nodePort").is_some()).enumerate() {
         port["nodePort"] = json!(31000 + i as i64);
     }
-    services
+    let slices: Vec<Value> = services
+        .iter()
+        .filter(|s| s["spec"]["type"] == "LoadBalancer")
+        .enumerate()
+        .map(|(i, s)| pods(s, 1, &[(i as u8 * 10 + 1, "w1", Pod::Ready), (i as u8 * 10 + 2, "w2", Pod::Ready)]))
+        .collect();
+    let nodes = NODES.iter().map(|(name, ip, zone)| node(name, ip, zone, false));
+    nodes.chain(services).chain(slices).collect()
+}
+
+/// A Pod's state in an EndpointSlice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pod {
+    /// Not ready yet (starting).
+    Starting,
+    /// Ready.
+    Ready,
+    /// Terminating but still serving (draining).
+    Draining,
+}
+
+/// The EndpointSlice of Service `svc` (its only one, `<name>-demo`) holding Pods `10.244.<rack>.<host>`
+/// `(host, node, state)` with every port of the Service on target port 8080.
+pub fn pods(svc: &Value, rack: u8, pods: &[(u8, &str, Pod)]) -> Value {
+    let (ns, name) = (svc["metadata"]["namespace"].as_str().unwrap(), svc["metadata"]["name"].as_str().unwrap());
+    let ports: Vec<Value> = svc["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| json!({"name": p["name"], "protocol": "TCP", "port": 8080}))
+        .collect();
+    let endpoints: Vec<Value> = pods
+        .iter()
+        .map(|(host, node, state)| {
+            let (ready, terminating) = (*state == Pod::Ready, *state == Pod::Draining);
+            json!({"addresses": [format!("10.244.{rack}.{host}")], "nodeName": node,
+                   "conditions": {"ready": ready, "serving": ready || terminating, "terminating": terminating}})
+        })
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{name}-demo"), "namespace": ns, "labels": {SERVICE_NAME_LABEL: name}},
+        "addressType": "IPv4", "ports": ports, "endpoints": endpoints})
+}
+
+/// A Ready Node with one InternalIP in `zone`, labelled out of load balancers when `excluded`.
+pub fn node(name: &str, ip: &str, zone: &str, excluded: bool) -> Value {
+    let mut labels = json!({ ZONE_LABEL: zone, "kubernetes.io/hostname": name });
+    if excluded {
+        labels[EXCLUDE_LABEL] = json!("true");
+    }
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+                   "conditions": [{"type": "Ready", "status": "True"}]}})
 }
 
 /// A `LoadBalancer` Service `namespace/name` selecting `app: name`, one TCP port per `(name, port)`,
@@ -44,7 +106,7 @@ pub fn port_json(name: &str, port: i64) -> Value {
 }
 
 fn with_annotation(mut svc: Value, key: &str, value: &str) -> Value {
-    svc["metadata"]["annotations"] = json!({ key: value });
+    svc["metadata"]["annotations"][key] = json!(value);
     svc
 }
 
@@ -69,6 +131,7 @@ mod tests {
     fn seeded_node_ports_are_distinct() {
         let ports: Vec<i64> = seed()
             .iter()
+            .filter(|o| o["kind"] == "Service")
             .flat_map(|s| s["spec"]["ports"].as_array().cloned().unwrap_or_default())
             .filter_map(|p| p["nodePort"].as_i64())
             .collect();
@@ -79,7 +142,7 @@ mod tests {
     fn the_seed_has_four_load_balancers_in_two_namespaces() {
         let lbs: Vec<String> = seed()
             .iter()
-            .filter(|s| s["spec"]["type"] == "LoadBalancer")
+            .filter(|s| s["kind"] == "Service" && s["spec"]["type"] == "LoadBalancer")
             .map(|s| {
                 format!("{}/{}", s["metadata"]["namespace"].as_str().unwrap(), s["metadata"]["name"].as_str().unwrap())
             })

@@ -6,9 +6,9 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::samples::{self, REQUESTED_IPS};
+use super::samples::{self, NODES, Pod, REQUESTED_IPS};
 use super::say;
-use crate::fake_apiserver::FakeApiServer;
+use crate::fake_apiserver::{FakeApiServer, Resource};
 
 /// The Service the script creates, changes and deletes in every round.
 const NAMESPACE: &str = "shop";
@@ -27,6 +27,10 @@ pub enum Step {
     Annotate,
     /// Delete it.
     Delete,
+    /// Replace the two Pods of `shop/web` (mode `pod`) the way a rolling update does.
+    RollPods,
+    /// Take Node `w3` out of load balancers (odd rounds) or back in (even rounds).
+    ToggleNode,
     /// Expire every open watch (`410 Gone`).
     ForceGone,
     /// Cut the next watch event mid-line, then change a label of `payments/gateway`.
@@ -37,11 +41,20 @@ pub enum Step {
 
 impl Step {
     /// Every step, in script order.
-    pub const ALL: [Step; 7] =
-        [Step::Create, Step::ChangePorts, Step::Annotate, Step::Delete, Step::ForceGone, Step::CutMidLine, Step::Forge];
+    pub const ALL: [Step; 9] = [
+        Step::Create,
+        Step::ChangePorts,
+        Step::Annotate,
+        Step::Delete,
+        Step::RollPods,
+        Step::ToggleNode,
+        Step::ForceGone,
+        Step::CutMidLine,
+        Step::Forge,
+    ];
 
-    /// The `demo` line announcing this step.
-    pub fn describe(self) -> String {
+    /// The `demo` line announcing this step in round `round`.
+    pub fn describe(self, round: u64) -> String {
         let svc = format!("{NAMESPACE}/{NAME}");
         let (ns, name) = CUT_TARGET;
         match self {
@@ -49,6 +62,14 @@ impl Step {
             Step::ChangePorts => format!("change the ports of {svc}: 80/TCP → 80/TCP,443/TCP"),
             Step::Annotate => format!("annotate {svc} with {REQUESTED_IPS}=192.0.2.30"),
             Step::Delete => format!("delete Service {svc}"),
+            Step::RollPods => {
+                "roll the Pods of shop/web (members in mode pod): 4 EndpointSlice writes, one MODIFIED".into()
+            }
+            Step::ToggleNode if round % 2 == 1 => {
+                "label Node w3 node.kubernetes.io/exclude-from-external-load-balancers=true: nodePort members drop it"
+                    .into()
+            }
+            Step::ToggleNode => "remove the exclusion label from Node w3: it is a member again".into(),
             Step::ForceGone => {
                 "expire every watch (410 Gone): vipwatch re-lists; nothing changed, so nothing is recorded".into()
             }
@@ -78,6 +99,11 @@ impl Step {
             Step::Delete => {
                 cluster.delete(NAMESPACE, NAME);
             }
+            Step::RollPods => roll_pods(cluster, round),
+            Step::ToggleNode => {
+                let (name, ip, zone) = NODES[2];
+                cluster.apply_resource(Resource::Nodes, samples::node(name, ip, zone, round % 2 == 1));
+            }
             Step::ForceGone => cluster.faults().force_gone(),
             Step::CutMidLine => {
                 cluster.faults().cut_next_event_mid_line();
@@ -101,9 +127,31 @@ pub async fn run(cluster: FakeApiServer, appliance_url: String, interval: Durati
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(interval) => {}
             }
-            say(&format!("demo       {}", step.describe()));
+            say(&format!("demo       {}", step.describe(round)));
             step.apply(&cluster, &forger, round).await;
         }
+    }
+}
+
+/// A rolling update of `shop/web`'s two Pods, as the EndpointSlice controller writes it: the new Pods
+/// (`10.244.<round+1>.1-2`) start, become ready, the old ones drain, then go. Written back to back,
+/// within one coalescing window: vipwatch sends one MODIFIED with the final members.
+fn roll_pods(cluster: &FakeApiServer, round: u64) {
+    let Some(web) = cluster.get("shop", "web") else { return };
+    let (old, new) = (u8::try_from(round % 200).unwrap_or(1), u8::try_from(round % 200 + 1).unwrap_or(2));
+    let pods = |state: Pod| vec![(1, "w1", state), (2, "w2", state)];
+    let steps = [
+        [pods(Pod::Ready), pods(Pod::Starting)],
+        [pods(Pod::Ready), pods(Pod::Ready)],
+        [pods(Pod::Draining), pods(Pod::Ready)],
+        [Vec::new(), pods(Pod::Ready)],
+    ];
+    for [old_pods, new_pods] in steps {
+        let mut slice = samples::pods(&web, new, &new_pods);
+        let old_slice = samples::pods(&web, old, &old_pods);
+        let endpoints = slice["endpoints"].as_array_mut().expect("endpoints");
+        endpoints.extend(old_slice["endpoints"].as_array().cloned().unwrap_or_default());
+        cluster.apply_resource(Resource::EndpointSlices, slice);
     }
 }
 

@@ -6,6 +6,11 @@ use serde::{Deserialize, Serialize};
 
 pub use vipwatch_contract::Cause;
 
+use std::collections::BTreeMap;
+
+use vipwatch_contract::{BackendMode, BackendsDiff};
+
+use super::backends::{self, BackendSets};
 use super::{ServiceKey, ServiceView, changed_fields};
 
 /// Event type, as the Kubernetes watch names them.
@@ -45,6 +50,8 @@ pub struct Tracked {
     pub resource_version: String,
     /// The normalized view we last stored.
     pub view: ServiceView,
+    /// Its members per backend mode, as last announced.
+    pub backends: BackendSets,
 }
 
 /// A Service as the apiserver just reported it, normalized.
@@ -60,6 +67,8 @@ pub struct Observed {
     pub view: ServiceView,
     /// Whether [`super::Scope::contains`] accepts it.
     pub in_scope: bool,
+    /// Its members per backend mode, computed by the recorder (empty until then).
+    pub backends: BackendSets,
 }
 
 /// What to do for one observation.
@@ -87,18 +96,31 @@ pub struct Recorded {
     pub view: ServiceView,
     /// For MODIFIED: the view before.
     pub previous: Option<ServiceView>,
-    /// For MODIFIED: the changed field names, see [`changed_fields`].
+    /// For MODIFIED: the changed field names, see [`changed_fields`], plus `backends` when the members
+    /// of some mode changed.
     pub changed: Vec<&'static str>,
+    /// The members after the change (for DELETED, the last ones announced).
+    pub backends: BackendSets,
+    /// For MODIFIED: per mode whose members changed, what changed.
+    pub backends_diff: BTreeMap<BackendMode, BackendsDiff>,
 }
 
 impl Recorded {
     fn added(obs: &Observed) -> Self {
-        let (uid, resource_version, view) = (obs.uid.clone(), obs.resource_version.clone(), obs.view.clone());
-        Self { kind: ChangeKind::Added, uid, resource_version, view, previous: None, changed: Vec::new() }
+        Self {
+            kind: ChangeKind::Added,
+            uid: obs.uid.clone(),
+            resource_version: obs.resource_version.clone(),
+            view: obs.view.clone(),
+            previous: None,
+            changed: Vec::new(),
+            backends: obs.backends.clone(),
+            backends_diff: BTreeMap::new(),
+        }
     }
 
-    /// A DELETED carrying `view` as the last view.
-    pub fn deleted(uid: &str, resource_version: &str, view: &ServiceView) -> Self {
+    /// A DELETED carrying `view` and `backends` as the last state.
+    pub fn deleted(uid: &str, resource_version: &str, view: &ServiceView, backends: &BackendSets) -> Self {
         Self {
             kind: ChangeKind::Deleted,
             uid: uid.to_owned(),
@@ -106,6 +128,8 @@ impl Recorded {
             view: view.clone(),
             previous: None,
             changed: Vec::new(),
+            backends: backends.clone(),
+            backends_diff: BTreeMap::new(),
         }
     }
 }
@@ -121,16 +145,22 @@ pub fn decide_apply(current: Option<&Tracked>, obs: &Observed) -> Decision {
     match (current, obs.in_scope) {
         (None, false) => Decision::Nothing,
         (None, true) => Decision::Record(vec![Recorded::added(obs)]),
-        (Some(cur), false) => Decision::Record(vec![Recorded::deleted(&cur.uid, &obs.resource_version, &cur.view)]),
-        (Some(cur), true) if cur.uid != obs.uid => {
-            Decision::Record(vec![Recorded::deleted(&cur.uid, &obs.resource_version, &cur.view), Recorded::added(obs)])
+        (Some(cur), false) => {
+            Decision::Record(vec![Recorded::deleted(&cur.uid, &obs.resource_version, &cur.view, &cur.backends)])
         }
+        (Some(cur), true) if cur.uid != obs.uid => Decision::Record(vec![
+            Recorded::deleted(&cur.uid, &obs.resource_version, &cur.view, &cur.backends),
+            Recorded::added(obs),
+        ]),
         (Some(cur), true) => modified_or_refresh(cur, obs),
     }
 }
 
 fn modified_or_refresh(cur: &Tracked, obs: &Observed) -> Decision {
-    let changed = changed_fields(&cur.view, &obs.view);
+    let mut changed = changed_fields(&cur.view, &obs.view);
+    if backends::changed(&cur.backends, &obs.backends) {
+        changed.push("backends");
+    }
     if !changed.is_empty() {
         return Decision::Record(vec![Recorded {
             kind: ChangeKind::Modified,
@@ -139,13 +169,26 @@ fn modified_or_refresh(cur: &Tracked, obs: &Observed) -> Decision {
             view: obs.view.clone(),
             previous: Some(cur.view.clone()),
             changed,
+            backends: obs.backends.clone(),
+            backends_diff: backends::diffs(&cur.backends, &obs.backends),
         }]);
     }
     if cur.resource_version != obs.resource_version || cur.view != obs.view {
-        let (uid, resource_version, view) = (obs.uid.clone(), obs.resource_version.clone(), obs.view.clone());
-        return Decision::Refresh(Box::new(Tracked { uid, resource_version, view }));
+        return Decision::Refresh(Box::new(obs.tracked()));
     }
     Decision::Nothing
+}
+
+impl Observed {
+    /// What the state table holds once this observation is taken.
+    pub fn tracked(&self) -> Tracked {
+        Tracked {
+            uid: self.uid.clone(),
+            resource_version: self.resource_version.clone(),
+            view: self.view.clone(),
+            backends: self.backends.clone(),
+        }
+    }
 }
 
 /// Decides a watch `DELETED`: a DELETED event carrying the object's last state as the apiserver sent
@@ -153,7 +196,7 @@ fn modified_or_refresh(cur: &Tracked, obs: &Observed) -> Decision {
 pub fn decide_delete(current: Option<&Tracked>, obs: &Observed) -> Decision {
     match current {
         Some(cur) if cur.uid == obs.uid => {
-            Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &obs.view)])
+            Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &obs.view, &cur.backends)])
         }
         _ => Decision::Nothing,
     }
@@ -165,11 +208,12 @@ mod tests {
 
     fn observed(uid: &str, rv: &str, json: serde_json::Value, in_scope: bool) -> Observed {
         let view = ServiceView::from_service(&serde_json::from_value(json).unwrap());
-        Observed { key: ServiceKey::new("ns", "a"), uid: uid.into(), resource_version: rv.into(), view, in_scope }
+        let key = ServiceKey::new("ns", "a");
+        Observed { key, uid: uid.into(), resource_version: rv.into(), view, in_scope, backends: BackendSets::new() }
     }
 
     fn tracked(o: &Observed) -> Tracked {
-        Tracked { uid: o.uid.clone(), resource_version: o.resource_version.clone(), view: o.view.clone() }
+        o.tracked()
     }
 
     fn lb() -> serde_json::Value {
@@ -198,7 +242,7 @@ mod tests {
         let old = observed("u1", "1", lb(), true);
         let new = observed("u1", "2", serde_json::json!({"metadata": {"name": "a"}}), false);
         let Decision::Record(events) = decide_apply(Some(&tracked(&old)), &new) else { panic!() };
-        assert_eq!(events, vec![Recorded::deleted("u1", "2", &old.view)]);
+        assert_eq!(events, vec![Recorded::deleted("u1", "2", &old.view, &BackendSets::new())]);
     }
 
     #[test]

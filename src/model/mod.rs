@@ -1,6 +1,7 @@
 //! Pure data: the normalized Service view a load balancer cares about, the in-scope rule, and the
 //! LB-relevant diff that decides ADDED / MODIFIED / DELETED. No I/O in here.
 
+pub mod backends;
 mod change;
 mod notice;
 mod scope;

@@ -12,9 +12,9 @@ mod assign;
 mod dispatcher;
 pub mod payload;
 pub mod policy;
+mod router;
 pub mod sender;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
@@ -22,13 +22,13 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::config::{Config, WebhookConfig, redact_url};
-use crate::metrics::Metrics;
-use vipwatch_contract::EventKind;
+pub use router::Router;
+use vipwatch_contract::SyncMarker;
 
-use crate::model::{Cause, Feedback, LabelSelector};
-use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow, Store, StoreError};
-use payload::{PayloadInput, render};
+use crate::config::{Config, redact_url};
+use crate::metrics::Metrics;
+use crate::model::{Feedback, ServiceKey};
+use crate::store::{NewDelivery, Store, StoreError};
 
 /// Errors that stop the relay from starting.
 #[derive(Debug, thiserror::Error)]
@@ -54,126 +54,42 @@ pub fn new_msg_id() -> String {
     format!("msg_{}", uuid::Uuid::new_v4().simple())
 }
 
-struct Route {
-    name: String,
-    assigns_vip: bool,
-    events: HashSet<String>,
-    namespaces: Vec<String>,
-    selector: LabelSelector,
-}
-
-impl Route {
-    fn accepts(&self, e: &RecordedEvent<'_>) -> bool {
-        // The assigning appliance already knows the address it chose; echoing it back would let an
-        // appliance that answers every request with a new address loop forever.
-        if self.assigns_vip && e.cause == Cause::Appliance {
-            return false;
-        }
-        let ns_ok = self.namespaces.is_empty() || self.namespaces.contains(&e.key.namespace);
-        let labels_ok = self.selector.matches(&e.event.view.labels)
-            || e.event.previous.as_ref().is_some_and(|p| self.selector.matches(&p.labels));
-        self.events.contains(e.event.kind.as_str()) && ns_ok && labels_ok
-    }
-
-    fn accepts_service(&self, s: &ServiceRow) -> bool {
-        (self.namespaces.is_empty() || self.namespaces.contains(&s.key.namespace))
-            && self.selector.matches(&s.view.labels)
-    }
-}
-
-/// Routes events to the enabled endpoints whose `events`, `namespaces` and `label_selector` accept
-/// them (a MODIFIED is sent when the labels before or after the change match). Implements the
-/// store's [`Outbox`].
-pub struct Router {
-    routes: Vec<Route>,
-}
-
-impl Router {
-    /// Builds the routes of every enabled endpoint. Errors: [`RelayError::Endpoint`] for a label
-    /// selector that does not parse (already rejected by config validation).
-    pub fn new(webhooks: &[WebhookConfig]) -> Result<Self, RelayError> {
-        let routes = webhooks
-            .iter()
-            .filter(|w| w.enabled)
-            .map(|w| {
-                let selector = LabelSelector::parse(&w.label_selector)
-                    .map_err(|e| RelayError::Endpoint { name: w.name.clone(), reason: e.to_string() })?;
-                Ok(Route {
-                    name: w.name.clone(),
-                    assigns_vip: w.assigns_vip,
-                    events: w.events.iter().cloned().collect(),
-                    namespaces: w.namespaces.clone(),
-                    selector,
-                })
-            })
-            .collect::<Result<_, RelayError>>()?;
-        Ok(Self { routes })
-    }
-}
-
-impl Outbox for Router {
-    fn route(&self, e: RecordedEvent<'_>) -> Vec<NewDelivery> {
-        let targets: Vec<&Route> = self.routes.iter().filter(|r| r.accepts(&e)).collect();
-        if targets.is_empty() {
-            return Vec::new();
-        }
-        let payload = render(&PayloadInput {
-            event_id: Some(e.id),
-            event: e.event.kind.event_kind(),
-            cause: e.cause,
-            observed_at: e.observed_at,
-            key: e.key,
-            uid: &e.event.uid,
-            resource_version: &e.event.resource_version,
-            view: &e.event.view,
-            previous: e.event.previous.as_ref(),
-            changed: &e.event.changed,
-        });
-        targets
-            .into_iter()
-            .map(|r| NewDelivery {
-                webhook: r.name.clone(),
-                kind: e.event.kind.as_str(),
-                msg_id: new_msg_id(),
-                payload: payload.clone(),
-            })
-            .collect()
-    }
-}
-
-/// Enqueues a `service.synced` delivery with the current view of every in-scope Service for each
-/// named endpoint (all enabled endpoints when `only` is `None`). Returns how many per endpoint.
-/// Errors: [`RelayError::UnknownWebhook`], [`RelayError::Store`].
+/// Enqueues a full resync for each named endpoint (all enabled endpoints when `only` is `None`): a
+/// `service.synced` delivery with the current view and members of every in-scope Service it takes,
+/// each marked with the resync's id, its index and the total, then one `sync.completed`. Returns how
+/// many Services per endpoint. Errors: [`RelayError::UnknownWebhook`], [`RelayError::Store`].
 pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Result<Vec<(String, usize)>, RelayError> {
-    let router = Router::new(&config.webhooks)?;
+    let router = Router::new(config)?;
     if let Some(name) = only
         && !router.routes.iter().any(|r| r.name == name)
     {
         return Err(RelayError::UnknownWebhook(name.to_owned()));
     }
+    let services = store.services().await?;
     let mut out = Vec::new();
     for route in router.routes.iter().filter(|r| only.is_none_or(|n| n == r.name)) {
         let now = crate::store::now_ms();
-        let n = store.enqueue_synced(|s| route.accepts_service(s).then(|| synced(route, s, now))).await?;
+        let matching: Vec<_> = services.iter().filter(|s| route.accepts_service(s)).collect();
+        let (id, total) = (format!("sync_{}", uuid::Uuid::new_v4().simple()), matching.len() as u64);
+        let mut deliveries: Vec<_> = matching
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let sync = SyncMarker { id: id.clone(), index: Some(i as u64 + 1), total };
+                (router.synced(route, s, now, sync), s.key.clone())
+            })
+            .collect();
+        let n = deliveries.len();
+        // `sync.completed` goes on a queue of its own (no Service), so it does not wait for the others:
+        // receivers count the `service.synced` of the same id up to `total`.
+        let completed = payload::render_completed(now, SyncMarker { id, index: None, total });
+        let marker =
+            NewDelivery { webhook: route.name.clone(), kind: "SYNCED", msg_id: new_msg_id(), payload: completed };
+        deliveries.push((marker, ServiceKey::new("", "")));
+        store.enqueue_synced(deliveries).await?;
         out.push((route.name.clone(), n));
     }
     Ok(out)
-}
-
-fn synced(route: &Route, s: &ServiceRow, now: i64) -> NewDelivery {
-    let payload = render(&PayloadInput {
-        event_id: None,
-        event: EventKind::Synced,
-        cause: Cause::Resync,
-        observed_at: now,
-        key: &s.key,
-        uid: &s.uid,
-        resource_version: &s.resource_version,
-        view: &s.view,
-        previous: None,
-        changed: &[],
-    });
-    NewDelivery { webhook: route.name.clone(), kind: "SYNCED", msg_id: new_msg_id(), payload }
 }
 
 /// Starts one dispatcher per enabled endpoint; those with `assigns_vip` send the addresses in their

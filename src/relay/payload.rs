@@ -2,7 +2,10 @@
 //! `WebhookPayload` schema of the OpenAPI document), serialized once at enqueue time so every retry
 //! sends (and signs) the same bytes.
 
-use vipwatch_contract::{Cause, EventKind, WebhookPayload, WebhookPayloadData, WebhookService};
+use vipwatch_contract::{
+    Backends, BackendsDiff, Cause, EventKind, PayloadType, SyncMarker, WebhookPayload, WebhookPayloadData,
+    WebhookService,
+};
 
 use crate::model::{ServiceKey, ServiceView};
 
@@ -28,6 +31,12 @@ pub struct PayloadInput<'a> {
     pub previous: Option<&'a ServiceView>,
     /// MODIFIED: changed fields.
     pub changed: &'a [&'a str],
+    /// The members in the endpoint's mode (`None`: mode `none`).
+    pub backends: Option<&'a Backends>,
+    /// MODIFIED whose members changed in the endpoint's mode: what changed.
+    pub backends_diff: Option<&'a BackendsDiff>,
+    /// A resync's delivery: which resync, and where in it.
+    pub sync: Option<SyncMarker>,
 }
 
 /// Serializes the body (compact JSON).
@@ -37,14 +46,14 @@ pub fn render(input: &PayloadInput<'_>) -> String {
 
 /// The body as a value.
 pub fn payload(input: &PayloadInput<'_>) -> WebhookPayload {
-    let service = |view: &ServiceView| WebhookService {
+    let service = |view: &ServiceView, backends: Option<&Backends>| WebhookService {
         namespace: input.key.namespace.clone(),
         name: input.key.name.clone(),
         uid: input.uid.to_owned(),
         resource_version: input.resource_version.to_owned(),
         vips: view.vips(),
         view: view.clone(),
-        backends: None,
+        backends: backends.cloned(),
     };
     WebhookPayload {
         kind: input.event.payload_type(),
@@ -53,13 +62,32 @@ pub fn payload(input: &PayloadInput<'_>) -> WebhookPayload {
             event_id: input.event_id,
             event: input.event,
             cause: input.cause,
-            service: Some(service(input.view)),
-            previous: input.previous.map(service),
+            service: Some(service(input.view, input.backends)),
+            previous: input.previous.map(|p| service(p, None)),
             changed: input.changed.iter().map(|c| (*c).to_owned()).collect(),
-            backends_diff: None,
-            sync: None,
+            backends_diff: input.backends_diff.cloned(),
+            sync: input.sync.clone(),
         },
     }
+}
+
+/// The `sync.completed` body closing a resync (no Service).
+pub fn render_completed(observed_at: i64, sync: SyncMarker) -> String {
+    let payload = WebhookPayload {
+        kind: PayloadType::SyncCompleted,
+        timestamp: rfc3339(observed_at),
+        data: WebhookPayloadData {
+            event_id: None,
+            event: EventKind::Synced,
+            cause: Cause::Resync,
+            service: None,
+            previous: None,
+            changed: Vec::new(),
+            backends_diff: None,
+            sync: Some(sync),
+        },
+    };
+    serde_json::to_string(&payload).expect("payload serializes")
 }
 
 /// Unix ms → RFC 3339 UTC with milliseconds (`2026-11-29T23:05:00.123Z`).

@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use super::outbox::{DeliveryInsert, NewDelivery, insert_deliveries};
-use super::{ServiceRow, Store, StoreError, now_ms};
+use super::{Store, StoreError, now_ms};
 use crate::model::ServiceKey;
 
 /// What one attempt did, for the attempt log.
@@ -170,15 +170,10 @@ impl Store {
         Ok(sqlx::query_scalar(sql).bind(id).bind(new_msg_id).bind(now).fetch_optional(&self.write).await?)
     }
 
-    /// Enqueues the `service.synced` delivery `build` returns for each in-scope Service (`None` =
-    /// skip it), in one transaction. Returns how many were enqueued.
-    pub async fn enqueue_synced(
-        &self,
-        mut build: impl FnMut(&ServiceRow) -> Option<NewDelivery>,
-    ) -> Result<usize, StoreError> {
-        let services = self.services().await?;
-        let rows: Vec<DeliveryInsert<'_>> =
-            services.iter().filter_map(|s| build(s).map(|d| (d, None, &s.key, false))).collect();
+    /// Enqueues a resync's deliveries (each on the queue of its Service key), in one transaction.
+    /// Returns how many were enqueued.
+    pub async fn enqueue_synced(&self, deliveries: Vec<(NewDelivery, ServiceKey)>) -> Result<usize, StoreError> {
+        let rows: Vec<DeliveryInsert<'_>> = deliveries.iter().map(|(d, key)| (d.clone(), None, key, false)).collect();
         let mut tx = self.write.begin().await?;
         insert_deliveries(&mut tx, now_ms(), &rows).await?;
         tx.commit().await?;

@@ -3,7 +3,12 @@
 use serde::Serialize;
 use sqlx::{QueryBuilder, Row, Sqlite};
 
+use std::collections::BTreeMap;
+
+use vipwatch_contract::{BackendMode, BackendsDiff};
+
 use super::{Store, StoreError};
+use crate::model::backends::BackendSets;
 use crate::model::{ServiceKey, ServiceView};
 
 /// One event-log row.
@@ -29,6 +34,10 @@ pub struct EventRow {
     pub previous: Option<ServiceView>,
     /// MODIFIED: changed field names; empty otherwise.
     pub changed: Vec<String>,
+    /// ADDED and DELETED: the members per mode (empty when none are computed); otherwise empty.
+    pub backends: BackendSets,
+    /// MODIFIED whose members changed: what changed, per mode; otherwise empty.
+    pub backends_diff: BTreeMap<BackendMode, BackendsDiff>,
 }
 
 /// Filters for [`Store::events`]; `None` / empty = no filter. Results are ordered by id ascending.
@@ -52,8 +61,8 @@ pub struct EventFilter {
     pub limit: Option<i64>,
 }
 
-const EVENT_COLUMNS: &str =
-    "SELECT id, observed_at, type, namespace, name, uid, resource_version, cause, view, previous, changed FROM events";
+const EVENT_COLUMNS: &str = "SELECT id, observed_at, type, namespace, name, uid, resource_version, cause, view, \
+     previous, changed, backends, backends_diff FROM events";
 
 impl Store {
     /// Events matching `filter`, by id ascending.
@@ -108,6 +117,8 @@ fn push_eq(q: &mut QueryBuilder<Sqlite>, column: &str, value: &Option<String>) {
 fn event_row(r: &sqlx::sqlite::SqliteRow) -> Result<EventRow, StoreError> {
     let previous: Option<&str> = r.get("previous");
     let changed: Option<&str> = r.get("changed");
+    let backends: Option<&str> = r.get("backends");
+    let backends_diff: Option<&str> = r.get("backends_diff");
     Ok(EventRow {
         id: r.get("id"),
         observed_at: r.get("observed_at"),
@@ -119,5 +130,7 @@ fn event_row(r: &sqlx::sqlite::SqliteRow) -> Result<EventRow, StoreError> {
         view: serde_json::from_str(r.get::<&str, _>("view"))?,
         previous: previous.map(serde_json::from_str).transpose()?,
         changed: changed.map(serde_json::from_str).transpose()?.unwrap_or_default(),
+        backends: backends.map(serde_json::from_str).transpose()?.unwrap_or_default(),
+        backends_diff: backends_diff.map(serde_json::from_str).transpose()?.unwrap_or_default(),
     })
 }

@@ -52,7 +52,7 @@ pub struct WebhookActivity {
 
 macro_rules! service_columns {
     () => {
-        "SELECT namespace, name, uid, resource_version, view, first_seen_at, updated_at FROM services"
+        "SELECT namespace, name, uid, resource_version, view, backends, first_seen_at, updated_at FROM services"
     };
 }
 

@@ -11,6 +11,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use super::outbox::{Outbox, RecordedEvent, enqueue};
 use super::progress::{WatchProgress, write_progress};
 use super::{Store, StoreError, now_ms};
+use crate::model::backends::{BackendSets, ObservedNode};
 use crate::model::{Cause, ChangeKind, IngressView, Recorded, ServiceKey, ServiceView, Tracked, VipSource};
 
 /// One change to persist, in the order given to [`Store::apply`].
@@ -37,6 +38,13 @@ pub enum StateChange {
         /// Its new tracked state.
         tracked: Box<Tracked>,
     },
+    /// Store a Node's projection (`Some`) or forget the Node (`None`); no event.
+    Node {
+        /// `metadata.name`.
+        name: String,
+        /// The Node as observed.
+        node: Option<Box<ObservedNode>>,
+    },
 }
 
 /// What to undo on a Service that still exists after its DELETED was acknowledged.
@@ -60,6 +68,8 @@ pub struct ServiceRow {
     pub resource_version: String,
     /// The normalized view.
     pub view: ServiceView,
+    /// Its members per backend mode, as last announced.
+    pub backends: BackendSets,
     /// When the Service entered scope (Unix ms).
     pub first_seen_at: i64,
     /// When the row last changed (Unix ms).
@@ -77,6 +87,8 @@ struct EventJson<'a> {
     view: String,
     previous: Option<String>,
     changed: Option<String>,
+    backends: Option<String>,
+    backends_diff: Option<String>,
 }
 
 /// A state row upsert as it travels in the JSON array parameter.
@@ -90,22 +102,24 @@ struct UpsertJson<'a> {
     class: Option<&'a str>,
     view: String,
     publish: Option<String>,
+    backends: Option<String>,
 }
 
 /// The last state-table operation per Service in a batch.
 enum Final<'a> {
-    Upsert { uid: &'a str, rv: &'a str, view: &'a ServiceView },
+    Upsert { uid: &'a str, rv: &'a str, view: &'a ServiceView, backends: &'a BackendSets },
     Delete,
 }
 
 const UPSERT_SERVICES: &str = "INSERT INTO services (namespace, name, uid, resource_version, type, \
-     load_balancer_class, view, publish, first_seen_at, updated_at) SELECT j.value->>'ns', j.value->>'name', \
-     j.value->>'uid', j.value->>'rv', j.value->>'ty', j.value->>'class', j.value->>'view', j.value->>'publish', ?1, ?1 \
+     load_balancer_class, view, publish, backends, first_seen_at, updated_at) SELECT j.value->>'ns', \
+     j.value->>'name', j.value->>'uid', j.value->>'rv', j.value->>'ty', j.value->>'class', j.value->>'view', \
+     j.value->>'publish', j.value->>'backends', ?1, ?1 \
      FROM json_each(?2) AS j WHERE true ON CONFLICT (namespace, name) DO UPDATE SET \
      first_seen_at = CASE WHEN services.uid = excluded.uid THEN services.first_seen_at ELSE excluded.first_seen_at END, \
      uid = excluded.uid, resource_version = excluded.resource_version, type = excluded.type, \
      load_balancer_class = excluded.load_balancer_class, view = excluded.view, publish = excluded.publish, \
-     updated_at = excluded.updated_at";
+     backends = excluded.backends, updated_at = excluded.updated_at";
 
 const INSERT_RELEASES: &str = "INSERT OR REPLACE INTO releases (event_id, namespace, name, uid, addresses, created_at) \
      SELECT j.value->>'id', j.value->>'ns', j.value->>'name', j.value->>'uid', j.value->>'addresses', ?1 \
@@ -136,7 +150,7 @@ impl Store {
             .iter()
             .filter_map(|c| match c {
                 StateChange::Event { key, cause, event, hold, .. } => Some((key, *cause, event.as_ref(), *hold)),
-                StateChange::Refresh { .. } => None,
+                StateChange::Refresh { .. } | StateChange::Node { .. } => None,
             })
             .zip(&ids)
             .map(|((key, cause, event, hold), id)| {
@@ -146,6 +160,7 @@ impl Store {
         enqueue(&mut tx, now, outbox, &recorded).await?;
         insert_cleanups(&mut tx, now, changes, &ids).await?;
         write_state(&mut tx, now, changes).await?;
+        super::nodes::write_nodes(&mut tx, now, changes).await?;
         for p in progress {
             write_progress(&mut tx, now, p).await?;
         }
@@ -158,13 +173,17 @@ impl Store {
         let rows = self.services().await?;
         Ok(rows
             .into_iter()
-            .map(|r| (r.key, Tracked { uid: r.uid, resource_version: r.resource_version, view: r.view }))
+            .map(|r| {
+                let tracked =
+                    Tracked { uid: r.uid, resource_version: r.resource_version, view: r.view, backends: r.backends };
+                (r.key, tracked)
+            })
             .collect())
     }
 
     /// The whole current-state table ordered by namespace, name.
     pub async fn services(&self) -> Result<Vec<ServiceRow>, StoreError> {
-        let sql = "SELECT namespace, name, uid, resource_version, view, first_seen_at, updated_at \
+        let sql = "SELECT namespace, name, uid, resource_version, view, backends, first_seen_at, updated_at \
                    FROM services ORDER BY namespace, name";
         let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
         rows.iter().map(service_row).collect()
@@ -177,12 +196,13 @@ pub(super) fn service_row(r: &sqlx::sqlite::SqliteRow) -> Result<ServiceRow, Sto
         uid: r.get("uid"),
         resource_version: r.get("resource_version"),
         view: serde_json::from_str(r.get::<&str, _>("view"))?,
+        backends: r.get::<Option<&str>, _>("backends").map(serde_json::from_str).transpose()?.unwrap_or_default(),
         first_seen_at: r.get("first_seen_at"),
         updated_at: r.get("updated_at"),
     })
 }
 
-/// Rows per multi-row INSERT: 10 parameters each, far below SQLite's 32,766-parameter limit. Batches
+/// Rows per multi-row INSERT: 12 parameters each, far below SQLite's 32,766-parameter limit. Batches
 /// are cut into chunks of 128, 64, ..., 1 rows so at most 8 distinct statements get prepared.
 const EVENT_CHUNK: usize = 128;
 
@@ -204,6 +224,12 @@ async fn insert_events(
                 view: serde_json::to_string(&e.view)?,
                 previous: e.previous.as_ref().map(serde_json::to_string).transpose()?,
                 changed: (e.kind == ChangeKind::Modified).then(|| serde_json::to_string(&e.changed)).transpose()?,
+                backends: (e.kind != ChangeKind::Modified && !e.backends.is_empty())
+                    .then(|| serde_json::to_string(&e.backends))
+                    .transpose()?,
+                backends_diff: (!e.backends_diff.is_empty())
+                    .then(|| serde_json::to_string(&e.backends_diff))
+                    .transpose()?,
             });
         }
     }
@@ -225,7 +251,8 @@ async fn insert_event_chunk(
     chunk: &[EventJson<'_>],
 ) -> Result<Vec<i64>, StoreError> {
     let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-        "INSERT INTO events (observed_at, type, namespace, name, uid, resource_version, cause, view, previous, changed) ",
+        "INSERT INTO events (observed_at, type, namespace, name, uid, resource_version, cause, view, previous, changed, \
+         backends, backends_diff) ",
     );
     q.push_values(chunk, |mut b, r| {
         b.push_bind(now)
@@ -237,7 +264,9 @@ async fn insert_event_chunk(
             .push_bind(r.cause)
             .push_bind(&r.view)
             .push_bind(&r.previous)
-            .push_bind(&r.changed);
+            .push_bind(&r.changed)
+            .push_bind(&r.backends)
+            .push_bind(&r.backends_diff);
     });
     q.push(" RETURNING id");
     Ok(q.build_query_scalar().fetch_all(&mut **tx).await?)
@@ -253,7 +282,7 @@ async fn insert_cleanups(
 ) -> Result<(), StoreError> {
     let events = changes.iter().filter_map(|c| match c {
         StateChange::Event { key, event, cleanup, .. } => Some((key, event, cleanup)),
-        StateChange::Refresh { .. } => None,
+        StateChange::Refresh { .. } | StateChange::Node { .. } => None,
     });
     let mut rows = Vec::new();
     let mut releases = Vec::new();
@@ -285,11 +314,12 @@ async fn write_state(tx: &mut Transaction<'_, Sqlite>, now: i64, changes: &[Stat
         let (key, op) = match change {
             StateChange::Event { key, event: e, .. } if e.kind == ChangeKind::Deleted => (key, Final::Delete),
             StateChange::Event { key, event: e, .. } => {
-                (key, Final::Upsert { uid: &e.uid, rv: &e.resource_version, view: &e.view })
+                (key, Final::Upsert { uid: &e.uid, rv: &e.resource_version, view: &e.view, backends: &e.backends })
             }
             StateChange::Refresh { key, tracked: t } => {
-                (key, Final::Upsert { uid: &t.uid, rv: &t.resource_version, view: &t.view })
+                (key, Final::Upsert { uid: &t.uid, rv: &t.resource_version, view: &t.view, backends: &t.backends })
             }
+            StateChange::Node { .. } => continue,
         };
         last.insert(key, op);
     }
@@ -298,7 +328,7 @@ async fn write_state(tx: &mut Transaction<'_, Sqlite>, now: i64, changes: &[Stat
     for (key, op) in last {
         match op {
             Final::Delete => deletes.push((&key.namespace, &key.name)),
-            Final::Upsert { uid, rv, view } => upserts.push(UpsertJson {
+            Final::Upsert { uid, rv, view, backends } => upserts.push(UpsertJson {
                 ns: &key.namespace,
                 name: &key.name,
                 uid,
@@ -307,6 +337,7 @@ async fn write_state(tx: &mut Transaction<'_, Sqlite>, now: i64, changes: &[Stat
                 class: view.load_balancer_class.as_deref(),
                 view: serde_json::to_string(view)?,
                 publish: view.status_to_publish().map(|i| serde_json::to_string(&i)).transpose()?,
+                backends: (!backends.is_empty()).then(|| serde_json::to_string(backends)).transpose()?,
             }),
         }
     }

@@ -6,6 +6,7 @@
 //! and writes events + state in batched transactions.
 
 mod client;
+mod members;
 mod ownership;
 mod recorder;
 mod stream;
@@ -14,14 +15,12 @@ mod writer;
 pub use client::connect;
 pub use ownership::Ownership;
 pub use recorder::Recorder;
-pub use stream::{Observation, ScopeSpec};
+pub use stream::{Change, Observation, Resource, ScopeSpec};
 pub use writer::Signals;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Service;
-use kube::Api;
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -67,27 +66,20 @@ pub async fn run(
     let cfg = &config.kubernetes;
     let pools = Pools::new(&config.pools).map_err(|e| WatchError::Config(e.to_string()))?;
     let ownership = Ownership { allocator: Allocator::new(pools), finalizer: cfg.finalizer };
-    let scopes = scopes(cfg);
+    let members = members::Members::new(config, store.nodes().await?, signals.metrics.clone());
+    let scopes = scopes(cfg, members.watched());
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     let mut tasks = tokio::task::JoinSet::new();
     for scope in &scopes {
-        let api: Api<Service> = match &scope.namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
+        let spawn = Spawn { client: &client, cfg, scope, tx: &tx, metrics: &signals.metrics };
+        match scope.resource {
+            Resource::Services => tasks.spawn(spawn.task(stream::Services(cfg.scope())).run(cancel.clone())),
+            Resource::Nodes => tasks.spawn(spawn.task(stream::Nodes).run(cancel.clone())),
+            Resource::EndpointSlices => tasks.spawn(spawn.task(stream::Slices).run(cancel.clone())),
         };
-        let task = stream::ScopeTask {
-            api,
-            spec: scope.clone(),
-            watcher_config: watcher_config(cfg),
-            scope_rule: cfg.scope(),
-            relist_interval: cfg.relist_interval,
-            tx: tx.clone(),
-            metrics: signals.metrics.clone(),
-        };
-        tasks.spawn(task.run(cancel.clone()));
     }
     tasks.spawn(forward(feedback, tx, cancel.clone()));
-    let recorder = Recorder::load(store, outbox, &scopes, signals, ownership).await?;
+    let recorder = Recorder::load(store, outbox, &scopes, signals, ownership, members).await?;
     recorder.run(rx).await;
     tasks.join_all().await;
     Ok(())
@@ -108,21 +100,47 @@ async fn forward(mut feedback: mpsc::Receiver<Feedback>, tx: mpsc::Sender<Observ
     }
 }
 
-/// The scopes to watch: one cluster-wide scope, or one per configured namespace.
-pub fn scopes(cfg: &KubernetesConfig) -> Vec<ScopeSpec> {
-    if cfg.namespaces.is_empty() {
-        return vec![ScopeSpec { namespace: None }];
+/// The scopes to watch: Services cluster-wide or per configured namespace; with `members` (some backend
+/// mode is configured), the Nodes and the EndpointSlices of the same namespaces too.
+pub fn scopes(cfg: &KubernetesConfig, members: bool) -> Vec<ScopeSpec> {
+    let namespaces: Vec<Option<String>> =
+        if cfg.namespaces.is_empty() { vec![None] } else { cfg.namespaces.iter().cloned().map(Some).collect() };
+    let mut out: Vec<ScopeSpec> = namespaces.iter().cloned().map(ScopeSpec::services).collect();
+    if members {
+        out.push(ScopeSpec { resource: Resource::Nodes, namespace: None });
+        out.extend(namespaces.into_iter().map(|namespace| ScopeSpec { resource: Resource::EndpointSlices, namespace }));
     }
-    cfg.namespaces.iter().map(|ns| ScopeSpec { namespace: Some(ns.clone()) }).collect()
+    out
 }
 
-fn watcher_config(cfg: &KubernetesConfig) -> watcher::Config {
-    let timeout = u32::try_from(cfg.watch_timeout.as_secs().max(1)).unwrap_or(u32::MAX);
-    let mut wc = watcher::Config::default().timeout(timeout);
-    if !cfg.label_selector.is_empty() {
-        wc = wc.labels(&cfg.label_selector);
+/// What a scope's task is built from.
+struct Spawn<'a> {
+    client: &'a kube::Client,
+    cfg: &'a KubernetesConfig,
+    scope: &'a ScopeSpec,
+    tx: &'a mpsc::Sender<Observation>,
+    metrics: &'a Arc<crate::metrics::Metrics>,
+}
+
+impl Spawn<'_> {
+    /// The task watching `kind` in this scope. `kubernetes.label_selector` narrows Services only.
+    fn task<K: stream::Kind>(&self, kind: K) -> stream::ScopeTask<K> {
+        let api = K::api(self.client.clone(), self.scope.namespace.as_deref());
+        let timeout = u32::try_from(self.cfg.watch_timeout.as_secs().max(1)).unwrap_or(u32::MAX);
+        let mut watcher_config = watcher::Config::default().timeout(timeout);
+        if self.scope.resource == Resource::Services && !self.cfg.label_selector.is_empty() {
+            watcher_config = watcher_config.labels(&self.cfg.label_selector);
+        }
+        stream::ScopeTask {
+            kind,
+            api,
+            spec: self.scope.clone(),
+            watcher_config,
+            relist_interval: self.cfg.relist_interval,
+            tx: self.tx.clone(),
+            metrics: self.metrics.clone(),
+        }
     }
-    wc
 }
 
 /// Default period of the safety-net relist, see `kubernetes.relist_interval`.

@@ -83,7 +83,8 @@ impl Ownership {
             hostname: a.hostname,
             reason: None,
         });
-        Observed { key: a.key, uid: t.uid.clone(), resource_version: t.resource_version.clone(), view, in_scope: true }
+        let (uid, resource_version, backends) = (t.uid.clone(), t.resource_version.clone(), t.backends.clone());
+        Observed { key: a.key, uid, resource_version, view, in_scope: true, backends }
     }
 
     /// Whether the deliveries of `e` wait for the finalizer: it is on, the event is not a DELETED, and

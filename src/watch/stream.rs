@@ -1,39 +1,99 @@
 //! One watch scope: kube-runtime's watcher (with its default backoff) turned into [`Observation`]s.
 //! Buffers a (re)list between `Init` and `InitDone` so absence can be read as deletion; restarts the
-//! watcher (hence re-lists) on a malformed line and every `relist_interval`.
+//! watcher (hence re-lists) on a malformed line and every `relist_interval`. The same loop serves
+//! Services, Nodes and EndpointSlices ([`Kind`]).
 
+use std::fmt::Debug;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
+use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::metrics::{Metrics, ScopeLabels};
+use crate::model::backends::{ObservedNode, ObservedSlice};
 use crate::model::{Observed, Scope, ServiceKey, ServiceView};
 
-/// A watch scope: all namespaces (`None`) or one namespace.
+/// What a watch lists and watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Resource {
+    /// core/v1 `services`.
+    Services,
+    /// core/v1 `nodes` (cluster-scoped).
+    Nodes,
+    /// discovery.k8s.io/v1 `endpointslices`.
+    EndpointSlices,
+}
+
+impl Resource {
+    /// `services`, `nodes` or `endpointslices`: the `resource` label of the watch metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Services => "services",
+            Self::Nodes => "nodes",
+            Self::EndpointSlices => "endpointslices",
+        }
+    }
+}
+
+/// A watch scope: one resource in all namespaces (`None`) or in one namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ScopeSpec {
+    /// What is watched.
+    pub resource: Resource,
     /// The namespace, or `None` for the cluster-wide watch.
     pub namespace: Option<String>,
 }
 
 impl ScopeSpec {
-    /// `*` for all namespaces, else the namespace: the label in logs, metrics and `watch_progress`.
+    /// A Service scope (the watches vipwatch always runs).
+    pub fn services(namespace: Option<String>) -> Self {
+        Self { resource: Resource::Services, namespace }
+    }
+
+    /// `*` for all namespaces, else the namespace: the `scope` label of the watch metrics.
     pub fn label(&self) -> &str {
         self.namespace.as_deref().unwrap_or("*")
+    }
+
+    /// The scope's key in `watch_progress`, logs and readiness: [`Self::label`] for Services (as it
+    /// always was), `nodes` and `endpointslices/<label>` for the others.
+    pub fn key(&self) -> String {
+        match self.resource {
+            Resource::Services => self.label().to_owned(),
+            Resource::Nodes => "nodes".to_owned(),
+            Resource::EndpointSlices => format!("endpointslices/{}", self.label()),
+        }
     }
 
     /// Whether a Service key falls under this scope.
     pub fn covers(&self, key: &ServiceKey) -> bool {
         self.namespace.as_ref().is_none_or(|ns| *ns == key.namespace)
     }
+}
+
+/// A change of one kind of object, as a watch reports it.
+#[derive(Debug, Clone)]
+pub enum Change<T> {
+    /// Created or updated (watch `ADDED`/`MODIFIED`).
+    Apply(T),
+    /// Deleted (watch `DELETED`), with its last state.
+    Delete(T),
+    /// A complete (re)list: every object of the scope now; `first` for the first since start.
+    Listed {
+        /// Every object listed, in the apiserver's order.
+        items: Vec<T>,
+        /// True for the first list since the process started.
+        first: bool,
+    },
 }
 
 /// What a scope's stream reports to the recorder.
@@ -52,6 +112,10 @@ pub enum Observation {
         /// True for the first list since the process started (cause `startup`).
         first: bool,
     },
+    /// A Node changed.
+    Node(ScopeSpec, Change<ObservedNode>),
+    /// An EndpointSlice changed.
+    Slice(ScopeSpec, Change<ObservedSlice>),
     /// From the relay or the publisher, not a scope: an appliance chose an address, or a DELETED was
     /// acknowledged everywhere.
     Feedback(crate::model::Feedback),
@@ -64,15 +128,84 @@ pub fn observe(svc: Service, rule: &Scope) -> Observed {
     let resource_version = svc.resource_version().unwrap_or_default();
     let view = ServiceView::from_owned(svc);
     let in_scope = rule.contains(&view);
-    Observed { key, uid, resource_version, view, in_scope }
+    Observed { key, uid, resource_version, view, in_scope, backends: Default::default() }
+}
+
+/// A kind of object a scope watches: how to project it and wrap its changes.
+pub trait Kind: Send + Sync + 'static {
+    /// The Kubernetes type.
+    type Object: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + 'static;
+    /// Its projection.
+    type Item: Send + 'static;
+    /// The API of the objects in `namespace` (all namespaces when `None`).
+    fn api(client: kube::Client, namespace: Option<&str>) -> Api<Self::Object>;
+    /// Projects one object.
+    fn project(&self, obj: Self::Object) -> Self::Item;
+    /// Wraps a change for the recorder.
+    fn wrap(&self, scope: ScopeSpec, change: Change<Self::Item>) -> Observation;
+}
+
+/// Services, judged in or out of scope by the rule.
+pub struct Services(pub Scope);
+
+impl Kind for Services {
+    type Object = Service;
+    type Item = Observed;
+    fn api(client: kube::Client, namespace: Option<&str>) -> Api<Service> {
+        namespace.map_or_else(|| Api::all(client.clone()), |ns| Api::namespaced(client.clone(), ns))
+    }
+    fn project(&self, obj: Service) -> Observed {
+        observe(obj, &self.0)
+    }
+    fn wrap(&self, scope: ScopeSpec, change: Change<Observed>) -> Observation {
+        match change {
+            Change::Apply(o) => Observation::Apply(scope, o),
+            Change::Delete(o) => Observation::Delete(scope, o),
+            Change::Listed { items, first } => Observation::Listed { scope, objects: items, first },
+        }
+    }
+}
+
+/// Nodes.
+pub struct Nodes;
+
+impl Kind for Nodes {
+    type Object = Node;
+    type Item = ObservedNode;
+    fn api(client: kube::Client, _: Option<&str>) -> Api<Node> {
+        Api::all(client)
+    }
+    fn project(&self, obj: Node) -> ObservedNode {
+        ObservedNode::from_node(&obj)
+    }
+    fn wrap(&self, scope: ScopeSpec, change: Change<ObservedNode>) -> Observation {
+        Observation::Node(scope, change)
+    }
+}
+
+/// EndpointSlices.
+pub struct Slices;
+
+impl Kind for Slices {
+    type Object = EndpointSlice;
+    type Item = ObservedSlice;
+    fn api(client: kube::Client, namespace: Option<&str>) -> Api<EndpointSlice> {
+        namespace.map_or_else(|| Api::all(client.clone()), |ns| Api::namespaced(client.clone(), ns))
+    }
+    fn project(&self, obj: EndpointSlice) -> ObservedSlice {
+        ObservedSlice::from_slice(&obj)
+    }
+    fn wrap(&self, scope: ScopeSpec, change: Change<ObservedSlice>) -> Observation {
+        Observation::Slice(scope, change)
+    }
 }
 
 /// Everything one scope's task needs.
-pub(super) struct ScopeTask {
-    pub api: Api<Service>,
+pub(super) struct ScopeTask<K: Kind> {
+    pub kind: K,
+    pub api: Api<K::Object>,
     pub spec: ScopeSpec,
     pub watcher_config: watcher::Config,
-    pub scope_rule: Scope,
     pub relist_interval: Duration,
     pub tx: mpsc::Sender<Observation>,
     pub metrics: Arc<Metrics>,
@@ -84,13 +217,13 @@ enum End {
     Restart,
 }
 
-impl ScopeTask {
+impl<K: Kind> ScopeTask<K> {
     /// Runs watcher after watcher until `cancel` fires or the recorder is gone.
     pub async fn run(self, cancel: CancellationToken) {
         self.zero_metrics();
         let mut first = true;
         loop {
-            info!(scope = self.spec.label(), "listing and watching Services");
+            info!(resource = self.spec.resource.as_str(), scope = self.spec.label(), "listing and watching");
             match self.run_once(&cancel, &mut first).await {
                 End::Cancelled => return,
                 End::Restart => {
@@ -107,14 +240,20 @@ impl ScopeTask {
             drop(family.get_or_create(&self.labels()));
         }
         for kind in ["list", "watch_start", "gone", "status", "stream", "decode", "no_resource_version"] {
-            let labels =
-                crate::metrics::WatchErrorLabels { scope: self.spec.label().to_owned(), kind: kind.to_owned() };
-            drop(m.watch_errors.get_or_create(&labels));
+            drop(m.watch_errors.get_or_create(&self.error_labels(kind)));
         }
     }
 
     fn labels(&self) -> ScopeLabels {
-        ScopeLabels { scope: self.spec.label().to_owned() }
+        ScopeLabels { resource: self.spec.resource.as_str().to_owned(), scope: self.spec.label().to_owned() }
+    }
+
+    fn error_labels(&self, kind: &str) -> crate::metrics::WatchErrorLabels {
+        crate::metrics::WatchErrorLabels {
+            resource: self.spec.resource.as_str().to_owned(),
+            scope: self.spec.label().to_owned(),
+            kind: kind.to_owned(),
+        }
     }
 
     async fn run_once(&self, cancel: &CancellationToken, first: &mut bool) -> End {
@@ -122,12 +261,12 @@ impl ScopeTask {
         let mut stream = pin!(stream);
         let relist = tokio::time::sleep(self.relist_interval);
         let mut relist = pin!(relist);
-        let mut buffer: Vec<Observed> = Vec::new();
+        let mut buffer: Vec<K::Item> = Vec::new();
         loop {
             let item = tokio::select! {
                 _ = cancel.cancelled() => return End::Cancelled,
                 _ = &mut relist => {
-                    info!(scope = self.spec.label(), "periodic re-list (kubernetes.relist_interval)");
+                    info!(resource = self.spec.resource.as_str(), scope = self.spec.label(), "periodic re-list (kubernetes.relist_interval)");
                     return End::Restart;
                 }
                 item = stream.next() => item,
@@ -148,48 +287,54 @@ impl ScopeTask {
 
     fn on_event(
         &self,
-        event: watcher::Event<Service>,
-        buffer: &mut Vec<Observed>,
+        event: watcher::Event<K::Object>,
+        buffer: &mut Vec<K::Item>,
         first: &mut bool,
     ) -> Option<Observation> {
-        let scope = self.spec.clone();
-        match event {
+        let change = match event {
             watcher::Event::Init => {
                 buffer.clear();
-                None
+                return None;
             }
-            watcher::Event::InitApply(svc) => {
-                buffer.push(observe(svc, &self.scope_rule));
-                None
+            watcher::Event::InitApply(obj) => {
+                buffer.push(self.kind.project(obj));
+                return None;
             }
             watcher::Event::InitDone => {
-                let objects = std::mem::take(buffer);
-                debug!(scope = scope.label(), objects = objects.len(), "list complete");
+                let items = std::mem::take(buffer);
+                debug!(
+                    resource = self.spec.resource.as_str(),
+                    scope = self.spec.label(),
+                    objects = items.len(),
+                    "list complete"
+                );
                 if !*first {
                     self.metrics.relists.get_or_create(&self.labels()).inc();
                 }
-                let first = std::mem::replace(first, false);
-                Some(Observation::Listed { scope, objects, first })
+                Change::Listed { items, first: std::mem::replace(first, false) }
             }
-            watcher::Event::Apply(svc) => Some(Observation::Apply(scope, observe(svc, &self.scope_rule))),
-            watcher::Event::Delete(svc) => Some(Observation::Delete(scope, observe(svc, &self.scope_rule))),
-        }
+            watcher::Event::Apply(obj) => Change::Apply(self.kind.project(obj)),
+            watcher::Event::Delete(obj) => Change::Delete(self.kind.project(obj)),
+        };
+        Some(self.kind.wrap(self.spec.clone(), change))
     }
 
     /// Logs and counts a watcher error; returns true when the watcher must be restarted (a re-list):
     /// after a malformed watch line the event it carried is lost to this stream, and only a fresh
     /// list recovers it.
     fn on_error(&self, err: &watcher::Error) -> bool {
-        let scope = self.spec.label();
+        let (resource, scope) = (self.spec.resource.as_str(), self.spec.label());
         let (kind, restart) = classify(err);
-        self.metrics.watch_error(scope, kind);
+        self.metrics.watch_errors.get_or_create(&self.error_labels(kind)).inc();
         match kind {
             "gone" => {
                 self.metrics.watch_gone.get_or_create(&self.labels()).inc();
-                warn!(scope, error = %err, "resourceVersion expired (410 Gone): re-listing");
+                warn!(resource, scope, error = %err, "resourceVersion expired (410 Gone): re-listing");
             }
-            "decode" => warn!(scope, error = %err, "malformed watch line: re-listing to recover what it carried"),
-            _ => warn!(scope, kind, error = %err, "watch error; retrying with backoff"),
+            "decode" => {
+                warn!(resource, scope, error = %err, "malformed watch line: re-listing to recover what it carried")
+            }
+            _ => warn!(resource, scope, kind, error = %err, "watch error; retrying with backoff"),
         }
         restart
     }

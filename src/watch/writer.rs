@@ -11,6 +11,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
+use vipwatch_contract::{BackendMode, MemberState};
+
 use super::stream::ScopeSpec;
 use crate::ipam::PoolUsage;
 use crate::metrics::Metrics;
@@ -30,6 +32,10 @@ pub(super) struct Plan {
     pub vips_in_use: usize,
     pub notices: Vec<Notice>,
     pub pool_usage: Vec<PoolUsage>,
+    /// Members over every in-scope Service, per (mode, state).
+    pub members: Vec<((BackendMode, MemberState), i64)>,
+    /// Known Nodes: `(eligible, not eligible)`.
+    pub nodes: (usize, usize),
 }
 
 /// What the writer tells the rest of the process.
@@ -55,7 +61,7 @@ pub(super) struct Writer {
 
 impl Writer {
     pub fn new(store: Store, outbox: Arc<dyn Outbox>, scopes: &[ScopeSpec], signals: Signals) -> Self {
-        let awaiting_first_list = scopes.iter().map(|s| s.label().to_owned()).collect();
+        let awaiting_first_list = scopes.iter().map(ScopeSpec::key).collect();
         Self { store, outbox, signals, awaiting_first_list }
     }
 
@@ -113,6 +119,18 @@ impl Writer {
         metrics.vips_in_use.set(plan.vips_in_use as i64);
         for u in &plan.pool_usage {
             metrics.pool_usage(&u.pool, u.in_use, u.free);
+        }
+        for ((mode, state), n) in &plan.members {
+            let state = match state {
+                MemberState::Active => "active",
+                MemberState::Draining => "draining",
+            };
+            let labels = crate::metrics::MemberLabels { mode: mode.as_str().to_owned(), state: state.to_owned() };
+            metrics.backend_members.get_or_create(&labels).set(*n);
+        }
+        for (eligible, n) in [("true", plan.nodes.0), ("false", plan.nodes.1)] {
+            let labels = crate::metrics::NodeLabels { eligible: eligible.to_owned() };
+            metrics.nodes.get_or_create(&labels).set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         let mut dropped = 0;
         for notice in &plan.notices {

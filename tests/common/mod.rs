@@ -162,3 +162,57 @@ pub fn summary(rows: &[EventRow]) -> Vec<(String, String, String)> {
 pub fn s(v: &str) -> String {
     v.to_owned()
 }
+
+/// The members vipwatch announces in its default mode (`nodePort`) for `view`, given the cluster's
+/// Nodes `(name, InternalIP)`: every Node × each port's nodePort, kube-proxy's health check hinted,
+/// at `revision`; built from the README's rules, with the hash as documented (sha256 of the canonical
+/// JSON of mode, healthCheck, reason and ports).
+pub fn node_port_members(
+    view: &vipwatch::model::ServiceView,
+    nodes: &[(&str, &str)],
+    revision: u64,
+) -> vipwatch::model::backends::BackendSets {
+    use vipwatch_contract::{BackendMode, BackendPort, Backends, HealthCheck, HealthCheckScope, Member, MemberState};
+    let mut sorted: Vec<(std::net::IpAddr, &str)> = nodes.iter().map(|(n, ip)| (ip.parse().unwrap(), *n)).collect();
+    sorted.sort();
+    let ports: Vec<BackendPort> = view
+        .ports
+        .iter()
+        .map(|p| BackendPort {
+            name: p.name.clone(),
+            protocol: p.protocol.clone(),
+            port: p.port,
+            members: p
+                .node_port
+                .map(|np| {
+                    sorted
+                        .iter()
+                        .map(|(ip, n)| Member {
+                            address: ip.to_string(),
+                            port: np,
+                            state: MemberState::Active,
+                            node_name: Some((*n).to_owned()),
+                            zone: None,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .collect();
+    let health_check =
+        HealthCheck { protocol: "HTTP".into(), port: 10256, path: "/healthz".into(), scope: HealthCheckScope::Node };
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Canonical<'a> {
+        mode: &'a str,
+        health_check: &'a HealthCheck,
+        reason: Option<&'a str>,
+        ports: &'a [BackendPort],
+    }
+    let canonical = Canonical { mode: "nodePort", health_check: &health_check, reason: None, ports: &ports };
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(serde_json::to_vec(&canonical).unwrap());
+    let hash = format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let b =
+        Backends { mode: BackendMode::NodePort, revision, hash, health_check: Some(health_check), reason: None, ports };
+    [(BackendMode::NodePort, b)].into_iter().collect()
+}

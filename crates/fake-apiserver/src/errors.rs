@@ -45,25 +45,27 @@ impl ApiError {
         ApiError::new(400, "BadRequest", message)
     }
 
-    /// 404 `NotFound`: `{resource} "{name}" not found`, e.g. resource `services`.
+    /// 404 `NotFound`: `{resource} "{name}" not found`. `resource` is the plural, qualified by its group
+    /// outside the core API (`services`, `endpointslices.discovery.k8s.io`); see [`details`].
     pub(crate) fn not_found(resource: &str, name: &str) -> ApiError {
         let mut e = ApiError::new(404, "NotFound", format!("{resource} \"{name}\" not found"));
-        e.details = Some(json!({ "name": name, "kind": resource }));
+        e.details = Some(details(resource, name));
         e
     }
 
-    /// 409 `AlreadyExists`: `{resource} "{name}" already exists`.
+    /// 409 `AlreadyExists`: `{resource} "{name}" already exists` (`resource` as for [`ApiError::not_found`]).
     pub(crate) fn already_exists(resource: &str, name: &str) -> ApiError {
         let mut e = ApiError::new(409, "AlreadyExists", format!("{resource} \"{name}\" already exists"));
-        e.details = Some(json!({ "name": name, "kind": resource }));
+        e.details = Some(details(resource, name));
         e
     }
 
-    /// 409 `Conflict`: `Operation cannot be fulfilled on {resource} "{name}": {why}`.
+    /// 409 `Conflict`: `Operation cannot be fulfilled on {resource} "{name}": {why}` (`resource` as for
+    /// [`ApiError::not_found`]).
     pub(crate) fn conflict(resource: &str, name: &str, why: &str) -> ApiError {
         let mut e =
             ApiError::new(409, "Conflict", format!("Operation cannot be fulfilled on {resource} \"{name}\": {why}"));
-        e.details = Some(json!({ "name": name, "kind": resource }));
+        e.details = Some(details(resource, name));
         e
     }
 
@@ -76,14 +78,14 @@ impl ApiError {
         )
     }
 
-    /// 422 `Invalid` with one cause: `{Kind} "{name}" is invalid: {field}: {detail}`. `cause` is the
+    /// 422 `Invalid` with one cause: `{Kind} "{name}" is invalid: {field}: {detail}`. `kind` is qualified
+    /// by its group outside the core API (`Service`, `EndpointSlice.discovery.k8s.io`); `cause` is the
     /// cause's reason, e.g. `FieldValueForbidden` or `FieldValueRequired`.
     pub(crate) fn invalid(kind: &str, name: &str, field: &str, cause: &str, detail: &str) -> ApiError {
         let mut e = ApiError::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {field}: {detail}"));
-        e.details = Some(json!({
-            "name": name, "kind": kind,
-            "causes": [{ "reason": cause, "message": detail, "field": field }],
-        }));
+        let mut d = details(kind, name);
+        d["causes"] = json!([{ "reason": cause, "message": detail, "field": field }]);
+        e.details = Some(d);
         e
     }
 
@@ -97,5 +99,27 @@ impl ApiError {
             body["details"] = d.clone();
         }
         json_response(StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), &body)
+    }
+}
+
+/// `Status.details` for a (possibly group-qualified) resource or kind: `{"name", "kind"}`, plus `group`
+/// when qualified (`endpointslices.discovery.k8s.io` → kind `endpointslices`, group `discovery.k8s.io`).
+fn details(qualified: &str, name: &str) -> Value {
+    match qualified.split_once('.') {
+        Some((kind, group)) => json!({ "name": name, "group": group, "kind": kind }),
+        None => json!({ "name": name, "kind": qualified }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn details_split_the_group_off() {
+        let e = ApiError::not_found("endpointslices.discovery.k8s.io", "web-abc");
+        assert_eq!(e.message, "endpointslices.discovery.k8s.io \"web-abc\" not found");
+        assert_eq!(e.details, Some(json!({"name": "web-abc", "group": "discovery.k8s.io", "kind": "endpointslices"})));
+        assert_eq!(ApiError::not_found("nodes", "w1").details, Some(json!({"name": "w1", "kind": "nodes"})));
     }
 }

@@ -4,8 +4,8 @@
 //! `source`↔`deprecatedSource`, `firstTimestamp`↔`deprecatedFirstTimestamp`,
 //! `lastTimestamp`↔`deprecatedLastTimestamp`, `count`↔`deprecatedCount`).
 //!
-//! Events have their own resourceVersion counter (starting at 1), separate from the Services' global
-//! one, and never appear in Service watches or histories. There is no watch on events.
+//! Events have their own resourceVersion counter (starting at 1), separate from the global one of the
+//! stored resources, and never appear in their watches or histories. There is no watch on events.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,6 @@
 //! Fault switches for the fake apiserver. Every method is thread-safe and takes effect while the server
-//! runs; "open watches" means the watch streams open at the time of the call.
+//! runs; "open watches" means the watch streams open at the time of the call, of every resource, and
+//! "requests" means requests to any path.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -88,8 +89,9 @@ impl Faults {
         self.silent.send_replace(on);
     }
 
-    /// Send a BOOKMARK (`{"kind":"Service","apiVersion":"v1","metadata":{"resourceVersion":"N"}}`, N = the
-    /// last resourceVersion that watch has covered) on every open watch that asked `allowWatchBookmarks`.
+    /// Send a BOOKMARK (`{"kind":K,"apiVersion":V,"metadata":{"resourceVersion":"N"}}`, K/V = the watched
+    /// resource's, e.g. `Node`/`v1` or `EndpointSlice`/`discovery.k8s.io/v1`; N = the last resourceVersion
+    /// that watch has covered) on every open watch that asked `allowWatchBookmarks`.
     pub fn bookmark_now(&self) {
         self.broadcast(|| WatchMsg::Bookmark);
     }

@@ -1,6 +1,13 @@
 //! HTTP routes of the fake apiserver: discovery (and a minimal OpenAPI v3) for kubectl; list / get /
-//! watch / create / replace / patch / delete of `services` (core v1) and their `status` subresource
-//! ([`super::services`]); `events` through core/v1 and events.k8s.io/v1 ([`super::events_http`]).
+//! watch / create / replace / patch / delete of every [`Resource`] — core/v1 `services` and `nodes`
+//! (with their `status` subresource) and discovery.k8s.io/v1 `endpointslices` — by one generic path
+//! ([`super::list`], [`super::watch`], [`super::objects`]); `events` through core/v1 and
+//! events.k8s.io/v1 ([`super::events_http`]).
+//!
+//! Resource paths, under `/api/v1` (core) or `/apis/{group}/v1`, optionally after a deprecated `watch/`:
+//! namespaced `{plural}` (all namespaces), `namespaces/{ns}/{plural}[/{name}[/status]]`; cluster-scoped
+//! `{plural}[/{name}[/status]]`. A path of the wrong scope (`/api/v1/services/x`,
+//! `/api/v1/namespaces/x/nodes`) is a 404, as is `/status` of a resource without that subresource.
 //!
 //! Routing is done by hand on the path segments behind one axum fallback handler, so every request (also
 //! unknown paths) is recorded and subject to [`super::Faults::fail_requests`].
@@ -14,13 +21,15 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::response::Response;
 
-use super::discovery::{self, api_versions, resource_list, version};
-use super::errors::{ApiError, bad_request, json_response, status};
+use super::discovery::{self, EVENTS_GROUP, GROUPS, api_versions, version};
+use super::errors::{bad_request, json_response, status};
 use super::events::EventApi;
+use super::objects::{self, Target};
+use super::resource::Resource;
 use super::selector::{FieldSelector, LabelSelector, Matcher};
 use super::state::StartFrom;
 use super::watch::{self, WatchSpec};
-use super::{RecordedRequest, Shared, events_http, list, services};
+use super::{RecordedRequest, Shared, events_http, list};
 
 /// The service for one server: a single fallback handler over shared state.
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
@@ -88,43 +97,82 @@ enum Route<'a> {
     Api,
     Apis,
     ApiV1,
-    EventsGroup,
-    EventsV1,
+    Group(&'a str),
+    GroupV1(&'a str),
     OpenApiV3,
     OpenApiV3Doc(String),
-    Collection { ns: Option<&'a str>, watch: bool },
-    Item { ns: &'a str, name: &'a str, watch: bool },
-    Status { ns: &'a str, name: &'a str },
-    Events { api: EventApi, ns: Option<&'a str> },
-    Event { api: EventApi, ns: &'a str, name: &'a str },
+    /// A collection of a stored resource (`ns: None` = all namespaces, or cluster-scoped).
+    Collection {
+        res: Resource,
+        ns: Option<&'a str>,
+        watch: bool,
+    },
+    /// One stored object or its `status` (`target.status`); `watch` for the deprecated watch path.
+    Object {
+        target: Target<'a>,
+        watch: bool,
+    },
+    Events {
+        api: EventApi,
+        ns: Option<&'a str>,
+    },
+    Event {
+        api: EventApi,
+        ns: &'a str,
+        name: &'a str,
+    },
 }
 
 fn route<'a>(segs: &[&'a str]) -> Option<Route<'a>> {
     use EventApi::{Core, EventsV1};
-    const GROUP: &str = "events.k8s.io";
     Some(match segs {
         ["version"] => Route::Version,
         ["api"] => Route::Api,
         ["apis"] => Route::Apis,
         ["api", "v1"] => Route::ApiV1,
-        ["apis", GROUP] => Route::EventsGroup,
-        ["apis", GROUP, "v1"] => Route::EventsV1,
+        ["apis", group] if GROUPS.contains(group) => Route::Group(group),
+        ["apis", group, "v1"] if GROUPS.contains(group) => Route::GroupV1(group),
         ["openapi", "v3"] => Route::OpenApiV3,
         ["openapi", "v3", rest @ ..] => Route::OpenApiV3Doc(rest.join("/")),
-        ["api", "v1", "services"] => Route::Collection { ns: None, watch: false },
-        ["api", "v1", "namespaces", ns, "services"] => Route::Collection { ns: Some(ns), watch: false },
-        ["api", "v1", "namespaces", ns, "services", name] => Route::Item { ns, name, watch: false },
-        ["api", "v1", "namespaces", ns, "services", name, "status"] => Route::Status { ns, name },
-        ["api", "v1", "watch", "services"] => Route::Collection { ns: None, watch: true },
-        ["api", "v1", "watch", "namespaces", ns, "services"] => Route::Collection { ns: Some(ns), watch: true },
-        ["api", "v1", "watch", "namespaces", ns, "services", name] => Route::Item { ns, name, watch: true },
         ["api", "v1", "events"] => Route::Events { api: Core, ns: None },
         ["api", "v1", "namespaces", ns, "events"] => Route::Events { api: Core, ns: Some(ns) },
         ["api", "v1", "namespaces", ns, "events", name] => Route::Event { api: Core, ns, name },
-        ["apis", GROUP, "v1", "events"] => Route::Events { api: EventsV1, ns: None },
-        ["apis", GROUP, "v1", "namespaces", ns, "events"] => Route::Events { api: EventsV1, ns: Some(ns) },
-        ["apis", GROUP, "v1", "namespaces", ns, "events", name] => Route::Event { api: EventsV1, ns, name },
+        ["apis", EVENTS_GROUP, "v1", "events"] => Route::Events { api: EventsV1, ns: None },
+        ["apis", EVENTS_GROUP, "v1", "namespaces", ns, "events"] => Route::Events { api: EventsV1, ns: Some(ns) },
+        ["apis", EVENTS_GROUP, "v1", "namespaces", ns, "events", name] => Route::Event { api: EventsV1, ns, name },
+        ["api", "v1", rest @ ..] => return resource_route("", rest),
+        ["apis", group, "v1", rest @ ..] => return resource_route(group, rest),
         _ => return None,
+    })
+}
+
+/// A path below `/api/v1` (`group` `""`) or `/apis/{group}/v1` naming a stored resource (see the module
+/// docs for the shapes); `None` for anything else, including a path of the wrong scope.
+fn resource_route<'a>(group: &str, rest: &[&'a str]) -> Option<Route<'a>> {
+    let (watch, rest) = match rest {
+        ["watch", rest @ ..] => (true, rest),
+        _ => (false, rest),
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, rest @ ..] => (Some(*ns), rest),
+        _ => (None, rest),
+    };
+    let (plural, name, status) = match rest {
+        [plural] => (*plural, None, false),
+        [plural, name] => (*plural, Some(*name), false),
+        [plural, name, "status"] if !watch => (*plural, Some(*name), true),
+        _ => return None,
+    };
+    let res = Resource::lookup(group, plural)?;
+    if (!res.namespaced() && ns.is_some()) || (res.namespaced() && ns.is_none() && name.is_some()) {
+        return None;
+    }
+    if status && !res.has_status() {
+        return None;
+    }
+    Some(match name {
+        None => Route::Collection { res, ns, watch },
+        Some(name) => Route::Object { target: Target { res, ns: ns.unwrap_or(""), name, status }, watch },
     })
 }
 
@@ -167,50 +215,38 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         (Method::GET, Route::Version) => ok(&version()),
         (Method::GET, Route::Api) => ok(&api_versions(&shared)),
         (Method::GET, Route::Apis) => ok(&discovery::api_groups()),
-        (Method::GET, Route::ApiV1) => ok(&resource_list()),
-        (Method::GET, Route::EventsGroup) => ok(&discovery::events_api_group()),
-        (Method::GET, Route::EventsV1) => ok(&discovery::events_resource_list()),
+        (Method::GET, Route::ApiV1) => ok(&discovery::core_resource_list()),
+        (Method::GET, Route::Group(group)) => ok(&discovery::api_group(group)),
+        (Method::GET, Route::GroupV1(group)) => ok(&discovery::group_resource_list(group)),
         (Method::GET, Route::OpenApiV3) => ok(&discovery::openapi_v3_root()),
         (Method::GET, Route::OpenApiV3Doc(gv)) => match discovery::openapi_v3_doc(&gv) {
             Some(doc) => ok(&doc),
             None => status(404, "NotFound", "the server could not find the requested resource"),
         },
-        (Method::GET, Route::Collection { ns, watch })
+        (Method::GET, Route::Collection { res, ns, watch })
             if super::table::wanted(&headers) && !watch && !params.flag("watch") =>
         {
-            match matcher(ns, None, &params) {
-                Ok(m) => list::services_table(&shared, &m),
+            match matcher(res, ns, None, &params) {
+                Ok(m) => list::table(&shared, res, &m),
                 Err(e) => bad_request(e),
             }
         }
-        (Method::GET, Route::Collection { ns, watch }) => collection(&shared, ns, None, watch, &params),
-        (Method::POST, Route::Collection { ns: Some(ns), watch: false }) => {
-            services::create(&shared, ns, &params, &body)
+        (Method::GET, Route::Collection { res, ns, watch }) => collection(&shared, res, ns, None, watch, &params),
+        (Method::POST, Route::Collection { res, ns, watch: false }) if res.namespaced() == ns.is_some() => {
+            objects::create(&shared, res, ns.unwrap_or(""), &params, &body)
         }
-        (Method::GET, Route::Item { ns, name, watch }) if watch || params.flag("watch") => {
-            collection(&shared, Some(ns), Some(name), true, &params)
+        (Method::GET, Route::Object { target, watch }) if !target.status && (watch || params.flag("watch")) => {
+            let ns = Some(target.ns).filter(|_| target.res.namespaced());
+            collection(&shared, target.res, ns, Some(target.name), true, &params)
         }
-        (Method::GET, Route::Item { ns, name, .. } | Route::Status { ns, name }) => {
-            let store = shared.store.lock().expect("store lock");
-            match store.get(ns, name) {
-                Some(obj) if super::table::wanted(&headers) => {
-                    ok(&super::table::services(std::slice::from_ref(obj), store.rv()))
-                }
-                Some(obj) => ok(obj),
-                None => not_found(name),
-            }
+        (Method::GET, Route::Object { target, .. }) => objects::get(&shared, &target, &headers),
+        (Method::PUT, Route::Object { target, watch: false }) => objects::replace(&shared, &target, &params, &body),
+        (Method::PATCH, Route::Object { target, watch: false }) => {
+            objects::patch(&shared, &target, &params, &headers, &body)
         }
-        (Method::PUT, Route::Item { ns, name, watch: false }) => {
-            services::replace(&shared, ns, name, &params, &body, false)
+        (Method::DELETE, Route::Object { target, watch: false }) if !target.status => {
+            objects::delete(&shared, &target, &params, &body)
         }
-        (Method::PUT, Route::Status { ns, name }) => services::replace(&shared, ns, name, &params, &body, true),
-        (Method::PATCH, Route::Item { ns, name, watch: false }) => {
-            services::patch(&shared, ns, name, &params, &headers, &body, false)
-        }
-        (Method::PATCH, Route::Status { ns, name }) => {
-            services::patch(&shared, ns, name, &params, &headers, &body, true)
-        }
-        (Method::DELETE, Route::Item { ns, name, watch: false }) => services::delete(&shared, ns, name, &params, &body),
         (Method::GET, Route::Events { api, ns }) => events_http::list(&shared, api, ns, &params),
         (Method::POST, Route::Events { api, ns: Some(ns) }) => events_http::create(&shared, api, ns, &body),
         (Method::GET, Route::Event { api, ns, name }) => events_http::get(&shared, api, ns, name),
@@ -227,37 +263,40 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     }
 }
 
-/// A 404 `Status` for the Service `name`.
-pub(crate) fn not_found(name: &str) -> Response {
-    ApiError::not_found("services", name).response()
-}
-
-/// List or watch a collection (`name` narrows a watch to one object, as the named watch paths do).
-/// The label and field selectors of a collection request (plus `name`, for a watch of one object).
-/// Errors: the message of a 400 (a selector that does not parse).
-fn matcher(ns: Option<&str>, name: Option<&str>, params: &Params) -> Result<Matcher, String> {
+/// The label and field selectors of a collection request of `res` (plus `name`, for a watch of one
+/// object). Errors: the message of a 400 (a selector that does not parse, a field label `res` lacks).
+fn matcher(res: Resource, ns: Option<&str>, name: Option<&str>, params: &Params) -> Result<Matcher, String> {
     let labels = LabelSelector::parse(params.get("labelSelector").unwrap_or(""))?;
     let mut fields_raw = params.get("fieldSelector").unwrap_or("").to_string();
     if let Some(name) = name {
         fields_raw = format!("{fields_raw},metadata.name={name}");
     }
-    let fields = FieldSelector::parse(&fields_raw)?;
+    let fields = FieldSelector::parse_with(&fields_raw, |f| res.field_pointer(f))?;
     Ok(Matcher { namespace: ns.map(str::to_string), labels, fields })
 }
 
-fn collection(shared: &Arc<Shared>, ns: Option<&str>, name: Option<&str>, watch: bool, params: &Params) -> Response {
-    let matcher = match matcher(ns, name, params) {
+/// List or watch a collection of `res` (`name` narrows a watch to one object, as the named watch paths
+/// do).
+fn collection(
+    shared: &Arc<Shared>,
+    res: Resource,
+    ns: Option<&str>,
+    name: Option<&str>,
+    watch: bool,
+    params: &Params,
+) -> Response {
+    let matcher = match matcher(res, ns, name, params) {
         Ok(m) => m,
         Err(e) => return bad_request(e),
     };
     if watch || params.flag("watch") {
-        watch_request(shared, matcher, params)
+        watch_request(shared, res, matcher, params)
     } else {
-        list::services(shared, &matcher, params)
+        list::objects(shared, res, &matcher, params)
     }
 }
 
-fn watch_request(shared: &Arc<Shared>, matcher: Matcher, params: &Params) -> Response {
+fn watch_request(shared: &Arc<Shared>, resource: Resource, matcher: Matcher, params: &Params) -> Response {
     let initial_events = params.flag("sendInitialEvents");
     let from = match params.get("resourceVersion") {
         _ if initial_events => StartFrom::Snapshot,
@@ -272,12 +311,46 @@ fn watch_request(shared: &Arc<Shared>, matcher: Matcher, params: &Params) -> Res
         Err(e) => return bad_request(e),
     };
     let bookmarks = params.flag("allowWatchBookmarks");
-    watch::start(shared, WatchSpec { matcher, from, timeout, bookmarks, initial_events_end: initial_events })
+    watch::start(shared, WatchSpec { resource, matcher, from, timeout, bookmarks, initial_events_end: initial_events })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resource_routes_respect_scope() {
+        fn parse(p: &str) -> Option<Route<'_>> {
+            route(&p.split('/').filter(|s| !s.is_empty()).collect::<Vec<_>>())
+        }
+        fn target(p: &str) -> Option<(Resource, &str, &str, bool, bool)> {
+            match parse(p)? {
+                Route::Object { target: t, watch } => Some((t.res, t.ns, t.name, t.status, watch)),
+                _ => None,
+            }
+        }
+        assert_eq!(target("/api/v1/nodes/w1/status"), Some((Resource::Nodes, "", "w1", true, false)));
+        assert_eq!(target("/api/v1/watch/nodes/w1"), Some((Resource::Nodes, "", "w1", false, true)));
+        assert_eq!(
+            target("/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices/web-abc"),
+            Some((Resource::EndpointSlices, "shop", "web-abc", false, false))
+        );
+        assert!(matches!(
+            parse("/apis/discovery.k8s.io/v1/watch/endpointslices"),
+            Some(Route::Collection { res: Resource::EndpointSlices, ns: None, watch: true })
+        ));
+        for wrong in [
+            "/api/v1/services/x",
+            "/api/v1/namespaces/x/nodes",
+            "/apis/discovery.k8s.io/v1/namespaces/x/endpointslices/y/status",
+            "/api/v1/endpointslices",
+            "/api/v1/watch/nodes/w1/status",
+            "/api/v1/namespaces/x",
+            "/apis/apps/v1/deployments",
+        ] {
+            assert!(parse(wrong).is_none(), "{wrong}");
+        }
+    }
 
     #[test]
     fn query_skips_empty_pairs_and_decodes() {

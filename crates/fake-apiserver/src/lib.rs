@@ -1,38 +1,50 @@
 //! An in-process fake Kubernetes API server for tests and the demo: real HTTP/1.1 (and h2c) on
-//! `127.0.0.1:0`, serving core/v1 `services` (stored as `serde_json::Value` objects exactly as given,
-//! unknown fields kept) and `events` (core/v1 and events.k8s.io/v1).
+//! `127.0.0.1:0`, serving three stored [`Resource`]s — core/v1 `services`, core/v1 `nodes`
+//! (cluster-scoped) and discovery.k8s.io/v1 `endpointslices` — stored as `serde_json::Value` objects
+//! exactly as given (unknown fields kept), plus `events` (core/v1 and events.k8s.io/v1).
 //!
-//! What it speaks (see `shared/reference/kubernetes-list-watch.md`):
-//! - `GET /api/v1/services`, `GET /api/v1/namespaces/{ns}/services`: list with `limit`/`continue` paging
-//!   (every page carries the snapshot resourceVersion; the last page has no `continue`), `labelSelector`,
-//!   `fieldSelector`; items omit `kind`/`apiVersion`. Empty query pairs (`?&limit=500`) are ignored.
-//!   A continue token (opaque hex) encodes the snapshot resourceVersion and the last key served; the
-//!   following pages are read from the current state after that key but report the snapshot rv.
-//! - The same paths with `watch=true|1` (and the deprecated `/api/v1/watch/...` paths): one compact JSON
-//!   line per event, flushed at once; `resourceVersion` absent/`"0"` = synthetic ADDED for current
-//!   objects first, `N` = replay history after `N`, too old = HTTP 200 + in-band ERROR 410 line, then end.
-//!   `timeoutSeconds`, `allowWatchBookmarks`, selectors (with ADDED/DELETED on selector transitions).
-//! - Service writes (details in `services.rs`): `POST /api/v1/namespaces/{ns}/services` (create, 201;
-//!   409 `AlreadyExists`; `generateName`), `GET`/`PUT`/`PATCH /api/v1/namespaces/{ns}/services/{name}` and
-//!   `.../{name}/status` (409 `Conflict` on a stale `resourceVersion`; PATCH as merge patch, strategic
-//!   merge patch, JSON patch or apply patch), `DELETE .../services/{name}` (200 with the object).
-//! - Finalizers: deleting an object with `metadata.finalizers` only sets `metadata.deletionTimestamp`
-//!   (now, RFC 3339) and `deletionGracePeriodSeconds: 0` (MODIFIED); any later write that leaves it
-//!   without finalizers deletes it (DELETED, carrying the state stored before that write); adding a new
-//!   finalizer to it over HTTP answers 422 `Invalid`. [`FakeApiServer::delete`] follows the same rules,
-//!   [`FakeApiServer::delete_now`] does not.
+//! What it speaks (see `shared/reference/kubernetes-list-watch.md`); `{prefix}` is `/api/v1` for
+//! Services and Nodes and `/apis/discovery.k8s.io/v1` for EndpointSlices, and `[namespaces/{ns}/]` is
+//! absent for Nodes:
+//! - One global resourceVersion counter across all three resources (like etcd's revision) and one
+//!   bounded history of their changes; every object carries the resourceVersion of its last write.
+//! - `GET {prefix}/{plural}` (all namespaces), `GET {prefix}/namespaces/{ns}/{plural}`: list with
+//!   `limit`/`continue` paging (every page carries the snapshot resourceVersion; the last page has no
+//!   `continue`), `labelSelector`, `fieldSelector` (`metadata.name`, `metadata.namespace`; Services also
+//!   `spec.type`, `spec.clusterIP`); `{Kind}List` whose items omit `kind`/`apiVersion`. Empty query pairs
+//!   (`?&limit=500`) are ignored. A continue token (opaque hex) encodes the snapshot resourceVersion and
+//!   the last key served; the following pages are read from the current state after that key but report
+//!   the snapshot rv.
+//! - The same paths with `watch=true|1` (and the deprecated `{prefix}/watch/...` paths, also for one
+//!   object): one compact JSON line per event of that resource only, flushed at once; `resourceVersion`
+//!   absent/`"0"` (or `sendInitialEvents=true`) = synthetic ADDED for current objects first, `N` = replay
+//!   history after `N`, older than the oldest kept change of the shared history = HTTP 200 + in-band
+//!   ERROR 410 line, then end. `timeoutSeconds`, `allowWatchBookmarks` (bookmarks carry the resource's
+//!   `kind`/`apiVersion`), selectors (with ADDED/DELETED on selector transitions).
+//! - Writes (details in `objects.rs`), the same rules for every resource: `POST` to the collection
+//!   (create, 201; 409 `AlreadyExists`; `generateName`), `GET`/`PUT`/`PATCH {prefix}/[namespaces/{ns}/]
+//!   {plural}/{name}` and, for Services and Nodes, `.../{name}/status` (409 `Conflict` on a stale
+//!   `resourceVersion`; PATCH as merge patch, strategic merge patch, JSON patch or apply patch; a body of
+//!   another kind/apiVersion: 400), `DELETE .../{name}` (200 with the object). A write that changes
+//!   nothing keeps the resourceVersion and emits no event.
+//! - Finalizers, for every resource: deleting an object with `metadata.finalizers` only sets
+//!   `metadata.deletionTimestamp` (now, RFC 3339) and `deletionGracePeriodSeconds: 0` (MODIFIED); any
+//!   later write that leaves it without finalizers deletes it (DELETED, carrying the state stored before
+//!   that write); adding a new finalizer to it over HTTP answers 422 `Invalid`. [`FakeApiServer::delete`]
+//!   and [`FakeApiServer::delete_resource`] follow the same rules, [`FakeApiServer::delete_now`] does not.
 //! - Events (details in `events_http.rs`): `POST`/`GET /api/v1/namespaces/{ns}/events`,
 //!   `GET /api/v1/events` (`fieldSelector=involvedObject.name=X` etc.), the same under
 //!   `/apis/events.k8s.io/v1/...` (what kube-runtime's `Recorder` uses, including PATCH of an event
 //!   series), and `GET`/`PUT`/`PATCH`/`DELETE` of one event. Both APIs share one store (field names
-//!   converted), with their own resourceVersion counter; events never appear in Service watches, and
+//!   converted), with their own resourceVersion counter; events never appear in other watches, and
 //!   cannot be watched.
-//! - Discovery for kubectl: `/version` (1.32), `/api`, `/apis` (group `events.k8s.io`), `/api/v1`,
-//!   `/apis/events.k8s.io[/v1]`, and a minimal `/openapi/v3` so that `kubectl create`/`apply` validate
-//!   server-side. Anything else: 404 `Status`.
+//! - Discovery for kubectl: `/version` (1.32), `/api`, `/apis` (groups `discovery.k8s.io`,
+//!   `events.k8s.io`), `/api/v1`, `/apis/{group}[/v1]`, a minimal `/openapi/v3` so that `kubectl
+//!   create`/`apply` validate server-side, and server-side Tables for `kubectl get` (`table.rs`).
+//!   Anything else: 404 `Status`.
 //!
-//! [`Faults`] injects the failures a watcher must survive. Every request is recorded
-//! ([`FakeApiServer::requests`]).
+//! [`Faults`] injects the failures a watcher must survive; they apply to every open watch and request,
+//! whatever the resource. Every request is recorded ([`FakeApiServer::requests`]).
 
 mod discovery;
 mod errors;
@@ -43,9 +55,10 @@ mod http;
 mod jsonpatch;
 mod list;
 mod meta;
+mod objects;
 mod patch;
+mod resource;
 mod selector;
-mod services;
 mod smp;
 mod state;
 mod table;
@@ -64,6 +77,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use events::EventStore;
 pub use faults::Faults;
+pub use resource::Resource;
 use state::{SharedStore, Store};
 
 /// Tunables of a [`FakeApiServer`]; `Default` gives the values documented per field.
@@ -183,51 +197,85 @@ impl FakeApiServer {
         self.inner.shared.addr
     }
 
-    /// Create or replace a Service (namespace from `metadata.namespace`, default `"default"`, written into
-    /// the object). Sets `kind`/`apiVersion` if absent; a uid if absent on create (on replace keeps the
-    /// stored uid unless the given object has one); `metadata.resourceVersion` to the new global
-    /// resourceVersion; `creationTimestamp` if absent (kept from the stored object on replace). Emits
-    /// ADDED (new) or MODIFIED (existing). Returns the new resourceVersion.
-    ///
-    /// No admission checks (unlike HTTP writes, this may add finalizers to a terminating object), but
-    /// replacing a terminating Service keeps its `deletionTimestamp`/`deletionGracePeriodSeconds`, and if
-    /// the new object has no finalizers the Service is deleted instead (DELETED; the returned
-    /// resourceVersion is the deletion's).
-    ///
-    /// Panics if `svc` is not a JSON object or has no non-empty string `metadata.name`.
+    /// Create or replace a Service: [`FakeApiServer::apply_resource`] with [`Resource::Services`] (same
+    /// rules and panics). Returns the new resourceVersion.
     pub fn apply(&self, svc: Value) -> String {
-        self.lock().apply(svc).to_string()
+        self.apply_resource(Resource::Services, svc)
     }
 
-    /// Apply many Services in order (see [`FakeApiServer::apply`]; same panics).
+    /// Create or replace an object of `res`. The namespace comes from `metadata.namespace` (default
+    /// `"default"`, written into the object; a Node's is removed: Nodes never carry one). Sets
+    /// `kind`/`apiVersion` if absent; a uid if absent on create (on replace keeps the stored uid unless
+    /// the given object has one); `metadata.resourceVersion` to the new global resourceVersion;
+    /// `creationTimestamp` if absent (kept from the stored object on replace). Emits ADDED (new) or
+    /// MODIFIED (existing) to the watches of `res`. Returns the new resourceVersion, e.g. `"42"`.
+    ///
+    /// No admission checks (unlike HTTP writes, this may add finalizers to a terminating object, and
+    /// `status` is stored as given), but replacing a terminating object keeps its
+    /// `deletionTimestamp`/`deletionGracePeriodSeconds`, and if the new object has no finalizers it is
+    /// deleted instead (DELETED; the returned resourceVersion is the deletion's).
+    ///
+    /// Panics if `obj` is not a JSON object, has no non-empty string `metadata.name`, or has a `kind`
+    /// other than `res`'s (e.g. a Service given as [`Resource::Nodes`]).
+    pub fn apply_resource(&self, res: Resource, obj: Value) -> String {
+        self.lock().apply(res, obj).to_string()
+    }
+
+    /// Apply many objects in order, each to the resource its `kind` names: `Service` (or no `kind`),
+    /// `Node`, `EndpointSlice` (see [`FakeApiServer::apply_resource`]; same panics). Panics on any other
+    /// kind, naming it, before storing anything.
     pub fn seed(&self, objects: impl IntoIterator<Item = Value>) {
+        let typed: Vec<(Resource, Value)> = objects
+            .into_iter()
+            .map(|obj| match Resource::of_object(&obj) {
+                Ok(res) => (res, obj),
+                Err(e) => panic!("FakeApiServer::seed: {e}"),
+            })
+            .collect();
         let mut store = self.lock();
-        for obj in objects {
-            store.apply(obj);
+        for (res, obj) in typed {
+            store.apply(res, obj);
         }
     }
 
-    /// Modify a stored Service in place with `f` (name and namespace are forced back afterwards; the uid
-    /// and creationTimestamp are kept if `f` removes them) and emit MODIFIED. Returns the new
-    /// resourceVersion, or `None` if there is no such Service. Same finalizer rules as
-    /// [`FakeApiServer::apply`]: leaving a terminating Service without finalizers deletes it.
+    /// Modify a stored Service: [`FakeApiServer::update_resource`] with [`Resource::Services`].
     pub fn update(&self, namespace: &str, name: &str, f: impl FnOnce(&mut Value)) -> Option<String> {
-        self.lock().update(namespace, name, f).map(|rv| rv.to_string())
+        self.update_resource(Resource::Services, namespace, name, f)
     }
 
-    /// Delete a Service as the apiserver does. With a non-empty `metadata.finalizers` it only gets
-    /// `metadata.deletionTimestamp` (now, RFC 3339) and `deletionGracePeriodSeconds: 0`, a new
-    /// resourceVersion and a MODIFIED event, and stays (nothing happens if it already has a
-    /// `deletionTimestamp`); otherwise it is removed, emitting DELETED with its last state carrying the
-    /// deletion's resourceVersion. `false` if there is no such Service.
+    /// Modify a stored object of `res` in place with `f` (name and namespace are forced back afterwards;
+    /// the uid and creationTimestamp are kept if `f` removes them) and emit MODIFIED. `namespace` is
+    /// ignored for Nodes (pass `""`). Returns the new resourceVersion, or `None` if there is no such
+    /// object. Same finalizer rules as [`FakeApiServer::apply_resource`]: leaving a terminating object
+    /// without finalizers deletes it. Panics if `f` changes `kind`.
+    pub fn update_resource(
+        &self,
+        res: Resource,
+        namespace: &str,
+        name: &str,
+        f: impl FnOnce(&mut Value),
+    ) -> Option<String> {
+        self.lock().update(res, namespace, name, f).map(|rv| rv.to_string())
+    }
+
+    /// Delete a Service: [`FakeApiServer::delete_resource`] with [`Resource::Services`].
     pub fn delete(&self, namespace: &str, name: &str) -> bool {
-        self.lock().delete(namespace, name).is_some()
+        self.delete_resource(Resource::Services, namespace, name)
+    }
+
+    /// Delete an object of `res` as the apiserver does (`namespace` ignored for Nodes). With a non-empty
+    /// `metadata.finalizers` it only gets `metadata.deletionTimestamp` (now, RFC 3339) and
+    /// `deletionGracePeriodSeconds: 0`, a new resourceVersion and a MODIFIED event, and stays (nothing
+    /// happens if it already has a `deletionTimestamp`); otherwise it is removed, emitting DELETED with its
+    /// last state carrying the deletion's resourceVersion. `false` if there is no such object.
+    pub fn delete_resource(&self, res: Resource, namespace: &str, name: &str) -> bool {
+        self.lock().delete(res, namespace, name).is_some()
     }
 
     /// Remove a Service at once, ignoring finalizers (DELETED with its last state carrying the
     /// deletion's resourceVersion). `false` if there is no such Service.
     pub fn delete_now(&self, namespace: &str, name: &str) -> bool {
-        self.lock().remove(namespace, name).is_some()
+        self.lock().remove(Resource::Services, namespace, name).is_some()
     }
 
     /// Every stored Event in creation order, each as shown by the API it was created through: core/v1
@@ -240,15 +288,27 @@ impl FakeApiServer {
 
     /// One stored Service (with `kind`/`apiVersion`), or `None`.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Value> {
-        self.lock().get(namespace, name).cloned()
+        self.get_resource(Resource::Services, namespace, name)
+    }
+
+    /// One stored object of `res` as stored (with `kind`/`apiVersion`, `metadata.resourceVersion`, …),
+    /// or `None`. `namespace` is ignored for Nodes (pass `""`).
+    pub fn get_resource(&self, res: Resource, namespace: &str, name: &str) -> Option<Value> {
+        self.lock().get(res, namespace, name).cloned()
     }
 
     /// All stored Services, ordered by `(namespace, name)`, with `kind`/`apiVersion`.
     pub fn list(&self) -> Vec<Value> {
-        self.lock().all()
+        self.list_resource(Resource::Services)
     }
 
-    /// The current global resourceVersion (starts at `"1"`, +1 per write).
+    /// All stored objects of `res`, ordered by `(namespace, name)` (Nodes by name), with
+    /// `kind`/`apiVersion`.
+    pub fn list_resource(&self, res: Resource) -> Vec<Value> {
+        self.lock().all(res)
+    }
+
+    /// The current global resourceVersion, shared by all resources (starts at `"1"`, +1 per write).
     pub fn resource_version(&self) -> String {
         self.lock().rv().to_string()
     }
@@ -334,8 +394,9 @@ async fn until_down(rx: &mut tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|&down| down).await;
 }
 
-/// Reads every `*.json` file of `dir` (sorted by name) as one Service object, for [`FakeApiServer::seed`].
-/// Errors: the directory or a file cannot be read, or a file is not JSON (the message names the file).
+/// Reads every `*.json` file of `dir` (sorted by name) as one object for [`FakeApiServer::seed`]: a
+/// Service (`kind: Service` or none), a Node or an EndpointSlice. Errors: the directory or a file cannot
+/// be read; a file is not JSON, or has another `kind` (`InvalidData`; the message names the file).
 pub fn read_seed_dir(dir: &std::path::Path) -> std::io::Result<Vec<Value>> {
     let mut paths: Vec<_> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -346,8 +407,11 @@ pub fn read_seed_dir(dir: &std::path::Path) -> std::io::Result<Vec<Value>> {
         .iter()
         .map(|p| {
             let text = std::fs::read_to_string(p)?;
-            serde_json::from_str(&text)
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", p.display())))
+            let invalid =
+                |e: String| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", p.display()));
+            let obj: Value = serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+            Resource::of_object(&obj).map_err(invalid)?;
+            Ok(obj)
         })
         .collect()
 }

@@ -1,4 +1,4 @@
-//! Paged lists (`limit` / `continue`) shared by Services and Events. A continue token (opaque hex)
+//! Paged lists (`limit` / `continue`) shared by every stored resource and by Events. A continue token (opaque hex)
 //! encodes the snapshot resourceVersion and the last `(namespace, name)` served; the following pages are
 //! read from the current state after that key but report the snapshot resourceVersion.
 
@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use super::Shared;
 use super::errors::{ApiError, json_response};
 use super::http::Params;
+use super::resource::Resource;
 use super::selector::Matcher;
 
 /// A decoded continue token: `(snapshot rv, namespace, name)` of the last item served.
@@ -101,8 +102,8 @@ pub(crate) fn list_response(
     )
 }
 
-/// `GET` of a Service collection (not a watch).
-pub(crate) fn services(shared: &Arc<Shared>, matcher: &Matcher, params: &Params) -> Response {
+/// `GET` of a collection of `res` (not a watch): `{Kind}List` with the page of matching objects.
+pub(crate) fn objects(shared: &Arc<Shared>, res: Resource, matcher: &Matcher, params: &Params) -> Response {
     let (limit, token) = match paging(shared, params) {
         Ok(p) => p,
         Err(e) => return e.response(),
@@ -112,18 +113,19 @@ pub(crate) fn services(shared: &Arc<Shared>, matcher: &Matcher, params: &Params)
         Some((rv, ns, name)) => (rv, Some((ns, name))),
         None => (store.rv(), None),
     };
-    let objects = store.objects_after(matcher.namespace.as_deref(), after);
+    let objects = store.objects_after(res, matcher.namespace.as_deref(), after);
     let (items, next) = page(objects, matcher, limit, rv, Value::clone);
-    list_response("ServiceList", "v1", rv, items, next)
+    list_response(res.list_kind(), res.api_version(), rv, items, next)
 }
 
-/// `GET` of a Service collection as a `meta.k8s.io/v1` Table (`kubectl get svc`), unpaged.
-pub(crate) fn services_table(shared: &Arc<Shared>, matcher: &Matcher) -> Response {
+/// `GET` of a collection of `res` as a `meta.k8s.io/v1` Table (`kubectl get svc|nodes|endpointslices`),
+/// unpaged.
+pub(crate) fn table(shared: &Arc<Shared>, res: Resource, matcher: &Matcher) -> Response {
     let store = shared.store.lock().expect("store lock");
     let rv = store.rv();
-    let objects = store.objects_after(matcher.namespace.as_deref(), None);
+    let objects = store.objects_after(res, matcher.namespace.as_deref(), None);
     let (items, _) = page(objects, matcher, 0, rv, Value::clone);
-    json_response(StatusCode::OK, &super::table::services(&items, rv))
+    json_response(StatusCode::OK, &super::table::of(res, &items, rv))
 }
 
 #[cfg(test)]

@@ -1,34 +1,12 @@
-//! Object metadata helpers shared by the Service store and the Event store: uids, timestamps,
-//! `generateName` suffixes, finalizer and deletion-timestamp accessors, and key normalisation.
+//! Object metadata helpers shared by the object store and the Event store: uids, timestamps,
+//! `generateName` suffixes, finalizer and deletion-timestamp accessors. (Key normalisation depends on a
+//! resource's scope and lives in [`super::resource::Resource::normalise`].)
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
-
-/// Make `obj` a JSON object with an object `metadata`, fill in `kind`/`apiVersion` if absent and
-/// `metadata.namespace` (default `"default"`), and return `(namespace, name)`; `name` is `""` when
-/// `metadata.name` is absent, not a string or empty. Panics if `obj` is not a JSON object.
-pub(crate) fn normalise_with(obj: &mut Value, kind: &str, api_version: &str) -> (String, String) {
-    let map = obj.as_object_mut().expect("an API object must be a JSON object");
-    map.entry("kind").or_insert_with(|| Value::String(kind.into()));
-    map.entry("apiVersion").or_insert_with(|| Value::String(api_version.into()));
-    let meta = map.entry("metadata").or_insert_with(|| json!({}));
-    if !meta.is_object() {
-        *meta = json!({});
-    }
-    let meta = meta.as_object_mut().expect("just made an object");
-    let name = meta.get("name").and_then(Value::as_str).unwrap_or("").to_string();
-    let ns = match meta.get("namespace").and_then(Value::as_str) {
-        Some(ns) if !ns.is_empty() => ns.to_string(),
-        _ => {
-            meta.insert("namespace".into(), Value::String("default".into()));
-            "default".to_string()
-        }
-    };
-    (ns, name)
-}
 
 /// `metadata` of an object as a mutable map, creating it (and making `obj` an object) if needed.
 pub(crate) fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {

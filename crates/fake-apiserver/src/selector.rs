@@ -3,8 +3,9 @@
 //!
 //! Label selector grammar (comma = AND): `k=v`, `k==v`, `k!=v`, `k`, `!k`, `k in (a,b)`, `k notin (a,b)`.
 //! `!=` and `notin` also match objects without the label, as in Kubernetes.
-//! Field selectors: `metadata.name`, `metadata.namespace`, `spec.type`, `spec.clusterIP` with `=`, `==`,
-//! `!=`; any other field is an error ("field label not supported").
+//! Field selectors: `=`, `==`, `!=` on the field labels a resource allows
+//! ([`super::resource::Resource::field_pointer`]; events: `super::events::field_pointer`); any other field is
+//! an error ("field label not supported").
 
 use std::collections::BTreeMap;
 
@@ -37,18 +38,6 @@ impl LabelSelector {
 pub(crate) struct FieldSelector(Vec<(&'static str, String, bool)>);
 
 impl FieldSelector {
-    /// Parse a Service `fieldSelector` query value (`metadata.name`, `metadata.namespace`, `spec.type`,
-    /// `spec.clusterIP`); unsupported fields and malformed terms are errors.
-    pub(crate) fn parse(s: &str) -> Result<FieldSelector, String> {
-        FieldSelector::parse_with(s, |field| match field {
-            "metadata.name" => Some("/metadata/name"),
-            "metadata.namespace" => Some("/metadata/namespace"),
-            "spec.type" => Some("/spec/type"),
-            "spec.clusterIP" => Some("/spec/clusterIP"),
-            _ => None,
-        })
-    }
-
     /// Parse a `fieldSelector` query value, mapping each field label to a JSON pointer with `resolve`
     /// (`None` = "field label not supported"); malformed terms are errors.
     pub(crate) fn parse_with(s: &str, resolve: impl Fn(&str) -> Option<&'static str>) -> Result<FieldSelector, String> {
@@ -80,7 +69,8 @@ impl FieldSelector {
 /// Namespace scope plus label and field selectors: what a list or watch request asks for.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Matcher {
-    /// `Some(ns)` for `/api/v1/namespaces/{ns}/services`, `None` for all namespaces.
+    /// `Some(ns)` for a namespaced collection (`.../namespaces/{ns}/services`), `None` for all
+    /// namespaces and for cluster-scoped resources.
     pub namespace: Option<String>,
     pub labels: LabelSelector,
     pub fields: FieldSelector,
@@ -102,6 +92,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    use crate::resource::Resource;
+
     fn svc(labels: Value) -> Value {
         json!({"metadata": {"name": "a", "namespace": "ns", "labels": labels}})
     }
@@ -122,9 +114,14 @@ mod tests {
     #[test]
     fn field_selectors() {
         let o = svc(Value::Null);
-        let m = |s: &str| FieldSelector::parse(s).unwrap().matches(&o);
+        let parse = |r: Resource, s: &str| FieldSelector::parse_with(s, |f| r.field_pointer(f));
+        let m = |s: &str| parse(Resource::Services, s).unwrap().matches(&o);
         assert!(m("metadata.name=a") && m("metadata.namespace==ns") && m("metadata.name!=b"));
         assert!(!m("metadata.name=a,metadata.namespace!=ns"));
-        assert!(FieldSelector::parse("status.phase=x").is_err());
+        assert!(parse(Resource::Services, "status.phase=x").is_err());
+        assert!(parse(Resource::Services, "spec.type=LoadBalancer").is_ok());
+        assert!(parse(Resource::Nodes, "spec.type=LoadBalancer").unwrap_err().contains("not supported"));
+        let node = json!({"metadata": {"name": "w1"}});
+        assert!(parse(Resource::Nodes, "metadata.name=w1,metadata.namespace=").unwrap().matches(&node));
     }
 }

@@ -1,10 +1,15 @@
-//! Strategic merge patch (`application/strategic-merge-patch+json`), the subset kubectl produces for a
-//! Service: a JSON merge patch, except that the lists the Kubernetes schema marks `patchStrategy: merge`
-//! are merged instead of replaced — `metadata.finalizers` as a set, `metadata.ownerReferences` by `uid`,
-//! `spec.ports` by `port`, `status.conditions` by `type` — and the directives `$patch`
+//! Strategic merge patch (`application/strategic-merge-patch+json`), the subset kubectl produces for the
+//! stored kinds: a JSON merge patch, except that the lists the Kubernetes schema marks
+//! `patchStrategy: merge` are merged instead of replaced, and the directives `$patch`
 //! (`replace`/`delete`/`merge`, on maps and list elements), `$retainKeys`, `$setElementOrder/<list>` and
-//! `$deleteFromPrimitiveList/<list>` are obeyed. Every other list is replaced, as the real schema does for
-//! atomic lists. Directive keys never end up in the stored object.
+//! `$deleteFromPrimitiveList/<list>` are obeyed. Directive keys never end up in the stored object.
+//!
+//! Merged lists, by the patched object's `kind`: every kind: `metadata.finalizers` (a set),
+//! `metadata.ownerReferences` (by `uid`); Service: `spec.ports` (by `port`), `status.conditions` (by
+//! `type`); Node: `spec.podCIDRs` (a set), `status.addresses` and `status.conditions` (by `type`).
+//! Every other list is replaced, as the real schema does for atomic lists — among them a Node's
+//! `spec.taints` (what `kubectl taint` relies on: it sends the whole new list) and an EndpointSlice's
+//! `endpoints` and `ports`.
 
 use serde_json::{Map, Value, json};
 
@@ -19,29 +24,46 @@ enum ListKind {
     Keyed(&'static str),
 }
 
-/// The patch strategy of the list at `path` (map keys from the root; list elements add no segment).
-fn list_kind(path: &[String]) -> ListKind {
+/// The patch strategy of the list at `path` (map keys from the root; list elements add no segment) in an
+/// object of kind `kind`.
+fn list_kind(kind: &str, path: &[String]) -> ListKind {
     let path: Vec<&str> = path.iter().map(String::as_str).collect();
-    match path[..] {
-        ["metadata", "finalizers"] => ListKind::Set,
-        ["metadata", "ownerReferences"] => ListKind::Keyed("uid"),
-        ["spec", "ports"] => ListKind::Keyed("port"),
-        ["status", "conditions"] => ListKind::Keyed("type"),
+    match (kind, &path[..]) {
+        (_, ["metadata", "finalizers"]) => ListKind::Set,
+        (_, ["metadata", "ownerReferences"]) => ListKind::Keyed("uid"),
+        ("Service", ["spec", "ports"]) => ListKind::Keyed("port"),
+        ("Service" | "Node", ["status", "conditions"]) => ListKind::Keyed("type"),
+        ("Node", ["status", "addresses"]) => ListKind::Keyed("type"),
+        ("Node", ["spec", "podCIDRs"]) => ListKind::Set,
         _ => ListKind::Replace,
     }
 }
 
-/// Apply strategic merge patch `patch` (a JSON object) to `target`. Errors: the patch is not an object,
-/// or uses an unknown `$patch` directive.
+/// Where the merge stands: the kind of the patched object (it picks the list strategies) and the path of
+/// map keys from the root.
+struct Cursor {
+    kind: String,
+    path: Vec<String>,
+}
+
+impl Cursor {
+    fn list_kind(&self) -> ListKind {
+        list_kind(&self.kind, &self.path)
+    }
+}
+
+/// Apply strategic merge patch `patch` (a JSON object) to `target`, with the list strategies of
+/// `target`'s `kind`. Errors: the patch is not an object, or uses an unknown `$patch` directive.
 pub(crate) fn apply(target: &mut Value, patch: &Value) -> Result<(), String> {
     let p = patch.as_object().ok_or_else(|| "a strategic merge patch must be a JSON object".to_string())?;
     if p.get("$patch").and_then(Value::as_str) == Some("delete") {
         return Err("a strategic merge patch cannot delete the whole object".into());
     }
-    merge_map(target, p, &mut Vec::new())
+    let kind = target.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
+    merge_map(target, p, &mut Cursor { kind, path: Vec::new() })
 }
 
-fn merge_map(target: &mut Value, patch: &Map<String, Value>, path: &mut Vec<String>) -> Result<(), String> {
+fn merge_map(target: &mut Value, patch: &Map<String, Value>, at: &mut Cursor) -> Result<(), String> {
     match patch.get("$patch").and_then(Value::as_str) {
         Some("replace") => {
             *target = strip(&Value::Object(patch.clone()));
@@ -64,7 +86,7 @@ fn merge_map(target: &mut Value, patch: &Map<String, Value>, path: &mut Vec<Stri
         if k.starts_with('$') {
             continue;
         }
-        path.push(k.clone());
+        at.path.push(k.clone());
         match v {
             Value::Null => {
                 t.remove(k);
@@ -72,19 +94,19 @@ fn merge_map(target: &mut Value, patch: &Map<String, Value>, path: &mut Vec<Stri
             Value::Object(pm) if pm.get("$patch").and_then(Value::as_str) == Some("delete") => {
                 t.remove(k);
             }
-            Value::Object(pm) => merge_map(t.entry(k.clone()).or_insert(Value::Null), pm, path)?,
-            Value::Array(pl) => merge_list(t.entry(k.clone()).or_insert(Value::Null), pl, list_kind(path), path)?,
+            Value::Object(pm) => merge_map(t.entry(k.clone()).or_insert(Value::Null), pm, at)?,
+            Value::Array(pl) => merge_list(t.entry(k.clone()).or_insert(Value::Null), pl, at)?,
             other => {
                 t.insert(k.clone(), other.clone());
             }
         }
-        path.pop();
+        at.path.pop();
     }
     for (k, order) in patch {
         if let (Some(field), Some(order)) = (k.strip_prefix("$setElementOrder/"), order.as_array()) {
-            path.push(field.to_string());
-            let kind = list_kind(path);
-            path.pop();
+            at.path.push(field.to_string());
+            let kind = at.list_kind();
+            at.path.pop();
             if let Some(Value::Array(list)) = t.get_mut(field) {
                 reorder(list, order, kind);
             }
@@ -100,7 +122,8 @@ fn is_directive(v: &Value, which: &str) -> bool {
     v.get("$patch").and_then(Value::as_str) == Some(which)
 }
 
-fn merge_list(target: &mut Value, patch: &[Value], kind: ListKind, path: &mut Vec<String>) -> Result<(), String> {
+fn merge_list(target: &mut Value, patch: &[Value], at: &mut Cursor) -> Result<(), String> {
+    let kind = at.list_kind();
     if patch.iter().any(|e| is_directive(e, "replace")) {
         *target = Value::Array(patch.iter().filter(|e| !is_directive(e, "replace")).map(strip).collect());
         return Ok(());
@@ -120,7 +143,7 @@ fn merge_list(target: &mut Value, patch: &[Value], kind: ListKind, path: &mut Ve
                 }
                 let found = id.and_then(|id| list.iter_mut().find(|e| e.get(key) == Some(id)));
                 match (found, pe.as_object()) {
-                    (Some(existing), Some(pm)) => merge_map(existing, pm, path)?,
+                    (Some(existing), Some(pm)) => merge_map(existing, pm, at)?,
                     _ => list.push(strip(pe)),
                 }
             }
@@ -178,7 +201,7 @@ mod tests {
 
     #[test]
     fn kubectl_apply_style_port_patch() {
-        let doc = json!({"spec": {"ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080},
+        let doc = json!({"kind": "Service", "spec": {"ports": [{"port": 80, "protocol": "TCP", "nodePort": 30080},
                                             {"port": 443, "protocol": "TCP"}],
                                   "externalIPs": ["1.1.1.1", "2.2.2.2"]}});
         let patch = json!({"spec": {"$setElementOrder/ports": [{"port": 443}, {"port": 80}],
@@ -191,6 +214,33 @@ mod tests {
                                                 {"port": 80, "protocol": "TCP", "nodePort": 30080, "targetPort": 8080}])
         );
         assert_eq!(out["spec"]["externalIPs"], json!(["3.3.3.3"]));
+    }
+
+    #[test]
+    fn node_lists_by_kind() {
+        let taint = |k: &str| json!({"key": k, "effect": "NoSchedule"});
+        let node = json!({"kind": "Node",
+            "spec": {"taints": [taint("a")], "podCIDRs": ["10.0.0.0/24"]},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
+                                     {"type": "Hostname", "address": "w1"}],
+                       "conditions": [{"type": "Ready", "status": "True"}]}});
+        let out = run(
+            node.clone(),
+            json!({"spec": {"taints": [taint("b")], "podCIDRs": ["fd00::/64"]},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.2"}],
+                       "conditions": [{"type": "Ready", "status": "False"}]}}),
+        );
+        assert_eq!(out["spec"]["taints"], json!([taint("b")]), "taints are atomic");
+        assert_eq!(out["spec"]["podCIDRs"], json!(["10.0.0.0/24", "fd00::/64"]));
+        assert_eq!(
+            out["status"]["addresses"],
+            json!([{"type": "InternalIP", "address": "10.0.0.2"}, {"type": "Hostname", "address": "w1"}])
+        );
+        assert_eq!(out["status"]["conditions"], json!([{"type": "Ready", "status": "False"}]));
+        // The same paths in a kind without merge lists are replaced.
+        let slice = json!({"kind": "EndpointSlice", "ports": [{"port": 80}], "spec": {"ports": [{"port": 1, "x": 1}]}});
+        let out = run(slice, json!({"ports": [{"port": 81}], "spec": {"ports": [{"port": 1}]}}));
+        assert_eq!((&out["ports"], &out["spec"]["ports"]), (&json!([{"port": 81}]), &json!([{"port": 1}])));
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! The fake apiserver's object store: Services keyed by `(namespace, name)`, the global resourceVersion
-//! counter, the bounded event history and the registry of open watch subscriptions.
+//! The fake apiserver's object store: one collection per [`Resource`] keyed by `(namespace, name)`
+//! (namespace `""` for Nodes), ONE global resourceVersion counter across all of them (like etcd's
+//! revision), one bounded event history shared by all resources (each entry names its resource; a watch
+//! filters its own), and the registry of open watch subscriptions.
 //!
 //! Everything here lives behind one `std::sync::Mutex` (see [`SharedStore`]); no `.await` happens while it
 //! is held. Taking the watch snapshot and registering the subscriber happen under that one lock
@@ -7,7 +9,7 @@
 //!
 //! Finalizers: [`Store::delete`] of an object with finalizers only marks it terminating
 //! (`deletionTimestamp`), and [`Store::commit`] turns a write that leaves a terminating object without
-//! finalizers into its removal. Admission checks of HTTP writes live in `services.rs`.
+//! finalizers into its removal. Admission checks of HTTP writes live in `objects.rs`.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -15,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use super::meta::{finalizers, is_terminating, meta_mut, new_uid, normalise_with, now_rfc3339};
+use super::meta::{finalizers, is_terminating, meta_mut, new_uid, now_rfc3339};
+use super::resource::Resource;
 
 /// The store as shared between the server handle, the HTTP handlers, the watch tasks and [`super::Faults`].
 pub(crate) type SharedStore = Arc<Mutex<Store>>;
@@ -42,6 +45,8 @@ impl EventType {
 /// One change in the history (or a synthetic ADDED of a watch's initial snapshot).
 #[derive(Debug)]
 pub(crate) struct HistEntry {
+    /// The collection the object belongs to.
+    pub resource: Resource,
     /// resourceVersion of the write (for a synthetic ADDED: the object's own resourceVersion).
     pub rv: u64,
     pub kind: EventType,
@@ -79,7 +84,9 @@ pub(crate) enum StartFrom {
     After(u64),
 }
 
-/// A successful subscription: what to send first, where the stream stands, and the live channel.
+/// A successful subscription: what to send first, where the stream stands, and the live channel. The
+/// replayed history and the live channel carry every resource's changes (the watch keeps its own and
+/// advances its resourceVersion past the others); a snapshot holds only the watched resource's objects.
 pub(crate) struct Subscription {
     pub id: u64,
     pub initial: VecDeque<Arc<HistEntry>>,
@@ -105,9 +112,13 @@ pub(crate) struct Committed {
     pub object: Value,
 }
 
+/// `(namespace, name)`; namespace `""` for cluster-scoped objects.
+type Key = (String, String);
+
 /// The object store. See the module docs.
 pub(crate) struct Store {
-    objects: BTreeMap<(String, String), Value>,
+    /// One collection per resource, indexed by [`Resource::index`].
+    objects: [BTreeMap<Key, Value>; Resource::ALL.len()],
     rv: u64,
     history: VecDeque<Arc<HistEntry>>,
     history_limit: usize,
@@ -122,7 +133,7 @@ impl Store {
     /// (at least 1).
     pub(crate) fn new(history_limit: usize) -> Store {
         Store {
-            objects: BTreeMap::new(),
+            objects: Default::default(),
             rv: 1,
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
@@ -143,14 +154,16 @@ impl Store {
         self.trim();
     }
 
-    /// Create or replace a Service through the Rust API (no admission checks); returns the new
-    /// resourceVersion. Panics if `obj` is not a JSON object or has no non-empty string `metadata.name`.
-    /// uid and creationTimestamp are kept from the stored object when `obj` lacks them (fresh ones on
-    /// create); see [`Store::commit`] for terminating objects.
-    pub(crate) fn apply(&mut self, mut obj: Value) -> u64 {
-        let (ns, name) = normalise(&mut obj);
-        assert!(!name.is_empty(), "a Service needs a non-empty string metadata.name");
-        let prev = self.objects.get(&(ns, name)).cloned();
+    /// Create or replace an object of `res` through the Rust API (no admission checks); returns the new
+    /// resourceVersion. uid and creationTimestamp are kept from the stored object when `obj` lacks them
+    /// (fresh ones on create); see [`Store::commit`] for terminating objects. Panics if `obj` is not a
+    /// JSON object, has no non-empty string `metadata.name`, or has a `kind` other than `res`'s.
+    pub(crate) fn apply(&mut self, res: Resource, mut obj: Value) -> u64 {
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or(res.kind());
+        assert_eq!(kind, res.kind(), "an object of kind {kind:?} cannot be stored as {}", res.plural());
+        let (ns, name) = res.normalise(&mut obj);
+        assert!(!name.is_empty(), "a {} needs a non-empty string metadata.name", res.kind());
+        let prev = self.get(res, &ns, &name).cloned();
         let meta = meta_mut(&mut obj);
         let keep = |meta: &mut Map<String, Value>, field: &str, fallback: Option<Value>| {
             let absent = meta.get(field).is_none_or(|v| v.is_null() || v == "");
@@ -168,7 +181,7 @@ impl Store {
                 keep(meta, "creationTimestamp", Some(Value::String(now_rfc3339())));
             }
         }
-        self.commit(obj).rv
+        self.commit(res, obj).rv
     }
 
     /// Store a normalised object (key from its metadata) as a create or replace, bumping the global
@@ -176,10 +189,9 @@ impl Store {
     /// `deletionTimestamp`), its `deletionTimestamp` and `deletionGracePeriodSeconds` are carried over,
     /// and if the new state has no finalizers the object is removed instead: DELETED with the stored state
     /// at the new resourceVersion (as the real apiserver's delete-during-update does).
-    pub(crate) fn commit(&mut self, mut obj: Value) -> Committed {
-        let (ns, name) = normalise(&mut obj);
-        let key = (ns, name);
-        let prev = self.objects.get(&key).cloned();
+    pub(crate) fn commit(&mut self, res: Resource, mut obj: Value) -> Committed {
+        let key = res.normalise(&mut obj);
+        let prev = self.get(res, &key.0, &key.1).cloned();
         if let Some(p) = prev.as_ref().filter(|p| is_terminating(p)) {
             let meta = meta_mut(&mut obj);
             for field in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
@@ -189,36 +201,35 @@ impl Store {
                 };
             }
             if finalizers(&obj).is_empty() {
-                return self.remove(&key.0, &key.1).expect("stored object exists");
+                return self.remove(res, &key.0, &key.1).expect("stored object exists");
             }
         }
         self.rv += 1;
         let rv = self.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
-        self.objects.insert(key, obj.clone());
+        self.objects[res.index()].insert(key, obj.clone());
         let kind = if prev.is_some() { EventType::Modified } else { EventType::Added };
-        self.push(HistEntry { rv, kind, object: obj.clone(), prev });
+        self.push(HistEntry { resource: res, rv, kind, object: obj.clone(), prev });
         Committed { rv, object: obj }
     }
 
-    /// Modify a stored Service with `f` and store it as a replace (name and namespace are forced back to
-    /// the key). `None` if absent.
-    pub(crate) fn update(&mut self, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Option<u64> {
-        let mut obj = self.objects.get(&(ns.to_string(), name.to_string()))?.clone();
+    /// Modify a stored object with `f` and store it as a replace through [`Store::apply`] (name and
+    /// namespace are forced back to the key; `f` changing `kind` panics there). `None` if absent.
+    pub(crate) fn update(&mut self, res: Resource, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Option<u64> {
+        let ns = res.key_ns(ns);
+        let mut obj = self.get(res, ns, name)?.clone();
         f(&mut obj);
-        let meta = meta_mut(&mut obj);
-        meta.insert("namespace".into(), Value::String(ns.to_string()));
-        meta.insert("name".into(), Value::String(name.to_string()));
-        Some(self.apply(obj))
+        res.set_key(&mut obj, ns, name);
+        Some(self.apply(res, obj))
     }
 
-    /// Delete a Service honouring finalizers: with a non-empty `metadata.finalizers` the object only
+    /// Delete an object honouring finalizers: with a non-empty `metadata.finalizers` the object only
     /// gets `deletionTimestamp` (now) and `deletionGracePeriodSeconds: 0` (MODIFIED; nothing changes if
     /// it is already terminating); otherwise it is removed (DELETED). `None` if absent.
-    pub(crate) fn delete(&mut self, ns: &str, name: &str) -> Option<Committed> {
-        let obj = self.objects.get(&(ns.to_string(), name.to_string()))?.clone();
+    pub(crate) fn delete(&mut self, res: Resource, ns: &str, name: &str) -> Option<Committed> {
+        let obj = self.get(res, ns, name)?.clone();
         if finalizers(&obj).is_empty() {
-            return self.remove(ns, name);
+            return self.remove(res, ns, name);
         }
         if is_terminating(&obj) {
             let rv = obj.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|s| s.parse().ok());
@@ -228,46 +239,48 @@ impl Store {
         let meta = meta_mut(&mut next);
         meta.insert("deletionTimestamp".into(), Value::String(now_rfc3339()));
         meta.insert("deletionGracePeriodSeconds".into(), json!(0));
-        Some(self.commit(next))
+        Some(self.commit(res, next))
     }
 
-    /// Remove a Service regardless of finalizers (DELETED carries its last state with the deletion's
+    /// Remove an object regardless of finalizers (DELETED carries its last state with the deletion's
     /// rv). `None` if absent.
-    pub(crate) fn remove(&mut self, ns: &str, name: &str) -> Option<Committed> {
-        let mut obj = self.objects.remove(&(ns.to_string(), name.to_string()))?;
+    pub(crate) fn remove(&mut self, res: Resource, ns: &str, name: &str) -> Option<Committed> {
+        let key = (res.key_ns(ns).to_string(), name.to_string());
+        let mut obj = self.objects[res.index()].remove(&key)?;
         self.rv += 1;
         let rv = self.rv;
         meta_mut(&mut obj).insert("resourceVersion".into(), Value::String(rv.to_string()));
-        self.push(HistEntry { rv, kind: EventType::Deleted, object: obj.clone(), prev: None });
+        self.push(HistEntry { resource: res, rv, kind: EventType::Deleted, object: obj.clone(), prev: None });
         Some(Committed { rv, object: obj })
     }
 
-    /// One stored Service (with `kind`/`apiVersion`).
-    pub(crate) fn get(&self, ns: &str, name: &str) -> Option<&Value> {
-        self.objects.get(&(ns.to_string(), name.to_string()))
+    /// One stored object (with `kind`/`apiVersion`); `ns` is ignored for cluster-scoped resources.
+    pub(crate) fn get(&self, res: Resource, ns: &str, name: &str) -> Option<&Value> {
+        self.objects[res.index()].get(&(res.key_ns(ns).to_string(), name.to_string()))
     }
 
-    /// Stored Services in `(namespace, name)` order whose key is strictly after `after` (if given),
-    /// restricted to namespace `ns` (if given).
+    /// Stored objects of `res` in `(namespace, name)` order whose key is strictly after `after` (if
+    /// given), restricted to namespace `ns` (if given).
     pub(crate) fn objects_after<'a>(
         &'a self,
+        res: Resource,
         ns: Option<&'a str>,
-        after: Option<(String, String)>,
+        after: Option<Key>,
     ) -> impl Iterator<Item = &'a Value> + 'a {
         use std::ops::Bound;
         let lower = match after {
             Some(k) => Bound::Excluded(k),
             None => Bound::Unbounded,
         };
-        self.objects
+        self.objects[res.index()]
             .range((lower, Bound::Unbounded))
             .filter(move |((n, _), _)| ns.is_none_or(|want| want == n))
             .map(|(_, v)| v)
     }
 
-    /// All stored Services in `(namespace, name)` order.
-    pub(crate) fn all(&self) -> Vec<Value> {
-        self.objects.values().cloned().collect()
+    /// All stored objects of `res` in `(namespace, name)` order.
+    pub(crate) fn all(&self, res: Resource) -> Vec<Value> {
+        self.objects[res.index()].values().cloned().collect()
     }
 
     /// Drop all history: a watch from any rv older than the current one gets the in-band 410.
@@ -276,11 +289,11 @@ impl Store {
         self.floor = self.rv;
     }
 
-    /// Take the watch snapshot (or history replay) and register a subscriber, under this one lock.
-    pub(crate) fn subscribe(&mut self, from: StartFrom) -> Result<Subscription, TooOld> {
+    /// Take the watch snapshot of `res` (or the history replay) and register a subscriber, under this
+    /// one lock. Errors: `from` is older than the retained history (of all resources).
+    pub(crate) fn subscribe(&mut self, res: Resource, from: StartFrom) -> Result<Subscription, TooOld> {
         let initial: VecDeque<Arc<HistEntry>> = match from {
-            StartFrom::Snapshot => self
-                .objects
+            StartFrom::Snapshot => self.objects[res.index()]
                 .values()
                 .map(|o| {
                     let rv = o
@@ -288,7 +301,7 @@ impl Store {
                         .and_then(Value::as_str)
                         .and_then(|s| s.parse().ok())
                         .unwrap_or(self.rv);
-                    Arc::new(HistEntry { rv, kind: EventType::Added, object: o.clone(), prev: None })
+                    Arc::new(HistEntry { resource: res, rv, kind: EventType::Added, object: o.clone(), prev: None })
                 })
                 .collect(),
             StartFrom::After(n) if n < self.floor => {
@@ -335,12 +348,6 @@ impl Store {
     }
 }
 
-/// Fill in `kind: Service`, `apiVersion: v1`, `metadata.namespace` (default `"default"`) and return the
-/// key (name `""` if missing). Panics if `obj` is not a JSON object.
-fn normalise(obj: &mut Value) -> (String, String) {
-    normalise_with(obj, "Service", "v1")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,11 +356,30 @@ mod tests {
     fn history_bound_moves_floor() {
         let mut s = Store::new(2);
         for i in 0..5 {
-            s.apply(json!({"metadata": {"name": format!("s{i}")}}));
+            s.apply(Resource::Services, json!({"metadata": {"name": format!("s{i}")}}));
         }
         assert_eq!(s.rv(), 6);
-        assert!(s.subscribe(StartFrom::After(3)).is_err());
-        let sub = s.subscribe(StartFrom::After(4)).expect("4 is resumable");
+        assert!(s.subscribe(Resource::Services, StartFrom::After(3)).is_err());
+        let sub = s.subscribe(Resource::Services, StartFrom::After(4)).expect("4 is resumable");
         assert_eq!(sub.initial.len(), 2);
+    }
+
+    #[test]
+    fn one_counter_and_history_for_all_resources() {
+        let mut s = Store::new(100);
+        s.apply(Resource::Services, json!({"metadata": {"name": "web"}}));
+        let node_rv = s.apply(Resource::Nodes, json!({"metadata": {"name": "w1", "namespace": "x"}}));
+        s.apply(Resource::EndpointSlices, json!({"metadata": {"name": "web-1", "namespace": "shop"}}));
+        assert_eq!((node_rv, s.rv()), (3, 4));
+        let node = s.get(Resource::Nodes, "ignored", "w1").expect("cluster-scoped key ignores ns");
+        assert!(node["metadata"].get("namespace").is_none() && node["kind"] == "Node");
+        assert!(s.get(Resource::Services, "default", "w1").is_none());
+        let snapshot = s.subscribe(Resource::EndpointSlices, StartFrom::Snapshot).unwrap();
+        assert_eq!(snapshot.initial.len(), 1);
+        let replay = s.subscribe(Resource::Nodes, StartFrom::After(1)).unwrap();
+        let kinds: Vec<Resource> = replay.initial.iter().map(|e| e.resource).collect();
+        assert_eq!(kinds, [Resource::Services, Resource::Nodes, Resource::EndpointSlices]);
+        assert_eq!(s.delete(Resource::Nodes, "", "w1").map(|c| c.rv), Some(5));
+        assert!(s.all(Resource::Nodes).is_empty() && s.all(Resource::Services).len() == 1);
     }
 }

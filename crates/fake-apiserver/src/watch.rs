@@ -2,6 +2,10 @@
 //! JSON lines (`{"type":"ADDED","object":{…}}\n`), one body frame each, which hyper writes and flushes as
 //! chunks as soon as they are produced.
 //!
+//! A watch is of one [`Resource`]: the store's channel and history carry every resource's changes, and the
+//! task passes on only its own (while its resourceVersion, which bookmarks carry, advances past all of
+//! them, as the global counter allows). Fault instructions reach every watch, whatever its resource.
+//!
 //! The task ends the stream cleanly on `timeoutSeconds`, after an in-band 410, or on server shutdown; it
 //! aborts the body (connection cut) for [`super::Faults::cut_next_event_mid_line`]. While the server is
 //! silent ([`super::Faults::go_silent`]) it writes nothing and does not time out.
@@ -22,6 +26,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::Shared;
+use super::resource::Resource;
 use super::selector::Matcher;
 use super::state::{EventType, HistEntry, StartFrom, TooOld, WatchMsg};
 
@@ -31,6 +36,8 @@ type Frame = Result<Bytes, io::Error>;
 /// What a watch request asked for.
 #[derive(Debug, Clone)]
 pub(crate) struct WatchSpec {
+    /// The watched collection.
+    pub resource: Resource,
     pub matcher: Matcher,
     pub from: StartFrom,
     /// `timeoutSeconds`: end the stream cleanly after this long.
@@ -45,7 +52,7 @@ pub(crate) struct WatchSpec {
 /// Subscribe under the store lock and answer with the streaming response (HTTP 200, chunked JSON lines),
 /// or with HTTP 200 + one in-band ERROR 410 line when the requested resourceVersion is too old.
 pub(crate) fn start(shared: &Arc<Shared>, spec: WatchSpec) -> Response {
-    let sub = shared.store.lock().expect("store lock").subscribe(spec.from);
+    let sub = shared.store.lock().expect("store lock").subscribe(spec.resource, spec.from);
     let sub = match sub {
         Ok(sub) => sub,
         Err(TooOld { requested, oldest }) => {
@@ -57,6 +64,7 @@ pub(crate) fn start(shared: &Arc<Shared>, spec: WatchSpec) -> Response {
     let task = WatchTask {
         shared: shared.clone(),
         id: sub.id,
+        resource: spec.resource,
         matcher: spec.matcher,
         initial: sub.initial,
         last_rv: sub.rv,
@@ -92,6 +100,7 @@ fn event_line(ty: &str, object: &Value) -> String {
 struct WatchTask {
     shared: Arc<Shared>,
     id: u64,
+    resource: Resource,
     matcher: Matcher,
     initial: VecDeque<Arc<HistEntry>>,
     /// Highest resourceVersion this watch has covered (delivered or filtered out): bookmarks carry it.
@@ -206,14 +215,18 @@ impl WatchTask {
         if initial_end {
             metadata["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
         }
-        let object = json!({ "kind": "Service", "apiVersion": "v1", "metadata": metadata });
+        let object =
+            json!({ "kind": self.resource.kind(), "apiVersion": self.resource.api_version(), "metadata": metadata });
         self.send(event_line("BOOKMARK", &object).into()).await
     }
 
-    /// Filter one change through the watch's matcher the way the watch cache does, then write it,
-    /// applying a pending cut or corruption.
+    /// Filter one change through the watch's resource and matcher the way the watch cache does, then
+    /// write it, applying a pending cut or corruption.
     async fn send_event(&mut self, entry: &HistEntry) -> ControlFlow<()> {
         self.last_rv = self.last_rv.max(entry.rv);
+        if entry.resource != self.resource {
+            return ControlFlow::Continue(());
+        }
         let now = self.matcher.matches(&entry.object);
         let line = match entry.kind {
             EventType::Added | EventType::Deleted if now => event_line(entry.kind.as_str(), &entry.object),

@@ -3,17 +3,27 @@
 //! [`Writer`] as one transaction.
 //!
 //! Until every scope delivered its first list, observations are held: the addresses Services already
-//! show in their status are adopted first, so nothing allocated at start can take them.
+//! show in their status are adopted first, so nothing allocated at start can take them, and the first
+//! lists of Nodes and EndpointSlices are in before any Service's members are computed.
+//!
+//! Pool members: [`members`] plans the Node and EndpointSlice changes and the coalesced
+//! recomputations ([`super::members::Members`]).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+mod members;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::info;
+use vipwatch_contract::{BackendMode, MemberState};
 
+use super::members::Members;
 use super::ownership::Ownership;
-use super::stream::{Observation, ScopeSpec};
+use super::stream::{Observation, Resource, ScopeSpec};
 use super::writer::{Plan, Signals, Writer};
+use crate::model::backends::BackendSets;
 use crate::model::{
     Cause, ChangeKind, Decision, FINALIZER, Feedback, Observed, Recorded, ServiceKey, Tracked, decide_apply,
     decide_delete,
@@ -41,36 +51,49 @@ pub struct Recorder {
     /// Scopes whose first list has not arrived yet; observations wait in `held` meanwhile.
     awaiting: HashSet<String>,
     held: Vec<Observation>,
+    /// Pool members: the index, pending recomputations, ADDEDs waiting for endpoints.
+    members: Members,
+    /// Members over the mirror, per mode and state (for `vipwatch_backend_members`).
+    member_counts: BTreeMap<(BackendMode, MemberState), i64>,
+    /// The batch being planned holds the first lists: it computes every Service's members, so the
+    /// recomputations its Node and EndpointSlice lists asked for are moot.
+    starting: bool,
 }
 
 impl Recorder {
     /// Loads the current-state table. Tracked Services in namespaces no scope covers any more (the
     /// namespace list changed while vipwatch was down) are planned as DELETED with cause `startup`.
     /// Errors: [`StoreError`] when the table cannot be read.
-    pub async fn load(
+    pub(super) async fn load(
         store: Store,
         outbox: Arc<dyn Outbox>,
         scopes: &[ScopeSpec],
         signals: Signals,
         mut ownership: Ownership,
+        members: Members,
     ) -> Result<Self, StoreError> {
         let mut mirror = store.load_tracked().await?;
         let mut vip_refs = HashMap::new();
         let mut pending_allocation = BTreeSet::new();
+        let mut member_counts = BTreeMap::new();
         for (key, t) in &mirror {
             count_vips(&mut vip_refs, t, 1);
+            count_members(&mut member_counts, t, 1);
             ownership.allocator.hold(key, &t.view);
             if is_pending(t) {
                 pending_allocation.insert(key.clone());
             }
         }
+        let services = scopes.iter().filter(|s| s.resource == Resource::Services);
+        let services: Vec<&ScopeSpec> = services.collect();
         let uncovered: BTreeSet<ServiceKey> =
-            mirror.keys().filter(|k| !scopes.iter().any(|s| s.covers(k))).cloned().collect();
+            mirror.keys().filter(|k| !services.iter().any(|s| s.covers(k))).cloned().collect();
         let pending_startup = uncovered
             .into_iter()
             .filter_map(|key| mirror.remove(&key).map(|t| (key, t)))
             .map(|(key, t)| {
                 count_vips(&mut vip_refs, &t, -1);
+                count_members(&mut member_counts, &t, -1);
                 ownership.allocator.drain(&key, &t.uid);
                 pending_allocation.remove(&key);
                 deleted(key, Cause::Startup, &t)
@@ -82,7 +105,7 @@ impl Recorder {
             ownership.allocator.restore_draining(&r.key, &r.uid, &r.addresses);
         }
         let writer = Writer::new(store, outbox, scopes, signals);
-        let awaiting = scopes.iter().map(|s| s.label().to_owned()).collect();
+        let awaiting = scopes.iter().map(ScopeSpec::key).collect();
         Ok(Self {
             mirror,
             vip_refs,
@@ -94,33 +117,52 @@ impl Recorder {
             announced,
             awaiting,
             held: Vec::new(),
+            members,
+            member_counts,
+            starting: false,
         })
     }
 
     /// Consumes observations until every sender is gone, one transaction per batch of up to
-    /// [`MAX_BATCH`] queued observations. Planning the next batch overlaps with writing the previous
-    /// one (the [`Writer`] runs as its own task); writes stay in order.
+    /// [`MAX_BATCH`] queued observations, plus the member recomputations that came due. Planning the
+    /// next batch overlaps with writing the previous one (the [`Writer`] runs as its own task); writes
+    /// stay in order.
     pub async fn run(mut self, mut rx: mpsc::Receiver<Observation>) {
         let (plans, writer) = self.writer.spawn();
         let mut queued = Vec::with_capacity(MAX_BATCH);
-        while rx.recv_many(&mut queued, MAX_BATCH).await > 0 {
-            if !self.release_held(&mut queued) {
+        loop {
+            let due = self.members.next_due().filter(|_| self.awaiting.is_empty());
+            tokio::select! {
+                received = rx.recv_many(&mut queued, MAX_BATCH) => if received == 0 { break },
+                _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {}
+            }
+            if !queued.is_empty() && !self.release_held(&mut queued) {
                 continue;
             }
             let mut plan = Plan { changes: std::mem::take(&mut self.pending_startup), ..Plan::default() };
             for observation in queued.drain(..) {
                 self.plan(observation, &mut plan);
             }
+            if std::mem::take(&mut self.starting) {
+                self.members.settle_all();
+            }
+            self.flush_members(&mut plan, Instant::now());
             self.retry_pending(&mut plan);
-            plan.services_in_scope = self.mirror.len();
-            plan.vips_in_use = self.vip_refs.len();
-            plan.pool_usage = self.ownership.allocator.usage();
+            self.fill_gauges(&mut plan);
             if plans.send(plan).await.is_err() {
                 break;
             }
         }
         drop(plans);
         let _ = writer.await;
+    }
+
+    fn fill_gauges(&self, plan: &mut Plan) {
+        plan.services_in_scope = self.mirror.len();
+        plan.vips_in_use = self.vip_refs.len();
+        plan.pool_usage = self.ownership.allocator.usage();
+        plan.members = self.member_counts.iter().map(|(k, n)| (*k, *n)).collect();
+        plan.nodes = self.members.node_counts();
     }
 
     /// While some scope's first list is missing, moves `queued` into `held` and returns false. When the
@@ -131,14 +173,16 @@ impl Recorder {
             return true;
         }
         for o in queued.iter() {
-            if let Observation::Listed { scope, first: true, .. } = o {
-                self.awaiting.remove(scope.label());
+            if let Some(scope) = first_list(o) {
+                self.awaiting.remove(&scope.key());
             }
         }
         self.held.append(queued);
         if !self.awaiting.is_empty() {
             return false;
         }
+        // Nodes and EndpointSlices first: every Service's members are then computed from complete lists.
+        self.held.sort_by_key(|o| !matches!(o, Observation::Node(..) | Observation::Slice(..)));
         let first_lists = self.held.iter().filter_map(|o| match o {
             Observation::Listed { objects, first: true, .. } => Some(objects),
             _ => None,
@@ -151,24 +195,23 @@ impl Recorder {
             self.ownership.reserve_requested(self.mirror.get(&obs.key), obs);
         }
         *queued = std::mem::take(&mut self.held);
+        self.starting = true;
         true
     }
 
     fn plan(&mut self, observation: Observation, plan: &mut Plan) {
         match observation {
-            Observation::Apply(scope, mut obs) => {
-                self.ownership.allocate(self.mirror.get(&obs.key), &mut obs);
-                let decision = self.decide(&obs);
-                self.note_progress(plan, &scope, &obs.resource_version, None);
-                self.take(plan, &obs.key, Cause::Watch, decision, Some(&obs));
-            }
+            Observation::Apply(scope, obs) => self.plan_apply(plan, &scope, obs),
             Observation::Delete(scope, obs) => {
                 self.announced.remove(&obs.uid);
+                self.drop_held_add(&obs.key);
                 let decision = decide_delete(self.mirror.get(&obs.key), &obs);
                 self.note_progress(plan, &scope, &obs.resource_version, None);
                 self.take(plan, &obs.key, Cause::Watch, decision, None);
             }
             Observation::Listed { scope, objects, first } => self.plan_list(plan, scope, objects, first),
+            Observation::Node(scope, change) => self.plan_node(plan, &scope, change),
+            Observation::Slice(scope, change) => self.plan_slice(plan, &scope, change),
             Observation::Feedback(Feedback::Assigned(a)) => {
                 let Some(t) = self.mirror.get(&a.key).filter(|t| t.uid == a.uid) else { return };
                 let obs = Ownership::assigned(t, a);
@@ -181,6 +224,46 @@ impl Recorder {
         }
     }
 
+    /// A watch ADDED/MODIFIED of a Service: its allocation and members, then the decision. The ADDED of
+    /// a Service in mode `pod` without a member yet waits up to one window for its endpoints.
+    fn plan_apply(&mut self, plan: &mut Plan, scope: &ScopeSpec, mut obs: Observed) {
+        let current = self.mirror.get(&obs.key);
+        self.ownership.allocate(current, &mut obs);
+        self.observe_members(&mut obs);
+        let decision = self.decide(&obs);
+        self.note_progress(plan, scope, &obs.resource_version, None);
+        let added = matches!(&decision, Decision::Record(e) if e.len() == 1 && e[0].kind == ChangeKind::Added);
+        if added && self.members.should_wait(&obs) {
+            self.members.defer(obs, Instant::now());
+            return;
+        }
+        if !added {
+            self.drop_held_add(&obs.key);
+        }
+        self.members.forget(&obs.key);
+        self.take(plan, &obs.key, Cause::Watch, decision, Some(&obs));
+    }
+
+    /// Computes the members of an in-scope observation against what the mirror holds; it then has no
+    /// recomputation pending.
+    fn observe_members(&mut self, obs: &mut Observed) {
+        if obs.in_scope {
+            let empty = BackendSets::new();
+            let current = self.mirror.get(&obs.key).filter(|t| t.uid == obs.uid).map_or(&empty, |t| &t.backends);
+            obs.backends = self.members.compute(&obs.key, &obs.view, current);
+        }
+        self.members.settled(&obs.key);
+    }
+
+    /// Drops the ADDED of `key` held for its endpoints, if any, freeing the addresses it was given:
+    /// it left scope (or was deleted) before it was announced.
+    fn drop_held_add(&mut self, key: &ServiceKey) {
+        if self.members.forget(key) && !self.mirror.contains_key(key) {
+            self.ownership.allocator.release(key);
+            self.freed = true;
+        }
+    }
+
     /// [`decide_apply`], plus: an object being deleted that carries our finalizer but that we have no
     /// record of (the database was lost or restored from an old backup) gets its one DELETED now, so
     /// the appliance is told and the finalizer comes off — else it would wait forever.
@@ -188,7 +271,8 @@ impl Recorder {
         let current = self.mirror.get(&obs.key);
         let ours = obs.view.finalizers.iter().any(|f| f == FINALIZER);
         if current.is_none() && obs.view.deleting && ours && !self.announced.contains(&obs.uid) {
-            return Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &obs.view)]);
+            let none = BackendSets::new();
+            return Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &obs.view, &none)]);
         }
         decide_apply(current, obs)
     }
@@ -201,13 +285,7 @@ impl Recorder {
         }
         for key in self.pending_allocation.clone() {
             let Some(t) = self.mirror.get(&key) else { continue };
-            let mut obs = Observed {
-                key: key.clone(),
-                uid: t.uid.clone(),
-                resource_version: t.resource_version.clone(),
-                view: t.view.clone(),
-                in_scope: true,
-            };
+            let mut obs = observed(&key, t);
             self.ownership.allocate(Some(t), &mut obs);
             let decision = decide_apply(self.mirror.get(&key), &obs);
             self.take(plan, &key, Cause::Allocation, decision, Some(&obs));
@@ -218,8 +296,17 @@ impl Recorder {
     fn plan_list(&mut self, plan: &mut Plan, scope: ScopeSpec, objects: Vec<crate::model::Observed>, first: bool) {
         let cause = if first { Cause::Startup } else { Cause::Relist };
         let listed: HashSet<ServiceKey> = objects.iter().map(|o| o.key.clone()).collect();
+        for key in self.members.deferred_keys().iter().filter(|k| scope.covers(k)) {
+            // A list decides what a watch ADDED was holding for: announced now, or gone.
+            if listed.contains(key) {
+                self.members.forget(key);
+            } else {
+                self.drop_held_add(key);
+            }
+        }
         for mut obs in objects {
             self.ownership.allocate(self.mirror.get(&obs.key), &mut obs);
+            self.observe_members(&mut obs);
             let decision = self.decide(&obs);
             self.take(plan, &obs.key, cause, decision, Some(&obs));
         }
@@ -234,7 +321,7 @@ impl Recorder {
         // carry the resume point, so only the list time and count are noted here.
         self.note_progress(plan, &scope, "", Some(!first));
         if first {
-            plan.first_lists.push(scope.label().to_owned());
+            plan.first_lists.push(scope.key());
         }
     }
 
@@ -249,8 +336,9 @@ impl Recorder {
             }
             Decision::Record(events) => {
                 for event in events {
-                    let before = self.mirror.get(key).map(|t| &t.view);
-                    plan.notices.extend(Ownership::notices(key, &event, before));
+                    let before = self.mirror.get(key);
+                    plan.notices.extend(Ownership::notices(key, &event, before.map(|t| &t.view)));
+                    plan.notices.extend(super::members::notices(key, &event, before));
                     let hold = self.ownership.hold(&event);
                     let cleanup = Ownership::cleanup(&event, live);
                     if cleanup.as_ref().is_some_and(|c| c.remove_finalizer) {
@@ -268,14 +356,19 @@ impl Recorder {
         if e.kind == ChangeKind::Deleted {
             self.unmirror(key);
         } else {
-            let tracked =
-                Tracked { uid: e.uid.clone(), resource_version: e.resource_version.clone(), view: e.view.clone() };
+            let tracked = Tracked {
+                uid: e.uid.clone(),
+                resource_version: e.resource_version.clone(),
+                view: e.view.clone(),
+                backends: e.backends.clone(),
+            };
             self.mirror_set(key.clone(), tracked);
         }
     }
 
     fn mirror_set(&mut self, key: ServiceKey, tracked: Tracked) {
         count_vips(&mut self.vip_refs, &tracked, 1);
+        count_members(&mut self.member_counts, &tracked, 1);
         self.ownership.allocator.hold(&key, &tracked.view);
         if is_pending(&tracked) {
             self.pending_allocation.insert(key.clone());
@@ -284,6 +377,7 @@ impl Recorder {
         }
         if let Some(old) = self.mirror.insert(key.clone(), tracked) {
             count_vips(&mut self.vip_refs, &old, -1);
+            count_members(&mut self.member_counts, &old, -1);
             self.freed |= old.view.allocation != self.mirror[&key].view.allocation;
         }
     }
@@ -291,14 +385,15 @@ impl Recorder {
     fn unmirror(&mut self, key: &ServiceKey) -> Option<Tracked> {
         let old = self.mirror.remove(key)?;
         count_vips(&mut self.vip_refs, &old, -1);
+        count_members(&mut self.member_counts, &old, -1);
         self.ownership.allocator.drain(key, &old.uid);
         self.pending_allocation.remove(key);
         Some(old)
     }
 
     fn note_progress(&self, plan: &mut Plan, scope: &ScopeSpec, rv: &str, listed: Option<bool>) {
-        let entry = plan.progress.entry(scope.label().to_owned()).or_insert_with(|| WatchProgress {
-            scope: scope.label().to_owned(),
+        let entry = plan.progress.entry(scope.key()).or_insert_with(|| WatchProgress {
+            scope: scope.key(),
             resource_version: None,
             listed: None,
         });
@@ -322,9 +417,41 @@ fn count_vips(refs: &mut HashMap<String, usize>, t: &Tracked, delta: isize) {
     }
 }
 
+/// The tracked state of `key` as an observation, for a change the recorder makes itself.
+fn observed(key: &ServiceKey, t: &Tracked) -> Observed {
+    Observed {
+        key: key.clone(),
+        uid: t.uid.clone(),
+        resource_version: t.resource_version.clone(),
+        view: t.view.clone(),
+        in_scope: true,
+        backends: t.backends.clone(),
+    }
+}
+
+/// Adds `delta` (+1 / -1) times the members of `t` to the per mode and state counts.
+fn count_members(counts: &mut BTreeMap<(BackendMode, MemberState), i64>, t: &Tracked, delta: i64) {
+    for (mode, b) in &t.backends {
+        for (_, m) in b.members() {
+            *counts.entry((*mode, m.state)).or_default() += delta;
+        }
+    }
+}
+
+/// The scope of a first list, if `o` is one.
+fn first_list(o: &Observation) -> Option<&ScopeSpec> {
+    use super::stream::Change;
+    match o {
+        Observation::Listed { scope, first: true, .. }
+        | Observation::Node(scope, Change::Listed { first: true, .. })
+        | Observation::Slice(scope, Change::Listed { first: true, .. }) => Some(scope),
+        _ => None,
+    }
+}
+
 /// A DELETED of a Service whose object is gone (or out of every scope): nothing to clean up.
 fn deleted(key: ServiceKey, cause: Cause, t: &Tracked) -> StateChange {
-    let event = Box::new(Recorded::deleted(&t.uid, &t.resource_version, &t.view));
+    let event = Box::new(Recorded::deleted(&t.uid, &t.resource_version, &t.view, &t.backends));
     StateChange::Event { key, cause, event, hold: false, cleanup: None }
 }
 

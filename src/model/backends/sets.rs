@@ -1,0 +1,86 @@
+//! A Service's members in every mode some endpoint uses ([`BackendSets`]), their revisions, and the
+//! diff between two revisions.
+
+use std::collections::BTreeMap;
+
+use vipwatch_contract::{BackendMode, Backends, BackendsDiff, MemberChange, MemberState};
+
+use super::index::BackendIndex;
+use super::members::{MemberRules, compute};
+use crate::model::{ServiceKey, ServiceView};
+
+/// A Service's members per mode. Serialized as an object keyed by mode (`{"nodePort": {...}}`).
+pub type BackendSets = BTreeMap<BackendMode, Backends>;
+
+/// The members of `key` in each of `modes`, numbered against `current`: a mode keeps its revision
+/// while its hash is unchanged, and gets the next one when it changed (1 when new).
+pub fn compute_sets(
+    key: &ServiceKey,
+    view: &ServiceView,
+    modes: &[BackendMode],
+    rules: &MemberRules,
+    index: &BackendIndex,
+    current: &BackendSets,
+) -> BackendSets {
+    modes
+        .iter()
+        .map(|&mode| {
+            let mut b = compute(key, view, mode, rules, index);
+            b.revision = match current.get(&mode) {
+                Some(c) if c.hash == b.hash => c.revision,
+                Some(c) => c.revision + 1,
+                None => 1,
+            };
+            (mode, b)
+        })
+        .collect()
+}
+
+/// Per mode whose members differ between `old` and `new` (a changed hash, or a mode new in `new`),
+/// what changed. Empty when nothing did, except that a mode only in `old` makes [`changed`] true.
+pub fn diffs(old: &BackendSets, new: &BackendSets) -> BTreeMap<BackendMode, BackendsDiff> {
+    new.iter()
+        .filter(|(mode, b)| old.get(mode).is_none_or(|o| o.hash != b.hash))
+        .map(|(mode, b)| (*mode, diff(old.get(mode), b)))
+        .collect()
+}
+
+/// Whether the members of any mode changed, appeared or went away.
+pub fn changed(old: &BackendSets, new: &BackendSets) -> bool {
+    old.keys().ne(new.keys()) || old.iter().any(|(mode, b)| new.get(mode).is_none_or(|n| n.hash != b.hash))
+}
+
+/// What changed from `old` (none: everything is added) to `new`.
+pub fn diff(old: Option<&Backends>, new: &Backends) -> BackendsDiff {
+    let before = keyed(old);
+    let after = keyed(Some(new));
+    let change = |(k, (state, _)): (&Key, &(MemberState, Extra))| MemberChange {
+        service_port: k.0,
+        protocol: k.1.clone(),
+        address: k.2.clone(),
+        port: k.3,
+        state: *state,
+    };
+    BackendsDiff {
+        from_revision: old.map_or(0, |o| o.revision),
+        to_revision: new.revision,
+        added: after.iter().filter(|(k, _)| !before.contains_key(*k)).map(change).collect(),
+        removed: before.iter().filter(|(k, _)| !after.contains_key(*k)).map(change).collect(),
+        changed: after.iter().filter(|(k, v)| before.get(*k).is_some_and(|b| b != *v)).map(change).collect(),
+    }
+}
+
+/// `(service port, protocol, address, member port)`.
+type Key = (i32, String, String, i32);
+/// `(node, zone)`.
+type Extra = (Option<String>, Option<String>);
+
+fn keyed(b: Option<&Backends>) -> BTreeMap<Key, (MemberState, Extra)> {
+    b.into_iter()
+        .flat_map(|b| b.members())
+        .map(|(p, m)| {
+            let key = (p.port, p.protocol.clone(), m.address.clone(), m.port);
+            (key, (m.state, (m.node_name.clone(), m.zone.clone())))
+        })
+        .collect()
+}

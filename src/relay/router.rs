@@ -1,0 +1,140 @@
+//! Routing recorded events to endpoints (the store's [`Outbox`]): which endpoints get an event, and
+//! the exact body each gets. An endpoint gets the members in its backend mode (annotation, else its
+//! `backend_mode`, else `[backends] mode`); a MODIFIED that only changed members of other modes is
+//! not sent to it at all, and `backends` is listed in its `changed` only when its own mode's members
+//! changed.
+
+use std::collections::{HashMap, HashSet};
+
+use vipwatch_contract::{BackendMode, Cause, EventKind, SyncMarker};
+
+use super::payload::{PayloadInput, render};
+use super::{RelayError, new_msg_id};
+use crate::config::Config;
+use crate::model::backends::ModePlan;
+use crate::model::{ChangeKind, LabelSelector};
+use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow};
+
+/// One enabled endpoint's routing rules.
+pub(super) struct Route {
+    pub name: String,
+    assigns_vip: bool,
+    events: HashSet<String>,
+    namespaces: Vec<String>,
+    selector: LabelSelector,
+}
+
+impl Route {
+    fn accepts(&self, e: &RecordedEvent<'_>) -> bool {
+        // The assigning appliance already knows the address it chose; echoing it back would let an
+        // appliance that answers every request with a new address loop forever.
+        if self.assigns_vip && e.cause == Cause::Appliance {
+            return false;
+        }
+        let ns_ok = self.namespaces.is_empty() || self.namespaces.contains(&e.key.namespace);
+        let labels_ok = self.selector.matches(&e.event.view.labels)
+            || e.event.previous.as_ref().is_some_and(|p| self.selector.matches(&p.labels));
+        self.events.contains(e.event.kind.as_str()) && ns_ok && labels_ok
+    }
+
+    /// Whether a full resync sends `s` to this endpoint.
+    pub fn accepts_service(&self, s: &ServiceRow) -> bool {
+        (self.namespaces.is_empty() || self.namespaces.contains(&s.key.namespace))
+            && self.selector.matches(&s.view.labels)
+    }
+}
+
+/// Routes events to the enabled endpoints whose `events`, `namespaces` and `label_selector` accept
+/// them (a MODIFIED is sent when the labels before or after the change match). Implements the
+/// store's [`Outbox`].
+pub struct Router {
+    pub(super) routes: Vec<Route>,
+    modes: ModePlan,
+}
+
+impl Router {
+    /// Builds the routes of every enabled endpoint of `config`. Errors: [`RelayError::Endpoint`] for a
+    /// label selector that does not parse (already rejected by config validation).
+    pub fn new(config: &Config) -> Result<Self, RelayError> {
+        let routes = config
+            .webhooks
+            .iter()
+            .filter(|w| w.enabled)
+            .map(|w| {
+                let selector = LabelSelector::parse(&w.label_selector)
+                    .map_err(|e| RelayError::Endpoint { name: w.name.clone(), reason: e.to_string() })?;
+                Ok(Route {
+                    name: w.name.clone(),
+                    assigns_vip: w.assigns_vip,
+                    events: w.events.iter().cloned().collect(),
+                    namespaces: w.namespaces.clone(),
+                    selector,
+                })
+            })
+            .collect::<Result<_, RelayError>>()?;
+        Ok(Self { routes, modes: config.mode_plan() })
+    }
+
+    /// The body of `e` for an endpoint in `mode`; `None` when it has nothing for that endpoint (a
+    /// MODIFIED whose only change is other modes' members).
+    fn body(&self, e: &RecordedEvent<'_>, mode: Option<BackendMode>) -> Option<String> {
+        let diff = mode.and_then(|m| e.event.backends_diff.get(&m));
+        let changed: Vec<&str> =
+            e.event.changed.iter().copied().filter(|c| *c != "backends" || diff.is_some()).collect();
+        if e.event.kind == ChangeKind::Modified && changed.is_empty() {
+            return None;
+        }
+        Some(render(&PayloadInput {
+            event_id: Some(e.id),
+            event: e.event.kind.event_kind(),
+            cause: e.cause,
+            observed_at: e.observed_at,
+            key: e.key,
+            uid: &e.event.uid,
+            resource_version: &e.event.resource_version,
+            view: &e.event.view,
+            previous: e.event.previous.as_ref(),
+            changed: &changed,
+            backends: mode.and_then(|m| e.event.backends.get(&m)),
+            backends_diff: diff,
+            sync: None,
+        }))
+    }
+
+    /// The `service.synced` delivery of `s` for endpoint `route`, item `sync.index` of a resync.
+    pub(super) fn synced(&self, route: &Route, s: &ServiceRow, now: i64, sync: SyncMarker) -> NewDelivery {
+        let mode = self.modes.mode_for(&s.view, &route.name);
+        let payload = render(&PayloadInput {
+            event_id: None,
+            event: EventKind::Synced,
+            cause: Cause::Resync,
+            observed_at: now,
+            key: &s.key,
+            uid: &s.uid,
+            resource_version: &s.resource_version,
+            view: &s.view,
+            previous: None,
+            changed: &[],
+            backends: mode.and_then(|m| s.backends.get(&m)),
+            backends_diff: None,
+            sync: Some(sync),
+        });
+        NewDelivery { webhook: route.name.clone(), kind: "SYNCED", msg_id: new_msg_id(), payload }
+    }
+}
+
+impl Outbox for Router {
+    fn route(&self, e: RecordedEvent<'_>) -> Vec<NewDelivery> {
+        let mut bodies: HashMap<Option<BackendMode>, Option<String>> = HashMap::new();
+        let mut out = Vec::new();
+        for r in self.routes.iter().filter(|r| r.accepts(&e)) {
+            let mode = self.modes.mode_for(&e.event.view, &r.name);
+            let body = bodies.entry(mode).or_insert_with(|| self.body(&e, mode));
+            if let Some(payload) = body {
+                let (webhook, kind) = (r.name.clone(), e.event.kind.as_str());
+                out.push(NewDelivery { webhook, kind, msg_id: new_msg_id(), payload: payload.clone() });
+            }
+        }
+        out
+    }
+}
