@@ -68,6 +68,10 @@ impl Demo {
     }
 }
 
+fn haproxy_installed() -> bool {
+    std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success())
+}
+
 /// Collects the lines of `stream` as they arrive, until its end (when the task finishes).
 fn collect(stream: impl AsyncRead + Unpin + Send + 'static) -> (Arc<Mutex<Vec<String>>>, JoinHandle<()>) {
     let lines = Arc::new(Mutex::new(Vec::new()));
@@ -90,27 +94,29 @@ async fn get_items(client: &reqwest::Client, url: &str) -> Vec<Value> {
 async fn the_demo_relays_verified_changes_serves_them_and_stops_on_sigterm() {
     vipwatch::relay::sender::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    let mut demo = Demo::start(&["--listen", "127.0.0.1:0", "--interval", "200ms"], dir.path(), &[]);
+    // 1 s between steps: longer than the backends window (250 ms), so each step is its own delivery
+    // even on a loaded machine (a shorter interval merges the create and the port change).
+    let mut demo = Demo::start(&["--listen", "127.0.0.1:0", "--interval", "1s"], dir.path(), &[]);
     let api = demo.line("the API URL", |l| l.starts_with("  API ")).await;
     let api = api.trim_start_matches("  API").trim().to_owned();
     assert!(api.starts_with("http://127.0.0.1:") && !api.ends_with(":0"), "{api}");
 
     // shop/web sends its two Pods (mode pod) for each of its two ports; the others their three Nodes.
-    let startup = "appliance  ✓ service.added     shop/web          vips=[192.0.2.10] ports=80/TCP,443/TCP members=4  (cause: startup)";
+    let startup = "appliance  ✓ service.added     shop/web          vips=[127.0.100.10] ports=8080/TCP,8443/TCP members=4  (cause: startup)";
     demo.line("shop/web's startup delivery", |l| l == startup).await;
-    demo.line("the scripted create", |l| l == "demo       create Service shop/checkout (port 80/TCP)").await;
-    let added = "appliance  ✓ service.added     shop/checkout     vips=[192.0.2.3] ports=80/TCP members=3";
+    demo.line("the scripted create", |l| l == "demo       create Service shop/checkout (port 8080/TCP) and its Pod")
+        .await;
+    let added = "appliance  ✓ service.added     shop/checkout     vips=[127.0.100.3] ports=8080/TCP members=3";
     demo.line("the created Service's delivery", |l| l == added).await;
-    let ports = "appliance  ✓ service.modified  shop/checkout     vips=[192.0.2.3] ports=80/TCP,443/TCP members=6  (changed: ports, backends)";
+    let ports = "appliance  ✓ service.modified  shop/checkout     vips=[127.0.100.3] ports=8080/TCP,8443/TCP members=6  (changed: ports, backends)";
     demo.line("the port change's delivery", |l| l == ports).await;
     demo.line("the deletion's delivery", |l| l.starts_with("appliance  ✓ service.deleted   shop/checkout ")).await;
-    let rolled = "appliance  ✓ service.modified  shop/web          vips=[192.0.2.10] ports=80/TCP,443/TCP members=4  (changed: backends; cause: backends)";
+    let rolled = "appliance  ✓ service.modified  shop/web          vips=[127.0.100.10] ports=8080/TCP,8443/TCP members=4  (changed: backends; cause: backends)";
     demo.line("the rolled Pods' one MODIFIED", |l| l == rolled).await;
-    let dropped = "appliance  ✓ service.modified  shop/cart         vips=[192.0.2.2] ports=8080/TCP members=2  (changed: backends; cause: backends)";
+    let dropped = "appliance  ✓ service.modified  shop/cart         vips=[127.0.100.2] ports=8080/TCP members=2  (changed: backends; cause: backends)";
     demo.line("the excluded Node dropped from nodePort members", |l| l == dropped).await;
     // Resumed by a re-watch (cause watch) or a re-list, as vipwatch sees fit.
-    let cut =
-        "appliance  ✓ service.modified  payments/gateway  vips=[192.0.2.1] ports=443/TCP members=2  (changed: labels";
+    let cut = "appliance  ✓ service.modified  payments/gateway  vips=[127.0.100.1] ports=8443/TCP members=2  (changed: labels";
     demo.line("the change made under a cut watch", |l| {
         [format!("{cut})"), format!("{cut}; cause: relist)")].iter().any(|c| c == l)
     })
@@ -123,7 +129,20 @@ async fn the_demo_relays_verified_changes_serves_them_and_stops_on_sigterm() {
     assert!(events.len() >= 7, "4 at startup, then the script's: {events:?}");
     let succeeded = get_items(&client, &format!("{api}/api/v1/deliveries?state=succeeded")).await;
     assert!(succeeded.len() >= 7, "{succeeded:?}");
-    assert!(succeeded.iter().all(|d| d["webhook"] == "demo-appliance" && d["state"] == "succeeded"), "{succeeded:?}");
+    let endpoints = ["demo-appliance", "haproxy"];
+    assert!(succeeded.iter().all(|d| endpoints.contains(&d["webhook"].as_str().unwrap()) && d["state"] == "succeeded"));
+    if haproxy_installed() {
+        // The demo's HAProxy serves the VIPs: the banner's curl reaches one of shop/web's Pods.
+        demo.line("the VIP's curl", |l| l.starts_with("  via a VIP    curl -s http://127.0.100.10:8080/")).await;
+        let body = wait_until("shop/web's Pods answering through the VIP", || async {
+            let r = client.get("http://127.0.100.10:8080/").send().await.ok()?;
+            r.text().await.ok().filter(|b| b.ends_with("(shop/web)\n"))
+        })
+        .await;
+        assert!(body.starts_with("hello from pod 127.0."), "{body}");
+    } else {
+        demo.line("the note on HAProxy", |l| l.starts_with("  HAProxy      not installed")).await;
+    }
 
     let pid = demo.child.id().unwrap().to_string();
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
@@ -158,4 +177,31 @@ async fn a_variable_that_would_point_the_demo_at_another_database_is_refused() {
         "vipwatch: VIPWATCH_DATABASE__PATH is set and would replace the demo's own `database.path`; unset it to run the demo"
     );
     assert!(!elsewhere.exists(), "nothing was written there");
+}
+
+#[tokio::test]
+async fn a_killed_demo_takes_its_haproxy_with_it() {
+    if !haproxy_installed() {
+        eprintln!("skipped: haproxy is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut demo = Demo::start(&["--listen", "127.0.0.1:0"], dir.path(), &[]);
+    demo.line("the banner's HAProxy line", |l| l.starts_with("  HAProxy      a real HAProxy")).await;
+    let pid_file = dir.path().join("haproxy/haproxy.pid");
+    let master = wait_until("HAProxy's pid file", || async {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse::<u32>().ok()
+    })
+    .await;
+    assert!(Path::new(&format!("/proc/{master}")).exists());
+
+    // SIGKILL: no shutdown code runs, yet the VIPs must not stay bound by an orphaned HAProxy.
+    demo.child.start_kill().unwrap();
+    assert_eq!(demo.exit().await.code(), None);
+    wait_until("the orphaned HAProxy master to exit", || async {
+        let stat = std::fs::read_to_string(format!("/proc/{master}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for init to reap it.
+        (stat.is_empty() || stat.split_whitespace().nth(2) == Some("Z")).then_some(())
+    })
+    .await;
 }

@@ -31,7 +31,12 @@ pub struct DemoSetup {
     pub listen: SocketAddr,
     /// The SQLite file.
     pub database: PathBuf,
+    /// The HAProxy agent's delivery URL, when `haproxy` is installed.
+    pub agent_url: Option<String>,
 }
+
+/// The name of the HAProxy agent's webhook endpoint.
+pub const AGENT_WEBHOOK: &str = "haproxy";
 
 /// The demo's whole configuration file. Everything the demo configures is here (add more tables, such
 /// as address pools, in this one place).
@@ -54,24 +59,37 @@ name = "{WEBHOOK_NAME}"
 url = {appliance_url}
 secret = "{secret}"
 retry = {{ initial_delay = "200ms", max_delay = "5s" }}
-
+{agent}
 # Pool members: every Node's InternalIP × the Service's nodePorts; shop/web sends its Pods instead
 # (annotation vipwatch.io/backend-mode: pod). Churn within 250 ms becomes one MODIFIED.
 [backends]
 mode = "nodePort"
 window = "250ms"
 
-# VIPs for every LoadBalancer Service, written back to its status once the appliance acknowledged.
+# VIPs for every LoadBalancer Service, written back to its status once the appliances acknowledged.
+# Loopback addresses: every 127.x.y.z is local, so HAProxy binds them with no setup.
 [[pools]]
 name = "demo"
-addresses = ["192.0.2.0/24"]
+addresses = ["127.0.100.0/24"]
 avoid_buggy_ips = true
 "#,
+        agent = s.agent_url.as_deref().map(|url| agent_endpoint(url, &s.secret)).unwrap_or_default(),
         kubernetes_url = quoted(&s.kubernetes_url),
         database = quoted(&s.database.to_string_lossy()),
         listen = s.listen,
         appliance_url = quoted(&s.appliance_url),
         secret = s.secret,
+    )
+}
+
+/// The `[[webhooks]]` table of the HAProxy agent: Pods as members (HAProxy reaches the demo's Pods, not
+/// its simulated Nodes).
+fn agent_endpoint(url: &str, secret: &str) -> String {
+    format!(
+        "\n# The HAProxy agent (vipwatch-haproxy) in front of a real HAProxy: it gets the Pods as members.\n\
+         [[webhooks]]\nname = \"{AGENT_WEBHOOK}\"\nurl = {}\nsecret = \"{secret}\"\n\
+         backend_mode = \"pod\"\nretry = {{ initial_delay = \"200ms\", max_delay = \"5s\" }}\n",
+        quoted(url)
     )
 }
 
@@ -112,6 +130,7 @@ mod tests {
             secret: random_secret(),
             listen: "127.0.0.1:8080".parse().unwrap(),
             database: dir.join(DATABASE_FILE),
+            agent_url: Some("http://127.0.0.1:9080/hooks/vipwatch".into()),
         }
     }
 
@@ -122,10 +141,14 @@ mod tests {
         let config = write_and_load(dir.path(), &setup).unwrap();
         assert_eq!(config.server.listen, setup.listen);
         assert_eq!(config.database.path, setup.database);
-        assert_eq!(config.webhooks.len(), 1);
-        assert_eq!(config.webhooks[0].name, WEBHOOK_NAME);
+        let names: Vec<&str> = config.webhooks.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, [WEBHOOK_NAME, AGENT_WEBHOOK]);
         assert_eq!(config.webhooks[0].url.as_str(), setup.appliance_url);
-        assert_eq!(config.webhooks[0].resolve_secret().unwrap().expose(), setup.secret);
+        assert_eq!(config.webhooks[1].url.as_str(), setup.agent_url.as_deref().unwrap());
+        assert_eq!(config.webhooks[1].backend_mode, Some(crate::model::backends::ModeSetting::Pod));
+        for w in &config.webhooks {
+            assert_eq!(w.resolve_secret().unwrap().expose(), setup.secret);
+        }
         assert_eq!(config.server.api_token.as_ref().map(|t| t.expose()), Some(API_TOKEN));
     }
 

@@ -7,6 +7,7 @@
 
 pub mod appliance;
 mod config;
+mod pods;
 mod samples;
 mod script;
 
@@ -14,6 +15,7 @@ use std::future::Future;
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -96,20 +98,41 @@ pub async fn run(options: DemoOptions, shutdown: impl Future<Output = ()>) -> Re
     let api_listener = bind_api(options.listen).await?;
     let database = prepare_dir(&options.dir)?;
     let cluster = FakeApiServer::start().await.map_err(|source| DemoError::Start { what: "fake apiserver", source })?;
-    cluster.seed(samples::seed());
     let secret = config::random_secret();
     let appliance = Appliance::start(bind_local("demo appliance").await?, &secret).await?;
+    let agent_listener = if haproxy_installed() { Some(bind_local("HAProxy agent").await?) } else { None };
     let setup = config::DemoSetup {
         kubernetes_url: cluster.url(),
         appliance_url: appliance.url(),
         secret,
         listen: api_listener.local_addr().map_err(|source| DemoError::Start { what: "API", source })?,
         database,
+        agent_url: agent_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| format!("http://{a}/hooks/vipwatch")),
     };
     let config = config::write_and_load(&options.dir, &setup)?;
+    let objects = samples::seed();
+    let pods = Arc::new(pods::Pods::default());
+    let agent = match agent_listener {
+        Some(listener) => start_agent(&options.dir, &setup.secret, listener).await?,
+        None => None,
+    };
+    if agent.is_some() {
+        for (ip, owner) in samples::pod_addresses(&objects) {
+            pods.ensure(ip, &owner).await;
+        }
+    }
+    let setup = config::DemoSetup { agent_url: setup.agent_url.filter(|_| agent.is_some()), ..setup };
+    cluster.seed(objects);
     let running = app::start(config, api_listener).await?;
-    let result = supervise(&running, &cluster, &options, &setup, shutdown).await;
+    let result = supervise(&running, &cluster, &options, &setup, pods.clone(), shutdown).await;
     let stopped = running.stop().await;
+    if let Some(agent) = agent {
+        agent.stop().await;
+    }
+    pods.stop();
     appliance.shutdown().await;
     cluster.shutdown().await;
     say("demo       stopped");
@@ -122,6 +145,7 @@ async fn supervise(
     cluster: &FakeApiServer,
     options: &DemoOptions,
     setup: &config::DemoSetup,
+    pods: Arc<pods::Pods>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DemoError> {
     tokio::pin!(shutdown);
@@ -132,7 +156,7 @@ async fn supervise(
     }
     print_banner(setup, cluster, &options.dir);
     let cancel = CancellationToken::new();
-    let script = script::run(cluster.clone(), setup.appliance_url.clone(), options.interval, cancel.clone());
+    let script = script::run(cluster.clone(), setup.appliance_url.clone(), pods, options.interval, cancel.clone());
     let script = tokio::spawn(script);
     tokio::select! {
         _ = &mut shutdown => {}
@@ -141,6 +165,44 @@ async fn supervise(
     cancel.cancel();
     let _ = script.await;
     Ok(())
+}
+
+/// Whether `haproxy` is on `PATH` (the demo then runs the agent and a real HAProxy).
+fn haproxy_installed() -> bool {
+    std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success())
+}
+
+/// The HAProxy agent on `listener`, with a real HAProxy in `<dir>/haproxy`. Its state from an earlier
+/// demo is removed first, as the database is. Errors: [`DemoError::Dir`] when the old state cannot be
+/// removed; an agent that fails to start is reported and left out (`None`: the printing appliance
+/// alone).
+async fn start_agent(
+    dir: &Path,
+    secret: &str,
+    listener: TcpListener,
+) -> Result<Option<vipwatch_haproxy::Running>, DemoError> {
+    let agent_dir = dir.join("haproxy");
+    let state = agent_dir.join("state.json");
+    match std::fs::remove_file(&state) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(DemoError::Dir { path: state, source }),
+    }
+    let config = vipwatch_haproxy::AgentConfig {
+        listen: SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+        secrets: vec![secret.to_owned()],
+        dir: std::path::absolute(&agent_dir).unwrap_or(agent_dir),
+        batch_window: Duration::from_millis(100),
+        stop_haproxy_on_exit: true,
+        ..vipwatch_haproxy::AgentConfig::default()
+    };
+    match vipwatch_haproxy::start(config, listener).await {
+        Ok(running) => Ok(Some(running)),
+        Err(e) => {
+            say(&format!("demo       HAProxy agent not started ({e}): deliveries go to the printing appliance only"));
+            Ok(None)
+        }
+    }
 }
 
 /// Binds the API: `listen` if given (failing clearly when taken), else [`DEFAULT_LISTEN`] or, when
@@ -201,11 +263,24 @@ fn print_banner(setup: &config::DemoSetup, cluster: &FakeApiServer, dir: &Path) 
         ),
         format!("  kubectl      kubectl --server {} get services -A", cluster.url()),
         format!("  files        {} ({} and {})", dir.display(), config::CONFIG_FILE, config::DATABASE_FILE),
-        "Ctrl-C stops the demo.".to_owned(),
     ];
     for line in lines {
         say(&line);
     }
+    match &setup.agent_url {
+        Some(url) => {
+            let state = url.replace("/hooks/vipwatch", "/state");
+            say(&format!(
+                "  HAProxy      a real HAProxy, driven by the agent {state} ({}/haproxy/haproxy.cfg)",
+                dir.display()
+            ));
+            say("  via a VIP    curl -s http://127.0.100.10:8080/   (shop/web: its Pods answer through HAProxy)");
+        }
+        None => say(
+            "  HAProxy      not installed: deliveries go to the printing appliance only (install `haproxy` to send traffic through the VIPs)",
+        ),
+    }
+    say("Ctrl-C stops the demo.");
 }
 
 /// Prints one line to stdout at once; a closed stdout is ignored.

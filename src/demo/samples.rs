@@ -18,12 +18,12 @@ pub const NODES: [(&str, &str, &str); 3] =
 /// every cluster has (out of scope), three Nodes, and an EndpointSlice with two ready Pods per
 /// Service.
 pub fn seed() -> Vec<Value> {
-    let web = with_annotation(lb("shop", "web", &[("http", 80), ("https", 443)]), REQUESTED_IPS, "192.0.2.10");
+    let web = with_annotation(lb("shop", "web", &[("http", 8080), ("https", 8443)]), REQUESTED_IPS, "127.0.100.10");
     let mut services = vec![
         with_annotation(web, MODE_ANNOTATION, "pod"),
         lb("shop", "cart", &[("http", 8080)]),
-        with_ingress(lb("payments", "api", &[("https", 443), ("grpc", 9443)]), "192.0.2.20"),
-        lb("payments", "gateway", &[("https", 443)]),
+        with_ingress(lb("payments", "api", &[("https", 8443), ("grpc", 9443)]), "127.0.100.20"),
+        lb("payments", "gateway", &[("https", 8443)]),
         json!({"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver"}},
                "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.1",
@@ -55,8 +55,9 @@ pub enum Pod {
     Draining,
 }
 
-/// The EndpointSlice of Service `svc` (its only one, `<name>-demo`) holding Pods `10.244.<rack>.<host>`
-/// `(host, node, state)` with every port of the Service on target port 8080.
+/// The EndpointSlice of Service `svc` (its only one, `<name>-demo`) holding Pods `127.0.<rack>.<host>`
+/// `(host, node, state)` with every port of the Service on target port 8080 (where the demo's pods
+/// listen: every loopback address is local).
 pub fn pods(svc: &Value, rack: u8, pods: &[(u8, &str, Pod)]) -> Value {
     let (ns, name) = (svc["metadata"]["namespace"].as_str().unwrap(), svc["metadata"]["name"].as_str().unwrap());
     let ports: Vec<Value> = svc["spec"]["ports"]
@@ -69,13 +70,39 @@ pub fn pods(svc: &Value, rack: u8, pods: &[(u8, &str, Pod)]) -> Value {
         .iter()
         .map(|(host, node, state)| {
             let (ready, terminating) = (*state == Pod::Ready, *state == Pod::Draining);
-            json!({"addresses": [format!("10.244.{rack}.{host}")], "nodeName": node,
+            json!({"addresses": [pod_ip(rack, *host).to_string()], "nodeName": node,
                    "conditions": {"ready": ready, "serving": ready || terminating, "terminating": terminating}})
         })
         .collect();
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": format!("{name}-demo"), "namespace": ns, "labels": {SERVICE_NAME_LABEL: name}},
         "addressType": "IPv4", "ports": ports, "endpoints": endpoints})
+}
+
+/// The address of pod `host` in `rack`: `127.0.<rack>.<host>`.
+pub fn pod_ip(rack: u8, host: u8) -> std::net::IpAddr {
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, rack, host))
+}
+
+/// Every pod address of a seed's EndpointSlices, with its Service (`namespace/name`).
+pub fn pod_addresses(objects: &[Value]) -> Vec<(std::net::IpAddr, String)> {
+    let slices = objects.iter().filter(|o| o["kind"] == "EndpointSlice");
+    slices
+        .flat_map(|s| {
+            let owner = format!(
+                "{}/{}",
+                s["metadata"]["namespace"].as_str().unwrap_or(""),
+                s["metadata"]["labels"][SERVICE_NAME_LABEL].as_str().unwrap_or("")
+            );
+            let ips: Vec<_> = s["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e["addresses"][0].as_str()?.parse().ok())
+                .collect();
+            ips.into_iter().map(move |ip| (ip, owner.clone()))
+        })
+        .collect()
 }
 
 /// A Ready Node with one InternalIP in `zone`, labelled out of load balancers when `excluded`.

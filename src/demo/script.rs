@@ -1,11 +1,13 @@
 //! The demo's scripted stream of changes: every `interval` one step on the simulated cluster (or a
 //! forged delivery to the appliance), looping until cancelled, each announced by one `demo …` line.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::pods::Pods;
 use super::samples::{self, NODES, Pod, REQUESTED_IPS};
 use super::say;
 use crate::fake_apiserver::{FakeApiServer, Resource};
@@ -13,6 +15,8 @@ use crate::fake_apiserver::{FakeApiServer, Resource};
 /// The Service the script creates, changes and deletes in every round.
 const NAMESPACE: &str = "shop";
 const NAME: &str = "checkout";
+/// The rack (`127.0.<rack>.x`) of the scripted Service's Pod.
+const CHECKOUT_RACK: u8 = 250;
 /// The seeded Service whose labels change under a cut watch stream.
 const CUT_TARGET: (&str, &str) = ("payments", "gateway");
 
@@ -21,7 +25,7 @@ const CUT_TARGET: (&str, &str) = ("payments", "gateway");
 pub enum Step {
     /// Create `shop/checkout` with port 80.
     Create,
-    /// Add port 443 to it.
+    /// Add port 8443 to it.
     ChangePorts,
     /// Request a VIP for it by annotation.
     Annotate,
@@ -58,9 +62,9 @@ impl Step {
         let svc = format!("{NAMESPACE}/{NAME}");
         let (ns, name) = CUT_TARGET;
         match self {
-            Step::Create => format!("create Service {svc} (port 80/TCP)"),
-            Step::ChangePorts => format!("change the ports of {svc}: 80/TCP → 80/TCP,443/TCP"),
-            Step::Annotate => format!("annotate {svc} with {REQUESTED_IPS}=192.0.2.30"),
+            Step::Create => format!("create Service {svc} (port 8080/TCP) and its Pod"),
+            Step::ChangePorts => format!("change the ports of {svc}: 8080/TCP → 8080/TCP,8443/TCP"),
+            Step::Annotate => format!("annotate {svc} with {REQUESTED_IPS}=127.0.100.30"),
             Step::Delete => format!("delete Service {svc}"),
             Step::RollPods => {
                 "roll the Pods of shop/web (members in mode pod): 4 EndpointSlice writes, one MODIFIED".into()
@@ -81,25 +85,39 @@ impl Step {
     }
 
     /// Performs the step in round `round` (1-based; it makes each round's label value new).
-    async fn apply(self, cluster: &FakeApiServer, forger: &Forger, round: u64) {
+    async fn apply(self, cluster: &FakeApiServer, forger: &Forger, pods: &Pods, round: u64) {
         match self {
             Step::Create => {
-                cluster.apply(samples::lb(NAMESPACE, NAME, &[("http", 80)]));
+                let svc = samples::lb(NAMESPACE, NAME, &[("http", 8080)]);
+                pods.ensure(samples::pod_ip(CHECKOUT_RACK, 1), &format!("{NAMESPACE}/{NAME}")).await;
+                cluster.apply_resource(
+                    Resource::EndpointSlices,
+                    samples::pods(&svc, CHECKOUT_RACK, &[(1, "w3", Pod::Ready)]),
+                );
+                cluster.apply(svc);
             }
             Step::ChangePorts => {
+                let mut updated = None;
                 cluster.update(NAMESPACE, NAME, |svc| {
-                    svc["spec"]["ports"] = json!([samples::port_json("http", 80), samples::port_json("https", 443)]);
+                    svc["spec"]["ports"] = json!([samples::port_json("http", 8080), samples::port_json("https", 8443)]);
+                    updated = Some(svc.clone());
                 });
+                if let Some(svc) = updated {
+                    cluster.apply_resource(
+                        Resource::EndpointSlices,
+                        samples::pods(&svc, CHECKOUT_RACK, &[(1, "w3", Pod::Ready)]),
+                    );
+                }
             }
             Step::Annotate => {
                 cluster.update(NAMESPACE, NAME, |svc| {
-                    svc["metadata"]["annotations"] = json!({ REQUESTED_IPS: "192.0.2.30" });
+                    svc["metadata"]["annotations"] = json!({ REQUESTED_IPS: "127.0.100.30" });
                 });
             }
             Step::Delete => {
                 cluster.delete(NAMESPACE, NAME);
             }
-            Step::RollPods => roll_pods(cluster, round),
+            Step::RollPods => roll_pods(cluster, pods, round).await,
             Step::ToggleNode => {
                 let (name, ip, zone) = NODES[2];
                 cluster.apply_resource(Resource::Nodes, samples::node(name, ip, zone, round % 2 == 1));
@@ -117,9 +135,15 @@ impl Step {
     }
 }
 
-/// Runs the script against `cluster` (forged deliveries go to `appliance_url`), one step every
-/// `interval`, until `cancel` fires.
-pub async fn run(cluster: FakeApiServer, appliance_url: String, interval: Duration, cancel: CancellationToken) {
+/// Runs the script against `cluster` (forged deliveries go to `appliance_url`; new Pods are started in
+/// `pods`), one step every `interval`, until `cancel` fires.
+pub async fn run(
+    cluster: FakeApiServer,
+    appliance_url: String,
+    pods: Arc<Pods>,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
     let forger = Forger::new(appliance_url);
     for round in 1.. {
         for step in Step::ALL {
@@ -128,7 +152,7 @@ pub async fn run(cluster: FakeApiServer, appliance_url: String, interval: Durati
                 _ = tokio::time::sleep(interval) => {}
             }
             say(&format!("demo       {}", step.describe(round)));
-            step.apply(&cluster, &forger, round).await;
+            step.apply(&cluster, &forger, &pods, round).await;
         }
     }
 }
@@ -136,9 +160,12 @@ pub async fn run(cluster: FakeApiServer, appliance_url: String, interval: Durati
 /// A rolling update of `shop/web`'s two Pods, as the EndpointSlice controller writes it: the new Pods
 /// (`10.244.<round+1>.1-2`) start, become ready, the old ones drain, then go. Written back to back,
 /// within one coalescing window: vipwatch sends one MODIFIED with the final members.
-fn roll_pods(cluster: &FakeApiServer, round: u64) {
+async fn roll_pods(cluster: &FakeApiServer, pods: &Pods, round: u64) {
     let Some(web) = cluster.get("shop", "web") else { return };
     let (old, new) = (u8::try_from(round % 200).unwrap_or(1), u8::try_from(round % 200 + 1).unwrap_or(2));
+    for host in [1, 2] {
+        pods.ensure(samples::pod_ip(new, host), "shop/web").await;
+    }
     let pods = |state: Pod| vec![(1, "w1", state), (2, "w2", state)];
     let steps = [
         [pods(Pod::Ready), pods(Pod::Starting)],
@@ -172,7 +199,7 @@ impl Forger {
     async fn send(&self) {
         let body = json!({"type": "service.deleted", "timestamp": "1970-01-01T00:00:00.000Z",
             "data": {"event_id": null, "event": "DELETED", "cause": "watch", "previous": null, "changed": [],
-                     "service": {"namespace": "shop", "name": "web", "vips": ["192.0.2.10"], "ports": []}}})
+                     "service": {"namespace": "shop", "name": "web", "vips": ["127.0.100.10"], "ports": []}}})
         .to_string();
         let (id, ts) = ("msg_forged", jiff::Timestamp::now().as_second());
         let signature = self.signer.sign(id, ts, body.as_bytes()).expect("JSON is UTF-8");

@@ -65,6 +65,8 @@ pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Resul
     {
         return Err(RelayError::UnknownWebhook(name.to_owned()));
     }
+    // Read the newest event id first: whatever the snapshot below misses came with a higher id.
+    let as_of_event_id = Some(store.max_event_id().await?);
     let services = store.services().await?;
     let mut out = Vec::new();
     for route in router.routes.iter().filter(|r| only.is_none_or(|n| n == r.name)) {
@@ -75,14 +77,14 @@ pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Resul
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let sync = SyncMarker { id: id.clone(), index: Some(i as u64 + 1), total };
+                let sync = SyncMarker { id: id.clone(), index: Some(i as u64 + 1), total, as_of_event_id };
                 (router.synced(route, s, now, sync), s.key.clone())
             })
             .collect();
         let n = deliveries.len();
         // `sync.completed` goes on a queue of its own (no Service), so it does not wait for the others:
         // receivers count the `service.synced` of the same id up to `total`.
-        let completed = payload::render_completed(now, SyncMarker { id, index: None, total });
+        let completed = payload::render_completed(now, SyncMarker { id, index: None, total, as_of_event_id });
         let marker =
             NewDelivery { webhook: route.name.clone(), kind: "SYNCED", msg_id: new_msg_id(), payload: completed };
         deliveries.push((marker, ServiceKey::new("", "")));

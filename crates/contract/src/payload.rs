@@ -132,6 +132,10 @@ pub struct SyncMarker {
     pub index: Option<u64>,
     /// How many Services the resync sends.
     pub total: u64,
+    /// The newest event-log id the resync's snapshot includes: a Service whose last change came with a
+    /// higher event id was added after it, and must not be removed for missing from the resync.
+    #[serde(default)]
+    pub as_of_event_id: Option<i64>,
 }
 
 /// The Service in a delivery: identity, VIPs, the normalized view's fields and the members.

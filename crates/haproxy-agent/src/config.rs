@@ -1,0 +1,178 @@
+//! The agent's one typed configuration: a TOML file (`--config`, default `vipwatch-haproxy.toml` when
+//! it exists) merged with `VIPWATCH_HAPROXY_<KEY>` environment overrides (figment). Every key is in the
+//! README ("The HAProxy agent").
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// The file read when `--config` is not given, if it exists.
+pub const DEFAULT_CONFIG_FILE: &str = "vipwatch-haproxy.toml";
+
+/// The prefix of the environment overrides (`VIPWATCH_HAPROXY_LISTEN=...`).
+pub const ENV_PREFIX: &str = "VIPWATCH_HAPROXY_";
+
+/// A configuration that cannot be used; the message names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `--config` names a file that cannot be read.
+    #[error("config file {path}: {source}")]
+    Unreadable {
+        /// The path given.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A key has the wrong type, or is unknown.
+    #[error("{0}")]
+    Invalid(String),
+    /// A value parsed but cannot be used.
+    #[error("invalid value for `{key}`: {reason}")]
+    Value {
+        /// The key.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The whole configuration. Unknown keys are errors.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    /// Where vipwatch delivers (`POST` on any path), and where `/healthz`, `/state` and `/metrics` are.
+    pub listen: SocketAddr,
+    /// Standard Webhooks secrets (`whsec_...`): a delivery signed with any of them is accepted, so a
+    /// secret can be rotated without downtime. Never printed.
+    #[serde(serialize_with = "redacted")]
+    pub secrets: Vec<String>,
+    /// Files holding one more secret each (trailing whitespace ignored).
+    pub secret_files: Vec<PathBuf>,
+    /// The agent's directory: `haproxy.cfg`, `state.json`, the master and admin sockets, the pid file.
+    pub dir: PathBuf,
+    /// The HAProxy binary (a name is looked up on `PATH`).
+    pub haproxy_bin: PathBuf,
+    /// Server slots per backend come in multiples of this: member changes inside the slots are applied
+    /// through the Runtime API without a reload.
+    pub server_slots: usize,
+    /// Deliveries arriving within this window share one render and one reload, e.g. `"200ms"`.
+    #[serde(with = "humantime_serde")]
+    pub batch_window: Duration,
+    /// How long a reload may take to be confirmed (`show proc`) before the delivery gets a 503.
+    #[serde(with = "humantime_serde")]
+    pub reload_timeout: Duration,
+    /// How long a delivery waits for its change to be live before it is answered 503 (`Retry-After:
+    /// 1`; the change still completes, and vipwatch's retry is then answered 200). Keep it below the
+    /// vipwatch endpoint's `timeout` (default 10 s), so vipwatch hears the answer.
+    #[serde(with = "humantime_serde")]
+    pub answer_timeout: Duration,
+    /// HAProxy's `hard-stop-after`: old workers still draining long connections are stopped this long
+    /// after a reload, so they do not pile up.
+    #[serde(with = "humantime_serde")]
+    pub hard_stop_after: Duration,
+    /// HAProxy's `mworker-max-reloads`: a worker that survived this many reloads is stopped.
+    pub mworker_max_reloads: u32,
+    /// Stop HAProxy when the agent stops. Default `false`: traffic keeps flowing while the agent is
+    /// restarted or upgraded, and the next agent attaches to the running HAProxy. `true` also stops it
+    /// when the agent is killed (SIGKILL included): for demos and tests.
+    pub stop_haproxy_on_exit: bool,
+}
+
+fn redacted<S: serde::Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|_| "<redacted>"))
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9080)),
+            secrets: Vec::new(),
+            secret_files: Vec::new(),
+            dir: PathBuf::from("/var/lib/vipwatch-haproxy"),
+            haproxy_bin: PathBuf::from("haproxy"),
+            server_slots: 8,
+            batch_window: Duration::from_millis(200),
+            reload_timeout: Duration::from_secs(10),
+            answer_timeout: Duration::from_secs(8),
+            hard_stop_after: Duration::from_secs(30 * 60),
+            mworker_max_reloads: 50,
+            stop_haproxy_on_exit: false,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// Defaults, then the TOML file, then `VIPWATCH_HAPROXY_*` variables; validated. Errors:
+    /// [`ConfigError`] naming the key.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(AgentConfig::default()));
+        match path {
+            Some(p) => {
+                std::fs::File::open(p).map_err(|source| ConfigError::Unreadable { path: p.to_owned(), source })?;
+                figment = figment.merge(Toml::file_exact(p));
+            }
+            None if Path::new(DEFAULT_CONFIG_FILE).exists() => figment = figment.merge(Toml::file(DEFAULT_CONFIG_FILE)),
+            None => {}
+        }
+        let figment = figment.merge(Env::prefixed(ENV_PREFIX));
+        let config: AgentConfig = figment.extract().map_err(|e| {
+            let key = if e.path.is_empty() { String::new() } else { format!("`{}`: ", e.path.join(".")) };
+            ConfigError::Invalid(format!("{key}{}", e.kind.to_string().trim_end()))
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key, reason: &str| Err(ConfigError::Value { key, reason: reason.to_owned() });
+        if self.resolve_secrets()?.is_empty() {
+            return bad(
+                "secrets",
+                "no secret configured: set `secrets` or `secret_files` (the endpoint's whsec_ secret in vipwatch)",
+            );
+        }
+        if self.server_slots == 0 || self.server_slots > 1000 {
+            return bad("server_slots", "must be between 1 and 1000");
+        }
+        if self.reload_timeout < Duration::from_millis(100) {
+            return bad("reload_timeout", "must be at least 100ms");
+        }
+        if self.answer_timeout < Duration::from_secs(1) || self.answer_timeout <= self.batch_window {
+            return bad("answer_timeout", "must be at least 1s and longer than `batch_window`");
+        }
+        if self.batch_window > Duration::from_secs(10) {
+            return bad("batch_window", "must be at most 10s (deliveries would time out)");
+        }
+        if self.dir.as_os_str().is_empty() {
+            return bad("dir", "must not be empty");
+        }
+        Ok(())
+    }
+
+    /// Every secret, from `secrets` and `secret_files`, each checked to be a Standard Webhooks secret.
+    /// Errors: [`ConfigError::Value`] for an unreadable file or a value that is not `whsec_` + base64.
+    pub fn resolve_secrets(&self) -> Result<Vec<String>, ConfigError> {
+        let mut out = self.secrets.clone();
+        for path in &self.secret_files {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError::Value { key: "secret_files", reason: format!("{}: {e}", path.display()) })?;
+            out.push(text.trim_end().to_owned());
+        }
+        for s in &out {
+            if !s.starts_with("whsec_") || standardwebhooks::Webhook::new(s).is_err() {
+                let reason = "not a Standard Webhooks secret (`whsec_` + base64 key)".to_owned();
+                return Err(ConfigError::Value { key: "secrets", reason });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The effective configuration as TOML, secrets redacted (`vipwatch-haproxy check-config`).
+    pub fn to_redacted_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render the configuration: {e}\n"))
+    }
+}

@@ -1,0 +1,269 @@
+//! HAProxy itself: started in master-worker mode (`-W`, master CLI on `<dir>/master.sock`) in a
+//! process group of its own, so it outlives an agent restart; checked with `haproxy -c`; reloaded
+//! through the master CLI and the reload confirmed with `show proc` (HAProxy 2.6 answers `reload`
+//! with nothing: the master line's reload counter goes up, and its `failed` count is 0 after a good
+//! reload); changed at run time through the admin socket, with `severity-output number` so an error
+//! (`[0-3]:`) is told from a notice. Measured semantics: shared/reference/appliances.md §1.2–1.3.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::time::Instant;
+use tracing::info;
+
+/// Lines of HAProxy's own output kept for error reports.
+const LOG_TAIL: usize = 50;
+
+/// Something HAProxy did not do.
+#[derive(Debug, thiserror::Error)]
+pub enum HaproxyError {
+    /// `haproxy -c` refused the configuration (its output).
+    #[error("HAProxy refused the configuration: {0}")]
+    Invalid(String),
+    /// A reload failed; the old workers keep serving the previous configuration (the master's
+    /// output, e.g. a bind that failed).
+    #[error("reload failed: {0}")]
+    ReloadFailed(String),
+    /// No answer in time, or no master at all.
+    #[error("HAProxy is not answering: {0}")]
+    Unavailable(String),
+    /// A Runtime API command answered an error.
+    #[error("runtime API: {0}")]
+    Runtime(String),
+}
+
+/// `show proc` of the master: its reload counters and how many workers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proc {
+    /// Reloads since the master started.
+    pub reloads: u64,
+    /// Failed reloads since the last good one.
+    pub failed: u64,
+    /// Workers (the current one and old ones still draining).
+    pub workers: usize,
+}
+
+/// One HAProxy installation in the agent's directory.
+pub struct Haproxy {
+    bin: PathBuf,
+    /// `haproxy.cfg`.
+    pub config: PathBuf,
+    master: PathBuf,
+    /// The admin socket (`stats socket`, level admin).
+    pub admin: PathBuf,
+    pid_file: PathBuf,
+    log: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl Haproxy {
+    /// HAProxy `bin` working in `dir`.
+    pub fn new(bin: &Path, dir: &Path) -> Self {
+        Self {
+            bin: bin.to_owned(),
+            config: dir.join("haproxy.cfg"),
+            master: dir.join("master.sock"),
+            admin: dir.join("admin.sock"),
+            pid_file: dir.join("haproxy.pid"),
+            log: Arc::default(),
+        }
+    }
+
+    /// `haproxy -c -f <path>`. Errors: [`HaproxyError::Invalid`] with HAProxy's explanation, or
+    /// [`HaproxyError::Unavailable`] when the binary cannot run.
+    pub async fn check(&self, path: &Path) -> Result<(), HaproxyError> {
+        let out = tokio::process::Command::new(&self.bin)
+            .arg("-c")
+            .arg("-q")
+            .arg("-f")
+            .arg(path)
+            .output()
+            .await
+            .map_err(|e| HaproxyError::Unavailable(format!("cannot run {}: {e}", self.bin.display())))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let text = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        Err(HaproxyError::Invalid(if text.is_empty() { format!("exit {}", out.status) } else { text }))
+    }
+
+    /// Starts a master on `haproxy.cfg` in a process group of its own (it survives the agent, unless
+    /// `tied` asks the kernel to SIGTERM it when the agent dies, even by SIGKILL) and waits until its
+    /// master CLI answers. Errors: it could not start or did not answer in `timeout`.
+    pub async fn start(&self, timeout: Duration, tied: bool) -> Result<(), HaproxyError> {
+        let mut command = tokio::process::Command::new(&self.bin);
+        if tied {
+            tie_to_parent(&mut command);
+        }
+        let mut child = command
+            .arg("-W")
+            .arg("-S")
+            .arg(&self.master)
+            .arg("-p")
+            .arg(&self.pid_file)
+            .arg("-f")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| HaproxyError::Unavailable(format!("cannot start {}: {e}", self.bin.display())))?;
+        let stderr = child.stderr.take().expect("piped");
+        let log = self.log.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                info!(target: "haproxy", "{line}");
+                let mut tail = log.lock().unwrap_or_else(|p| p.into_inner());
+                tail.push_back(line);
+                if tail.len() > LOG_TAIL {
+                    tail.pop_front();
+                }
+            }
+            let _ = child.wait().await;
+        });
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.show_proc().await {
+                Ok(p) if p.workers > 0 => return Ok(()),
+                _ if Instant::now() >= deadline => {
+                    return Err(HaproxyError::Unavailable(format!("the master did not answer: {}", self.log_tail(5))));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    /// The master's `show proc`. Errors: [`HaproxyError::Unavailable`].
+    pub async fn show_proc(&self) -> Result<Proc, HaproxyError> {
+        parse_proc(&ask(&self.master, "show proc").await?)
+    }
+
+    /// Reloads through the master CLI and confirms it with `show proc` within `timeout`. Errors:
+    /// [`HaproxyError::ReloadFailed`] (with the master's last lines) or [`HaproxyError::Unavailable`].
+    pub async fn reload(&self, timeout: Duration) -> Result<(), HaproxyError> {
+        let before = self.show_proc().await?;
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        ask(&self.master, "reload").await?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            match self.show_proc().await {
+                Ok(p) if p.reloads > before.reloads && p.failed == 0 => return Ok(()),
+                Ok(p) if p.reloads > before.reloads => return Err(HaproxyError::ReloadFailed(self.log_tail(10))),
+                _ if Instant::now() >= deadline => {
+                    return Err(HaproxyError::Unavailable(format!("no reload confirmed within {timeout:?}")));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Sends Runtime API commands (one line, `;`-separated) to the current worker. Errors: any
+    /// answer line with severity 0 to 3.
+    pub async fn runtime(&self, commands: &[String]) -> Result<(), HaproxyError> {
+        if commands.is_empty() {
+            return Ok(());
+        }
+        let answer = ask(&self.admin, &commands.join("; ")).await?;
+        let errors: Vec<&str> =
+            answer.lines().filter(|l| matches!(l.get(..4), Some("[0]:" | "[1]:" | "[2]:" | "[3]:"))).collect();
+        if errors.is_empty() { Ok(()) } else { Err(HaproxyError::Runtime(errors.join("; "))) }
+    }
+
+    /// Stops the master (and its workers) with SIGTERM, when there is one.
+    pub async fn stop(&self) {
+        if let Some(pid) = self.pid() {
+            let _ = tokio::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+        }
+    }
+
+    /// The master's pid from the pid file.
+    pub fn pid(&self) -> Option<u32> {
+        std::fs::read_to_string(&self.pid_file).ok()?.trim().parse().ok()
+    }
+
+    /// HAProxy's last `n` output lines, joined.
+    pub fn log_tail(&self, n: usize) -> String {
+        let tail = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let skip = tail.len().saturating_sub(n);
+        tail.iter().skip(skip).cloned().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+/// Makes the kernel send SIGTERM to the child when the agent's thread that spawned it exits
+/// (`PR_SET_PDEATHSIG`, kept across HAProxy's re-exec on reload; its workers follow the master).
+/// The runtime's worker threads live as long as the agent, so that is when the agent exits.
+fn tie_to_parent(command: &mut tokio::process::Command) {
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// One command on a CLI socket (connect, send, half-close, read to the end); retried for a moment
+/// while the socket is being re-created by a reload. Errors: [`HaproxyError::Unavailable`].
+async fn ask(socket: &Path, command: &str) -> Result<String, HaproxyError> {
+    let mut last = String::new();
+    for _ in 0..50 {
+        match exchange(socket, command).await {
+            Ok(answer) => return Ok(answer),
+            Err(e) => {
+                last = e.to_string();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    Err(HaproxyError::Unavailable(format!("{}: {last}", socket.display())))
+}
+
+async fn exchange(socket: &Path, command: &str) -> std::io::Result<String> {
+    let io = async {
+        let mut s = UnixStream::connect(socket).await?;
+        s.write_all(format!("{command}\n").as_bytes()).await?;
+        s.shutdown().await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out)
+    };
+    tokio::time::timeout(Duration::from_secs(5), io).await.map_err(|_| std::io::Error::other("no answer in 5 s"))?
+}
+
+fn parse_proc(text: &str) -> Result<Proc, HaproxyError> {
+    let bad = || HaproxyError::Unavailable(format!("unexpected `show proc` answer: {text:?}"));
+    let master = text.lines().find(|l| l.split_whitespace().nth(1) == Some("master")).ok_or_else(bad)?;
+    let fields: Vec<&str> = master.split_whitespace().collect();
+    let reloads = fields.get(2).and_then(|f| f.parse().ok()).ok_or_else(bad)?;
+    let failed = master
+        .split("[failed: ")
+        .nth(1)
+        .and_then(|r| r.split(']').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    let workers = text.lines().filter(|l| l.split_whitespace().nth(1) == Some("worker")).count();
+    Ok(Proc { reloads, failed, workers })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn show_proc_of_haproxy_2_6_is_parsed() {
+        let text = "#<PID>          <type>          <reloads>       <uptime>        <version>      \n\
+                    1244            master          2 [failed: 1]   0d00h00m02s     2.6.12-1+deb12u4\n\
+                    # workers\n1298            worker          1               0d00h00m01s     2.6.12-1+deb12u4\n\
+                    # programs\n\n";
+        assert_eq!(parse_proc(text).unwrap(), Proc { reloads: 2, failed: 1, workers: 1 });
+    }
+}

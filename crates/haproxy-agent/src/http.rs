@@ -1,0 +1,175 @@
+//! The agent's HTTP side: a `POST` on any path is a delivery (Standard Webhooks signature checked
+//! against every configured secret, duplicate `webhook-id`s answered without applying twice);
+//! `GET /healthz`, `GET /state` and `GET /metrics`.
+//!
+//! Answers (README, "The HAProxy agent"): 200 once the change is live (or when it is a duplicate or
+//! stale, with the reason); 401 for a bad or old signature; 400 for a signed body that is not a
+//! vipwatch delivery; 422 (problem+json, with the reason) for a Service HAProxy can never serve;
+//! 503 with `Retry-After` for transient trouble. Never 410, which would make vipwatch disable the
+//! endpoint.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use vipwatch_contract::WebhookPayload;
+
+use crate::apply::{Job, Outcome, Status};
+use crate::metrics::{AnswerLabels, Metrics};
+
+/// `webhook-id`s remembered for deduplication.
+const SEEN: usize = 10_000;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct Http {
+    /// One verifier per configured secret.
+    pub verifiers: Arc<Vec<standardwebhooks::Webhook>>,
+    /// The applier's queue.
+    pub jobs: mpsc::Sender<Job>,
+    /// The applier's status.
+    pub status: watch::Receiver<Status>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Recently applied `webhook-id`s.
+    pub seen: Arc<Mutex<Seen>>,
+    /// How long a delivery may wait for its outcome before a 503.
+    pub patience: Duration,
+}
+
+/// A bounded set of recent `webhook-id`s.
+#[derive(Debug, Default)]
+pub struct Seen {
+    order: VecDeque<String>,
+    ids: HashSet<String>,
+}
+
+impl Seen {
+    fn contains(&self, id: &str) -> bool {
+        self.ids.contains(id)
+    }
+
+    fn insert(&mut self, id: String) {
+        if self.ids.insert(id.clone()) {
+            self.order.push_back(id);
+        }
+        while self.order.len() > SEEN {
+            if let Some(old) = self.order.pop_front() {
+                self.ids.remove(&old);
+            }
+        }
+    }
+}
+
+/// The agent's routes.
+pub fn router(http: Http) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/state", get(state))
+        .route("/metrics", get(metrics))
+        .fallback(deliver)
+        .with_state(http)
+}
+
+async fn deliver(State(http): State<Http>, method: axum::http::Method, headers: HeaderMap, body: Bytes) -> Response {
+    if method != axum::http::Method::POST {
+        return problem(StatusCode::METHOD_NOT_ALLOWED, "deliveries are POSTed", &http);
+    }
+    let received = Instant::now();
+    if !http.verifiers.iter().any(|v| v.verify(&body, &headers).is_ok()) {
+        return problem(
+            StatusCode::UNAUTHORIZED,
+            "the Standard Webhooks signature does not verify (wrong secret, or a timestamp more than 5 minutes off)",
+            &http,
+        );
+    }
+    let id = headers.get("webhook-id").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    if http.seen.lock().unwrap_or_else(|p| p.into_inner()).contains(&id) {
+        return answer(StatusCode::OK, json!({"status": "duplicate"}), &http);
+    }
+    let payload: WebhookPayload = match serde_json::from_slice(&body) {
+        Ok(p) => p,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, &format!("not a vipwatch delivery: {e}"), &http),
+    };
+    let (reply, outcome) = oneshot::channel();
+    if http.jobs.send(Job { payload, received, reply }).await.is_err() {
+        return unavailable("the agent is stopping", &http);
+    }
+    match tokio::time::timeout(http.patience, outcome).await {
+        Ok(Ok(Outcome::Applied)) => {
+            http.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+            answer(StatusCode::OK, json!({"status": "applied"}), &http)
+        }
+        Ok(Ok(Outcome::Ignored(why))) => {
+            http.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+            answer(StatusCode::OK, json!({"status": "ignored", "reason": why}), &http)
+        }
+        Ok(Ok(Outcome::Rejected(why))) => problem(StatusCode::UNPROCESSABLE_ENTITY, &why, &http),
+        Ok(Ok(Outcome::Unavailable(why))) => unavailable(&why, &http),
+        Ok(Err(_)) => unavailable("the agent is stopping", &http),
+        Err(_) => unavailable("the change was not live in time", &http),
+    }
+}
+
+fn answer(status: StatusCode, body: serde_json::Value, http: &Http) -> Response {
+    http.metrics.deliveries.get_or_create(&AnswerLabels { status: status.as_u16().to_string() }).inc();
+    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+fn problem(status: StatusCode, detail: &str, http: &Http) -> Response {
+    http.metrics.deliveries.get_or_create(&AnswerLabels { status: status.as_u16().to_string() }).inc();
+    let body =
+        json!({"type": "about:blank", "title": status.canonical_reason(), "status": status.as_u16(), "detail": detail});
+    (status, [(header::CONTENT_TYPE, "application/problem+json")], body.to_string()).into_response()
+}
+
+fn unavailable(detail: &str, http: &Http) -> Response {
+    let mut r = problem(StatusCode::SERVICE_UNAVAILABLE, detail, http);
+    r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    r
+}
+
+/// 200 `ok` while HAProxy answers and the last apply did not fail transiently; else 503 with why.
+async fn healthz(State(http): State<Http>) -> Response {
+    let s = http.status.borrow().clone();
+    if s.haproxy_up {
+        (StatusCode::OK, "ok").into_response()
+    } else {
+        let why = s.last_error.unwrap_or_else(|| "HAProxy is not answering".into());
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not healthy: {why}")).into_response()
+    }
+}
+
+/// The applied state: per Service its uid, version, VIPs, ports and member count; the config hash.
+async fn state(State(http): State<Http>) -> Response {
+    let s = http.status.borrow().clone();
+    let services: Vec<serde_json::Value> = s
+        .desired
+        .services
+        .iter()
+        .map(|(key, a)| {
+            let members = a.service.backends.as_ref().map_or(0, |b| b.members().count());
+            let ports: Vec<String> =
+                a.service.view.ports.iter().map(|p| format!("{}/{}", p.port, p.protocol)).collect();
+            json!({"service": key, "uid": a.service.uid, "resourceVersion": a.version.resource_version,
+                   "eventId": a.version.event_id, "vips": a.service.vips, "ports": ports, "members": members})
+        })
+        .collect();
+    let body = json!({"haproxyUp": s.haproxy_up, "lastError": s.last_error, "configSha256": s.config_sha256,
+                      "services": services});
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+async fn metrics(State(http): State<Http>) -> Response {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], http.metrics.render())
+        .into_response()
+}

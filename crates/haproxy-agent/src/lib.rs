@@ -1,0 +1,105 @@
+//! `vipwatch-haproxy`: an agent on the load-balancer host that applies vipwatch's signed deliveries
+//! to a real HAProxy. It keeps the desired state on disk ([`state`]), renders a deterministic
+//! `haproxy.cfg` ([`render`]), applies member changes through the Runtime API and everything else
+//! through a checked, confirmed, hitless reload ([`haproxy`], [`apply`]), and answers each delivery
+//! only once the change is live ([`http`]). It depends on the webhook contract alone: no Kubernetes
+//! client, no database, nothing of the controller.
+
+pub mod apply;
+pub mod config;
+pub mod haproxy;
+pub mod http;
+pub mod metrics;
+pub mod render;
+pub mod state;
+pub mod sync;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::AgentConfig;
+
+/// Capacity of the delivery queue (beyond it, deliveries wait for their HTTP handler to be taken).
+const QUEUE: usize = 1024;
+
+/// A failure that stops the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The configuration cannot be used.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The state cannot be read or HAProxy cannot be started.
+    #[error("{0}")]
+    Start(String),
+    /// The HTTP listener failed.
+    #[error("HTTP server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running agent, as returned by [`start`].
+pub struct Running {
+    /// Where deliveries go.
+    pub addr: SocketAddr,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops serving and waits for the applier (which stops HAProxy only with
+    /// `stop_haproxy_on_exit`).
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Starts the agent on `listener`: HAProxy running the stored state, then the HTTP side. Errors:
+/// [`AgentError`].
+pub async fn start(config: AgentConfig, listener: TcpListener) -> Result<Running, AgentError> {
+    let secrets = config.resolve_secrets()?;
+    let verifiers = secrets.iter().map(|s| standardwebhooks::Webhook::new(s)).collect::<Result<Vec<_>, _>>();
+    let verifiers = verifiers.map_err(|e| AgentError::Start(format!("secret: {e}")))?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let patience = config.answer_timeout;
+    let (applier, status) = apply::Applier::start(config, metrics.clone()).await.map_err(AgentError::Start)?;
+    let (jobs, rx) = tokio::sync::mpsc::channel(QUEUE);
+    let cancel = CancellationToken::new();
+    let applier_task = tokio::spawn(applier.run(rx, cancel.clone()));
+    let http = http::Http {
+        verifiers: Arc::new(verifiers),
+        jobs,
+        status,
+        metrics,
+        seen: Arc::new(Mutex::default()),
+        patience,
+    };
+    let addr = listener.local_addr()?;
+    let stop = cancel.clone();
+    let server = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, http::router(http)).with_graceful_shutdown(stop.cancelled_owned()).await {
+            tracing::error!(error = %e, "HTTP server stopped");
+        }
+    });
+    tracing::info!(%addr, "accepting vipwatch deliveries");
+    Ok(Running { addr, cancel, tasks: vec![server, applier_task] })
+}
+
+/// Runs until `shutdown` resolves. Errors: [`AgentError`] at start.
+pub async fn run(
+    config: AgentConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let running = start(config, listener).await?;
+    shutdown.await;
+    tracing::info!("shutting down");
+    running.stop().await;
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! The `vipwatch-haproxy` binary: parse the CLI and config, set up logging, run the agent.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+use vipwatch_haproxy::AgentConfig;
+
+/// vipwatch-haproxy: apply vipwatch's deliveries (VIPs, ports, pool members) to a real HAProxy.
+#[derive(Debug, Parser)]
+#[command(name = "vipwatch-haproxy", version, about)]
+struct Cli {
+    /// Config file (TOML). Default: `vipwatch-haproxy.toml` in the working directory when it exists.
+    #[arg(long, short = 'c', global = true, env = "VIPWATCH_HAPROXY_CONFIG")]
+    config: Option<PathBuf>,
+    /// What to do (default: `serve`).
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run HAProxy with the stored state and accept deliveries until SIGTERM / Ctrl-C.
+    Serve,
+    /// Validate the configuration and print it, secrets redacted. Exit 2 if invalid.
+    CheckConfig,
+    /// Print the `haproxy.cfg` the stored state renders (what `serve` would run).
+    Render,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_env("VIPWATCH_HAPROXY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    let config = match AgentConfig::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vipwatch-haproxy: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => serve(config),
+        Command::CheckConfig => {
+            print!("{}", config.to_redacted_toml());
+            Ok(())
+        }
+        Command::Render => render(&config),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vipwatch-haproxy: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn render(config: &AgentConfig) -> anyhow::Result<()> {
+    let mut desired =
+        vipwatch_haproxy::state::Desired::load(&config.dir.join("state.json")).map_err(anyhow::Error::msg)?;
+    desired.reslot(config.server_slots);
+    let haproxy = vipwatch_haproxy::haproxy::Haproxy::new(&config.haproxy_bin, &config.dir);
+    let globals = vipwatch_haproxy::render::Globals {
+        admin_socket: haproxy.admin.display().to_string(),
+        hard_stop_after: config.hard_stop_after,
+        mworker_max_reloads: config.mworker_max_reloads,
+    };
+    print!("{}", vipwatch_haproxy::render::render(&desired, &globals).text);
+    Ok(())
+}
+
+#[tokio::main]
+async fn serve(config: AgentConfig) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    vipwatch_haproxy::run(config, listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,84 @@
+//! The agent's Prometheus metrics (`vipwatch_haproxy_` prefix), rendered by `GET /metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of `vipwatch_haproxy_reloads_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `failed`.
+    pub result: String,
+}
+
+/// Labels of `vipwatch_haproxy_deliveries_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AnswerLabels {
+    /// The HTTP status answered: `200`, `401`, `422`, `503`, ...
+    pub status: String,
+}
+
+/// Every metric of the agent.
+pub struct Metrics {
+    registry: Registry,
+    /// `vipwatch_haproxy_reloads_total{result}`: reloads, confirmed (`ok`) or not.
+    pub reloads: Family<ResultLabels, Counter>,
+    /// `vipwatch_haproxy_runtime_updates_total`: member changes applied through the Runtime API, without
+    /// a reload.
+    pub runtime_updates: Counter,
+    /// `vipwatch_haproxy_apply_seconds`: delivery received → change live.
+    pub apply_seconds: Histogram,
+    /// `vipwatch_haproxy_rejected_services_total`: deliveries refused for good (422).
+    pub rejected: Counter,
+    /// `vipwatch_haproxy_deliveries_total{status}`: deliveries by the status answered.
+    pub deliveries: Family<AnswerLabels, Counter>,
+    /// `vipwatch_haproxy_services`: Services in the applied configuration.
+    pub services: Gauge,
+    /// `vipwatch_haproxy_workers`: HAProxy workers (old ones still draining included).
+    pub workers: Gauge,
+    /// `vipwatch_haproxy_up`: 1 while the HAProxy master answers.
+    pub up: Gauge,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let mut m = Self {
+            registry: Registry::with_prefix("vipwatch_haproxy"),
+            reloads: Family::default(),
+            runtime_updates: Counter::default(),
+            apply_seconds: Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+            rejected: Counter::default(),
+            deliveries: Family::default(),
+            services: Gauge::default(),
+            workers: Gauge::default(),
+            up: Gauge::default(),
+        };
+        let r = &mut m.registry;
+        r.register("reloads", "HAProxy reloads by result", m.reloads.clone());
+        r.register("runtime_updates", "Member changes applied through the Runtime API", m.runtime_updates.clone());
+        r.register("apply_seconds", "Delivery received to change live", m.apply_seconds.clone());
+        r.register("rejected_services", "Deliveries refused for good (422)", m.rejected.clone());
+        r.register("deliveries", "Deliveries by the status answered", m.deliveries.clone());
+        r.register("services", "Services in the applied configuration", m.services.clone());
+        r.register("workers", "HAProxy workers, old ones still draining included", m.workers.clone());
+        r.register("up", "1 while the HAProxy master answers", m.up.clone());
+        m
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

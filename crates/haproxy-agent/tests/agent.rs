@@ -1,0 +1,195 @@
+//! The agent against a real HAProxy over real TCP: a delivery answered 2xx is live for the very next
+//! connection, member changes go through the Runtime API without a reload, reloads drop no
+//! connection, an impossible Service is refused alone, restarts reproduce the same configuration, a
+//! killed HAProxy comes back with everything, and a full resync sweeps what it did not include.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::*;
+use vipwatch_contract::MemberState;
+
+#[tokio::test]
+async fn an_answered_delivery_is_live_for_the_next_connection_and_members_change_without_a_reload() {
+    let agent = Agent::start().await;
+    let (a, b) = (pod("a").await, pod("b").await);
+    let vip = vip();
+    let addr = format!("{vip}:18080");
+    assert!(hit(&addr).await.is_err(), "nothing listens before the ADDED");
+
+    let (status, body) = agent.send(&delivery("service.added", 1, "web", &vip, &[18080], &[active(0, a)])).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("applied")));
+    assert_eq!(hit(&addr).await.as_deref(), Ok("a"), "the next connection reaches the pod");
+    let reloads = agent.reloads().await;
+
+    // A rolling update: b arrives while a drains, then a is gone.
+    let draining = [(0, a, MemberState::Draining), active(0, b)];
+    assert_eq!(agent.send(&delivery("service.modified", 2, "web", &vip, &[18080], &draining)).await.0, 200);
+    for _ in 0..4 {
+        assert_eq!(hit(&addr).await.as_deref(), Ok("b"), "a draining member gets no new connection");
+    }
+    assert!(
+        agent.config_text().contains(&format!("server s1 {a} weight 0\n    server s2 {b}\n")),
+        "{}",
+        agent.config_text()
+    );
+    let (status, _) = agent.send(&delivery("service.modified", 3, "web", &vip, &[18080], &[active(0, b)])).await;
+    assert_eq!(status, 200);
+    assert_eq!(hit(&addr).await.as_deref(), Ok("b"));
+    assert!(agent.config_text().contains(&format!("server s1 127.0.0.1:1 disabled\n    server s2 {b}\n")));
+    assert_eq!(agent.reloads().await, reloads, "member changes went through the Runtime API");
+
+    let (status, _) = agent.send(&delivery("service.deleted", 4, "web", &vip, &[18080], &[active(0, b)])).await;
+    assert_eq!(status, 200);
+    assert!(hit(&addr).await.is_err(), "the VIP refuses connections once deleted");
+
+    // Started empty, one reload for the ADDED, two runtime updates, one reload for the DELETED.
+    let (status, metrics) = agent.get("/metrics").await;
+    assert_eq!(status, 200);
+    for line in [
+        "vipwatch_haproxy_reloads_total{result=\"ok\"} 2",
+        "vipwatch_haproxy_runtime_updates_total 2",
+        "vipwatch_haproxy_deliveries_total{status=\"200\"} 4",
+        "vipwatch_haproxy_apply_seconds_count 4",
+        "vipwatch_haproxy_services 0",
+        "vipwatch_haproxy_up 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "missing `{line}` in:\n{metrics}");
+    }
+    assert_eq!(agent.get("/healthz").await, (200, "ok".to_owned()));
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn signatures_duplicates_and_stale_deliveries() {
+    let agent = Agent::start().await;
+    let a = pod("a").await;
+    let vip = vip();
+    let added = delivery("service.added", 5, "web", &vip, &[18081], &[active(0, a)]);
+    let forged = "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    let (status, body) = agent.send_as(&added, &fresh_id(), forged).await;
+    assert_eq!((status, body["status"].as_u64()), (401, Some(401)));
+    let id = fresh_id();
+    assert_eq!(agent.send_as(&added, &id, SECRET).await, (200, serde_json::json!({"status": "applied"})));
+    assert_eq!(agent.send_as(&added, &id, SECRET).await, (200, serde_json::json!({"status": "duplicate"})));
+    let stale = delivery("service.modified", 4, "web", &vip, &[18081], &[]);
+    let (status, body) = agent.send(&stale).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("ignored")));
+    assert_eq!(hit(&format!("{vip}:18081")).await.as_deref(), Ok("a"), "the stale delivery changed nothing");
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn an_impossible_service_is_refused_alone() {
+    let agent = Agent::start().await;
+    let a = pod("a").await;
+    let (v1, v2) = (vip(), vip());
+    let good = delivery("service.added", 1, "good", &v1, &[18082], &[active(0, a)]);
+    let mut udp = delivery("service.added", 2, "dns", &v2, &[53], &[]);
+    udp.data.service.as_mut().unwrap().view.ports[0].protocol = "UDP".into();
+    // Both within one batch window: the UDP one is refused, the other applied.
+    let (r1, r2) = tokio::join!(agent.send(&good), agent.send(&udp));
+    assert_eq!(r1.0, 200);
+    assert_eq!((r2.0, r2.1["detail"].as_str()), (422, Some("port 53/UDP: HAProxy proxies TCP only")));
+    let clash = delivery("service.added", 3, "clash", &v1, &[18082], &[]);
+    let r3 = agent.send(&clash).await;
+    let detail = format!("{v1}:18082 is already bound by Service shop/good");
+    assert_eq!((r3.0, r3.1["detail"].as_str()), (422, Some(detail.as_str())));
+    assert_eq!(hit(&format!("{v1}:18082")).await.as_deref(), Ok("a"));
+    // A VIP another program holds: the reload could never succeed, so it is refused up front.
+    let taken = std::net::TcpListener::bind((v2.as_str(), 18083)).unwrap();
+    let (status, body) = agent.send(&delivery("service.added", 4, "busy", &v2, &[18083], &[])).await;
+    assert_eq!(
+        (status, body["detail"].as_str()),
+        (422, Some(format!("{v2}:18083 is in use by another program").as_str()))
+    );
+    drop(taken);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn fifty_reloads_while_a_client_keeps_connecting_fail_no_connection() {
+    let agent = Agent::start().await;
+    let a = pod("a").await;
+    let web = vip();
+    let addr = format!("{web}:18084");
+    assert_eq!(agent.send(&delivery("service.added", 1, "web", &web, &[18084], &[active(0, a)])).await.0, 200);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let client = {
+        let (stop, ok, failed, addr) = (stop.clone(), ok.clone(), failed.clone(), addr.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match hit(&addr).await {
+                    Ok(reply) if reply == "a" => ok.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        })
+    };
+    let before = agent.reloads().await;
+    let other = vip();
+    for i in 0..50 {
+        // Each delivery adds or removes a port: a new bind, hence a reload.
+        let ports: Vec<i32> = if i % 2 == 0 { vec![18085] } else { vec![18085, 18086] };
+        let (status, _) = agent.send(&delivery("service.modified", 10 + i, "other", &other, &ports, &[])).await;
+        assert_eq!(status, 200);
+    }
+    stop.store(true, Ordering::Relaxed);
+    client.await.unwrap();
+    assert_eq!(agent.reloads().await - before, 50);
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "{} connections succeeded", ok.load(Ordering::Relaxed));
+    assert!(ok.load(Ordering::Relaxed) > 50);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn a_restart_reproduces_the_configuration_and_a_killed_haproxy_comes_back_with_everything() {
+    let mut agent = Agent::start().await;
+    let (a, b) = (pod("a").await, pod("b").await);
+    let (v1, v2) = (vip(), vip());
+    assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[18087], &[active(0, a)])).await.0, 200);
+    assert_eq!(agent.send(&delivery("service.added", 2, "two", &v2, &[18087], &[active(0, b)])).await.0, 200);
+    let (text, reloads) = (agent.config_text(), agent.reloads().await);
+    agent.restart().await;
+    assert_eq!(agent.config_text(), text, "byte-identical");
+    assert_eq!(agent.reloads().await, reloads, "no reload");
+    assert_eq!(hit(&format!("{v1}:18087")).await.as_deref(), Ok("a"));
+
+    let pid = std::fs::read_to_string(agent.dir.path().join("haproxy.pid")).unwrap();
+    assert!(std::process::Command::new("kill").args(["-KILL", pid.trim()]).status().unwrap().success());
+    wait_until("deliveries refused with 503 while HAProxy is gone", || async {
+        let (status, _) = agent.send(&delivery("service.modified", 3, "two", &v2, &[18087], &[active(0, a)])).await;
+        status == 503 || status == 200
+    })
+    .await;
+    wait_until("HAProxy back with both Services", || async {
+        hit(&format!("{v1}:18087")).await.as_deref() == Ok("a") && agent.get("/healthz").await.0 == 200
+    })
+    .await;
+    let (status, _) = agent.send(&delivery("service.modified", 4, "two", &v2, &[18087], &[active(0, a)])).await;
+    assert_eq!(status, 200);
+    assert_eq!(hit(&format!("{v2}:18087")).await.as_deref(), Ok("a"));
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_resync_sweeps_what_it_did_not_include() {
+    let agent = Agent::start().await;
+    let a = pod("a").await;
+    let (keep, gone) = (vip(), vip());
+    assert_eq!(agent.send(&delivery("service.added", 1, "keep", &keep, &[18088], &[active(0, a)])).await.0, 200);
+    assert_eq!(agent.send(&delivery("service.added", 2, "gone", &gone, &[18088], &[active(0, a)])).await.0, 200);
+    let mut synced = delivery("service.synced", 3, "keep", &keep, &[18088], &[active(0, a)]);
+    synced.data.sync =
+        Some(vipwatch_contract::SyncMarker { id: "sync_1".into(), index: Some(1), total: 1, as_of_event_id: Some(2) });
+    assert_eq!(agent.send(&synced).await.0, 200);
+    assert!(hit(&format!("{gone}:18088")).await.is_err(), "the Service the resync left out is gone");
+    assert_eq!(hit(&format!("{keep}:18088")).await.as_deref(), Ok("a"));
+    let (_, state) = agent.get("/state").await;
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["services"].as_array().unwrap().len(), 1);
+    agent.stop().await;
+}

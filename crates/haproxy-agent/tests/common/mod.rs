@@ -1,0 +1,247 @@
+//! Test harness: a real `haproxy` (Debian's, on PATH), the agent in-process on 127.0.0.1:0, "pods" that
+//! answer every TCP connection with their name, signed deliveries built from the contract's types,
+//! and VIPs in 127.100.0.0/16 (every loopback address is local: no setup needed).
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use vipwatch_contract::{BackendMode, BackendPort, Backends, Member, MemberState, WebhookPayload};
+use vipwatch_haproxy::AgentConfig;
+
+pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A fresh VIP `127.100.X.Y`, unique within the test process.
+pub fn vip() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) + (std::process::id() % 200) * 250;
+    format!("127.100.{}.{}", (n / 250) % 250, n % 250 + 1)
+}
+
+/// Fails the test (with the reason) when `haproxy` is not installed: `.ci/run` installs it.
+pub fn require_haproxy() {
+    let ok = std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
+    assert!(ok, "these tests run a real HAProxy: install Debian's `haproxy` package (`.ci/run` does)");
+}
+
+/// A pod: answers every connection with `name\n` and closes.
+pub async fn pod(name: &str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let reply = format!("{name}\n");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else { return };
+            let reply = reply.clone();
+            tokio::spawn(async move {
+                let _ = s.write_all(reply.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// What a connection to `addr` reads (`Err` when refused or reset).
+pub async fn hit(addr: &str) -> Result<String, String> {
+    let io = async {
+        let mut s = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.map_err(|e| e.to_string())?;
+        Ok(out.trim().to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(5), io).await.map_err(|_| "timeout".to_owned())?
+}
+
+/// The agent with its own directory; HAProxy stops with it.
+pub struct Agent {
+    pub dir: TempDir,
+    pub running: Option<vipwatch_haproxy::Running>,
+    pub url: String,
+    pub client: reqwest::Client,
+}
+
+impl Agent {
+    pub async fn start() -> Self {
+        require_haproxy();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Self { dir, running: None, url: String::new(), client: reqwest::Client::new() };
+        a.restart().await;
+        a
+    }
+
+    pub fn config(&self) -> AgentConfig {
+        AgentConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            secrets: vec![SECRET.into()],
+            dir: self.dir.path().to_owned(),
+            server_slots: 4,
+            batch_window: Duration::from_millis(50),
+            reload_timeout: Duration::from_secs(5),
+            stop_haproxy_on_exit: true,
+            ..AgentConfig::default()
+        }
+    }
+
+    /// Starts (again) with the same directory; HAProxy keeps running across it.
+    pub async fn restart(&mut self) {
+        let mut config = self.config();
+        config.stop_haproxy_on_exit = false;
+        if let Some(r) = self.running.take() {
+            r.stop().await;
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let running = vipwatch_haproxy::start(config, listener).await.expect("agent starts");
+        self.url = format!("http://{}", running.addr);
+        self.running = Some(running);
+    }
+
+    /// POSTs `payload` signed with `secret` under `id`; returns the status and the body.
+    pub async fn send_as(&self, payload: &WebhookPayload, id: &str, secret: &str) -> (u16, Value) {
+        let body = serde_json::to_string(payload).unwrap();
+        let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        let signature = standardwebhooks::Webhook::new(secret).unwrap().sign(id, ts, body.as_bytes()).unwrap();
+        let r = self
+            .client
+            .post(format!("{}/hooks/vip", self.url))
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", signature)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// [`Self::send_as`] with the right secret and a fresh id.
+    pub async fn send(&self, payload: &WebhookPayload) -> (u16, Value) {
+        self.send_as(payload, &fresh_id(), SECRET).await
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let r = self.client.get(format!("{}{path}", self.url)).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    /// The master's reload counter (`show proc`).
+    pub async fn reloads(&self) -> u64 {
+        let h = vipwatch_haproxy::haproxy::Haproxy::new("haproxy".as_ref(), self.dir.path());
+        h.show_proc().await.unwrap().reloads
+    }
+
+    pub fn config_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("haproxy.cfg")).unwrap()
+    }
+
+    pub async fn stop(mut self) {
+        let h = vipwatch_haproxy::haproxy::Haproxy::new("haproxy".as_ref(), self.dir.path());
+        if let Some(r) = self.running.take() {
+            r.stop().await;
+        }
+        h.stop().await;
+    }
+}
+
+impl Drop for Agent {
+    /// A failed test still stops its HAProxy (it runs in a process group of its own).
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.path().join("haproxy.pid")) {
+            let _ = std::process::Command::new("kill").args(["-TERM", pid.trim()]).status();
+        }
+    }
+}
+
+/// A fresh `webhook-id`.
+pub fn fresh_id() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    format!("msg_test{:08}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A Service `shop/<name>` (uid `uid-<name>`) on `vip` with TCP `ports`, members `(port index, pod,
+/// state)` in mode pod, as vipwatch delivers it.
+pub fn delivery(
+    kind: &str,
+    event_id: i64,
+    name: &str,
+    vip: &str,
+    ports: &[i32],
+    members: &[(usize, SocketAddr, MemberState)],
+) -> WebhookPayload {
+    let ports_json: Vec<Value> = ports.iter().map(|p| json!({"name": format!("p{p}"), "protocol": "TCP", "port": p, "targetPort": "8080", "nodePort": null, "appProtocol": null})).collect();
+    let backend_ports = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| BackendPort {
+            name: Some(format!("p{p}")),
+            protocol: "TCP".into(),
+            port: *p,
+            members: members
+                .iter()
+                .filter(|(pi, _, _)| *pi == i)
+                .map(|(_, a, state)| Member {
+                    address: a.ip().to_string(),
+                    port: a.port().into(),
+                    state: *state,
+                    node_name: None,
+                    zone: None,
+                })
+                .collect(),
+        })
+        .collect();
+    let backends = Backends {
+        mode: BackendMode::Pod,
+        revision: event_id as u64,
+        hash: format!("sha256:{event_id}"),
+        health_check: None,
+        reason: None,
+        ports: backend_ports,
+    };
+    let event = match kind {
+        "service.added" => "ADDED",
+        "service.modified" => "MODIFIED",
+        "service.deleted" => "DELETED",
+        _ => "SYNCED",
+    };
+    let body = json!({
+        "type": kind, "timestamp": "2026-12-01T00:00:00.000Z",
+        "data": {"event_id": if event == "SYNCED" { Value::Null } else { json!(event_id) }, "event": event,
+                 "cause": if event == "SYNCED" { "resync" } else { "watch" },
+                 "service": {"namespace": "shop", "name": name, "uid": format!("uid-{name}"), "resourceVersion": event_id.to_string(),
+                             "vips": [vip], "type": "LoadBalancer", "loadBalancerClass": null, "ports": ports_json,
+                             "selector": {}, "externalTrafficPolicy": "Cluster", "healthCheckNodePort": null,
+                             "sessionAffinity": "None", "sessionAffinityTimeoutSeconds": null, "loadBalancerSourceRanges": [],
+                             "externalIps": [], "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+                             "allocateLoadBalancerNodePorts": null, "loadBalancerIp": null, "requestedIps": [], "ingress": [],
+                             "labels": {}, "annotations": {}, "allocation": null, "finalizers": [], "deleting": false,
+                             "backends": backends},
+                 "previous": null, "changed": []}});
+    serde_json::from_value(body).unwrap()
+}
+
+pub fn active(i: usize, a: SocketAddr) -> (usize, SocketAddr, MemberState) {
+    (i, a, MemberState::Active)
+}
+
+/// Waits until `check` holds, failing the test with `what` after [`DEADLINE`].
+pub async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await; // ok: polling a condition under a deadline
+    }
+}
