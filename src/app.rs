@@ -102,6 +102,10 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let metrics = Metrics::new();
     let (ready_tx, ready) = signal::channel(false);
     let (committed_tx, committed) = signal::channel(0);
+    // Pulsed by the relay when an endpoint acknowledged a delivery: the publisher's status write-back
+    // and finalizer removal go at once instead of at the next poll.
+    let (acked_tx, acked) = signal::channel(0u64);
+    let wake_relay = committed_tx.clone();
     let cancel = CancellationToken::new();
     let (notices, events_task) = publish::start_events(client.clone(), metrics.clone(), cancel.clone());
     let signals =
@@ -109,11 +113,19 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let addr = listener.local_addr()?;
     let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&config)?);
     let (assign_tx, assign_rx) = tokio::sync::mpsc::channel(ASSIGNMENT_QUEUE);
-    let mut relay_tasks =
-        relay::start(&config, store.clone(), metrics.clone(), committed.clone(), assign_tx.clone(), cancel.clone())
-            .await?;
-    let publisher = Publisher::new(client.clone(), &config, store.clone(), metrics.clone(), notices, assign_tx.clone());
-    let publisher_task = tokio::spawn(publisher.run(committed.clone(), cancel.clone()));
+    let mut relay_tasks = relay::start(
+        &config,
+        store.clone(),
+        metrics.clone(),
+        committed.clone(),
+        acked_tx,
+        assign_tx.clone(),
+        cancel.clone(),
+    )
+    .await?;
+    let publisher = Publisher::new(client.clone(), &config, store.clone(), metrics.clone(), notices, assign_tx.clone())
+        .waking(wake_relay);
+    let publisher_task = tokio::spawn(publisher.run(committed.clone(), acked, cancel.clone()));
     let relay_task = tokio::spawn(async move {
         while relay_tasks.join_next().await.is_some() {}
         let _ = publisher_task.await;
@@ -127,6 +139,8 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         })
     };
     let prune_task = tokio::spawn(prune_loop(store.clone(), config.database.event_retention, cancel.clone()));
+    let modes = resync_switched_modes(store.clone(), config.clone(), ready.clone(), cancel.clone());
+    let modes_task = fatal_on_error("relay", cancel.clone(), modes);
     let state = ApiState::new(
         store.clone(),
         metrics.clone(),
@@ -144,7 +158,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         ready,
         committed,
         cancel,
-        tasks: vec![watch_task, relay_task, prune_task, api_task],
+        tasks: vec![watch_task, relay_task, prune_task, api_task, modes_task],
         _lock: lock,
     })
 }
@@ -159,6 +173,22 @@ fn warn_blind_endpoints(config: &Config) {
             warn!(webhook = %w.name, "endpoint does not take MODIFIED: it will not hear of VIPs assigned after a Service's ADDED");
         }
     }
+}
+
+/// Once the first lists are stored, resyncs the endpoints whose backend mode changed since the last
+/// start ([`relay::resync_switched_modes`]).
+async fn resync_switched_modes(
+    store: Store,
+    config: Config,
+    mut ready: signal::Receiver<bool>,
+    cancel: CancellationToken,
+) -> Result<(), AppError> {
+    tokio::select! {
+        _ = cancel.cancelled() => return Ok(()),
+        r = ready.wait_for(|r| *r) => if r.is_err() { return Ok(()) },
+    }
+    relay::resync_switched_modes(&store, &config).await?;
+    Ok(())
 }
 
 /// Spawns `task`; if it ends with an error, logs it and cancels everything (the process then stops

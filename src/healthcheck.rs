@@ -49,7 +49,8 @@ pub fn healthz_url(listen: SocketAddr) -> Url {
 pub async fn check(url: &Url) -> Result<reqwest::StatusCode, HealthError> {
     crate::relay::sender::install_crypto_provider();
     let failed = |source| HealthError::Request { url: url.clone(), source };
-    let client = reqwest::Client::builder().timeout(TIMEOUT).build().map_err(failed)?;
+    // The process itself, never through HTTP_PROXY / HTTPS_PROXY (a proxy cannot reach its loopback).
+    let client = reqwest::Client::builder().timeout(TIMEOUT).no_proxy().build().map_err(failed)?;
     let response = client.get(url.clone()).send().await.map_err(failed)?;
     let status = response.status();
     if status.is_success() { Ok(status) } else { Err(HealthError::Status { url: url.clone(), status }) }

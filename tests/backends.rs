@@ -387,3 +387,125 @@ async fn an_endpoint_in_pod_mode_gets_pod_members_while_another_gets_node_ports(
     assert_eq!(to_haproxy.len(), 1, "nothing changed for the nodePort endpoint: {to_haproxy:?}");
     vw.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_annotation_switching_the_mode_sends_the_new_members_as_a_diff_from_the_old_ones() {
+    let h = Harness::new().await;
+    seed_nodes(&h.api, 1);
+    h.api.apply(lb_service("shop", "web", 80));
+    h.api.apply_resource(
+        Resource::EndpointSlices,
+        slice("web", "web-1", "IPv4", 8080, vec![endpoint("10.244.1.1", true, true, false)]),
+    );
+    let rx = Receiver::ok().await;
+    let _vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
+    wait_until("the ADDED", || async { (!rx.accepted().is_empty()).then_some(()) }).await;
+    let added = last_backends(&rx, "web");
+    assert_eq!((added["mode"].as_str(), members(&added)), (Some("nodePort"), vec![s("10.0.0.1:30080/active")]));
+    let from = added["revision"].as_u64().unwrap();
+
+    let diff_of = |v: &Value, list: &str| -> Vec<String> {
+        v["data"]["backendsDiff"][list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| format!("{}:{}", m["address"].as_str().unwrap(), m["port"]))
+            .collect()
+    };
+    // nodePort → pod: the Pods replace the Node, and the revision goes on from the old mode's.
+    h.api.update("shop", "web", |o| o["metadata"]["annotations"] = json!({ MODE_ANNOTATION: "pod" }));
+    wait_until("the MODIFIED", || async { (rx.accepted().len() == 2).then_some(()) }).await;
+    let switched = rx.accepted()[1].json();
+    assert_eq!(switched["data"]["changed"], json!(["annotations", "backends"]));
+    assert_eq!(switched["data"]["service"]["backends"]["mode"], "pod");
+    let to = switched["data"]["service"]["backends"]["revision"].as_u64().unwrap();
+    assert!(to > from, "revision {from} → {to}");
+    assert_eq!(switched["data"]["backendsDiff"]["fromRevision"], from);
+    assert_eq!(switched["data"]["backendsDiff"]["toRevision"], to);
+    assert_eq!(diff_of(&switched, "added"), ["10.244.1.1:8080"]);
+    assert_eq!(diff_of(&switched, "removed"), ["10.0.0.1:30080"]);
+
+    // pod → none: no members at all, and `changed` says so.
+    h.api.update("shop", "web", |o| o["metadata"]["annotations"] = json!({ MODE_ANNOTATION: "none" }));
+    wait_until("the second MODIFIED", || async { (rx.accepted().len() == 3).then_some(()) }).await;
+    let none = rx.accepted()[2].json();
+    assert_eq!(none["data"]["changed"], json!(["annotations", "backends"]));
+    assert_eq!(none["data"]["service"]["backends"], Value::Null);
+    assert_eq!(none["data"].get("backendsDiff"), None);
+}
+
+#[tokio::test]
+async fn a_restart_with_another_backend_mode_resyncs_that_endpoint_only() {
+    let h = Harness::new().await;
+    seed_nodes(&h.api, 1);
+    h.api.apply(lb_service("shop", "web", 80));
+    h.api.apply_resource(
+        Resource::EndpointSlices,
+        slice("web", "web-1", "IPv4", 8080, vec![endpoint("10.244.1.1", true, true, false)]),
+    );
+    let (lab, other) = (Receiver::ok().await, Receiver::ok().await);
+    let config = h.config_with(vec![webhook("lab", &lab.url), webhook("other", &other.url)]);
+    let vw = h.start(config.clone()).await;
+    wait_until("both ADDEDs", || async { (lab.accepted().len() == 1 && other.accepted().len() == 1).then_some(()) })
+        .await;
+    vw.stop().await.unwrap();
+
+    // Same cluster, but `lab` now takes Pods.
+    let mut switched = config.clone();
+    switched.webhooks[0].backend_mode = Some(vipwatch::model::backends::ModeSetting::Pod);
+    let vw = h.start(switched).await;
+    // The start computes Pod members for the first time: a MODIFIED (cause startup) carrying them,
+    // which only `lab` takes; then the resync, so `lab` holds every Service in its new mode.
+    wait_until("the resync of `lab`", || async { (lab.accepted().len() == 4).then_some(()) }).await;
+    let mut kinds: Vec<String> = lab.accepted()[1..].iter().map(|h| s(h.json()["type"].as_str().unwrap())).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["service.modified", "service.synced", "sync.completed"]);
+    let synced = lab.accepted()[1..].iter().map(Hit::json).find(|v| v["type"] == "service.synced").unwrap();
+    assert_eq!(members(&synced["data"]["service"]["backends"]), ["10.244.1.1:8080/active"]);
+    assert_eq!(synced["data"]["sync"]["total"], 1);
+    // `other` kept its mode and its members: nothing for it.
+    assert_eq!(other.accepted().len(), 1);
+    let events = wait_events(&vw.store, 2).await;
+    assert_eq!(summary(&events)[1], (s("MODIFIED"), s("startup"), s("shop/web")));
+    // The modes are recorded: the same configuration again switches nothing.
+    let mut again = config;
+    again.webhooks[0].backend_mode = Some(vipwatch::model::backends::ModeSetting::Pod);
+    assert_eq!(vipwatch::relay::resync_switched_modes(&vw.store, &again).await.unwrap(), Vec::<String>::new());
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_event_log_filters_member_changes_and_shows_what_each_event_carried() {
+    let h = Harness::new().await;
+    h.api.apply(pod_service("web", 80));
+    h.api.apply_resource(
+        Resource::EndpointSlices,
+        slice("web", "web-1", "IPv4", 8080, vec![endpoint("10.244.1.1", true, true, false)]),
+    );
+    let rx = Receiver::ok().await;
+    let mut config = h.config_with(vec![webhook("lab", &rx.url)]);
+    config.kubernetes.finalizer = false; // no Service write that could carry the member change along
+    let vw = h.start(config).await;
+    h.api.apply_resource(
+        Resource::EndpointSlices,
+        slice("web", "web-1", "IPv4", 8080, vec![endpoint("10.244.1.2", true, true, false)]),
+    );
+    let events = wait_events(&vw.store, 2).await;
+    assert_eq!(summary(&events)[1], (s("MODIFIED"), s("backends"), s("shop/web")));
+    let api = Api::new(&vw);
+    let changes = api.ok("/api/v1/events?cause=backends").await;
+    let items = changes["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{changes}");
+    assert_eq!((items[0]["cause"].as_str(), items[0]["changed"].clone()), (Some("backends"), json!(["backends"])));
+    let id = items[0]["id"].as_i64().unwrap();
+    let modified = api.ok(&format!("/api/v1/events/{id}")).await;
+    let diff = &modified["backends_diff"]["pod"];
+    assert_eq!(diff["added"][0]["address"], "10.244.1.2");
+    assert_eq!(diff["removed"][0]["address"], "10.244.1.1");
+    assert_eq!(modified["backends"], json!({}));
+    let added = api.ok("/api/v1/events?type=ADDED").await["items"][0]["id"].as_i64().unwrap();
+    let added = api.ok(&format!("/api/v1/events/{added}")).await;
+    assert_eq!(members(&added["backends"]["pod"]), ["10.244.1.1:8080/active"]);
+    assert_eq!(added["backends_diff"], json!({}));
+    vw.stop().await.unwrap();
+}

@@ -115,6 +115,10 @@ fn webhook_errors_name_the_endpoint_and_key() {
     let o = vipwatch(&["check-config"], &[], Some(&twice));
     assert_invalid(&o, "invalid value for `webhooks.name`: `f5-lab` is used by more than one endpoint");
 
+    let no_slots = format!("{WEBHOOK}concurrency = 0\n");
+    let o = vipwatch(&["check-config"], &[], Some(&no_slots));
+    assert_invalid(&o, "invalid value for `webhooks.f5-lab.concurrency`: must be between 1 and 4096");
+
     let bad_event = format!("{WEBHOOK}events = [\"ADDED\", \"CREATED\"]\n");
     let o = vipwatch(&["check-config"], &[], Some(&bad_event));
     assert_invalid(&o, "invalid value for `webhooks.f5-lab.events`: `CREATED` is not ADDED, MODIFIED or DELETED");
@@ -131,6 +135,9 @@ fn secret_from_an_environment_variable_is_accepted() {
     let o = vipwatch(&["check-config"], &[("LAB_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")], Some(&from_env));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(String::from_utf8(o.stdout).unwrap().contains("secret_env = \"LAB_SECRET\""));
+    // From a Secret made with `kubectl create secret --from-file`: the file's newline comes along.
+    let o = vipwatch(&["check-config"], &[("LAB_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n")], Some(&from_env));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
 #[test]
@@ -292,4 +299,40 @@ fn the_fake_apiserver_subcommand_serves_a_seed_directory_to_kubectl() {
     assert_eq!(dns, "yes");
     child.kill().unwrap();
     child.wait().unwrap();
+}
+
+#[test]
+fn healthcheck_goes_straight_to_the_process_whatever_proxy_is_set() {
+    // A one-request HTTP server answering 200 on the loopback.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/healthz", listener.local_addr().unwrap());
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut request = String::new();
+        let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+        while reader.read_line(&mut request).unwrap() > 2 && !request.ends_with("\r\n\r\n") {}
+        std::io::Write::write_all(&mut conn, b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+            .unwrap();
+        request.lines().next().unwrap_or_default().to_owned()
+    });
+    // A proxy that does not exist: were it used, the check would fail.
+    let proxy = "http://127.0.0.1:9";
+    let env = [("HTTP_PROXY", proxy), ("http_proxy", proxy), ("ALL_PROXY", proxy), ("NO_PROXY", "")];
+    let o = vipwatch(&["healthcheck", "--url", &url], &env, None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(server.join().unwrap(), "GET /healthz HTTP/1.1");
+}
+
+#[test]
+fn string_keys_from_the_environment_are_taken_as_written() {
+    // `openssl rand -hex` can print only digits; a path can be a number too.
+    let env = [("VIPWATCH_API_TOKEN", "12345678901234567890"), ("VIPWATCH_DATABASE__PATH", "2026")];
+    let o = vipwatch(&["check-config"], &env, None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("path = \"2026\"") && out.contains("api_token = \"<redacted>\""), "{out}");
+    // A string key that does not parse still names the key and where it came from.
+    let o = vipwatch(&["check-config"], &[("VIPWATCH_KUBERNETES__URL", "not a url")], None);
+    assert_invalid(&o, "`kubernetes.url`");
+    assert!(stderr(&o).contains("(from `VIPWATCH_` environment variable(s))"), "{}", stderr(&o));
 }

@@ -358,3 +358,21 @@ async fn retention_prunes_old_events_and_finished_deliveries_but_never_pending_o
     assert_eq!(vw.store.attempts(delivered).await.unwrap().len(), 0, "attempts go with their delivery");
     vw.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_endpoint_with_its_own_concurrency_has_no_more_deliveries_in_flight() {
+    let h = Harness::new().await;
+    let (stuck, fast) = (Receiver::start(|_, _| Reply::Hang).await, Receiver::ok().await);
+    let mut narrow = webhook("narrow", &stuck.url);
+    narrow.concurrency = Some(2);
+    narrow.timeout = Duration::from_secs(30);
+    let mut config = h.config_with(vec![narrow, webhook("wide", &fast.url)]);
+    config.relay.lease = Duration::from_secs(60);
+    let _vw = h.start(config).await;
+    for i in 0..5 {
+        h.api.apply(lb_service("shop", &format!("web-{i}"), 80));
+    }
+    wait_hits(&fast, 5).await; // `wide` (relay.concurrency) sends all five at once
+    wait_hits(&stuck, 2).await;
+    assert_eq!(stuck.hits().len(), 2, "`narrow` holds two in flight and waits");
+}

@@ -1,9 +1,12 @@
 //! `GET /api/v1/events` (the event log, by id ascending) and `GET /api/v1/events/{id}`.
 
+use std::collections::BTreeMap;
+
 use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
+use vipwatch_contract::{BackendMode, Backends, BackendsDiff};
 
 use super::ApiState;
 use super::error::{ApiError, Problem};
@@ -24,7 +27,7 @@ pub struct EventDto {
     #[serde(rename = "type")]
     #[schema(value_type = EventType)]
     pub event_type: String,
-    /// `watch`, `relist` or `startup`.
+    /// Why it was recorded: `watch`, `relist`, `startup`, `allocation`, `appliance` or `backends`.
     #[schema(value_type = EventCause)]
     pub cause: String,
     /// Namespace.
@@ -58,7 +61,7 @@ impl From<EventRow> for EventDto {
     }
 }
 
-/// One event with the view before it.
+/// One event with the view before it and the members it carried.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventDetail {
     /// The event.
@@ -66,6 +69,12 @@ pub struct EventDetail {
     pub event: EventDto,
     /// MODIFIED: the view before the change; otherwise `null`.
     pub previous: Option<ServiceView>,
+    /// ADDED and DELETED: the members per backend mode (keys `nodePort`, `pod`), as the payloads
+    /// carried them; otherwise `{}`.
+    pub backends: BTreeMap<BackendMode, Backends>,
+    /// MODIFIED whose members changed: what changed, per backend mode (the payload's
+    /// `backendsDiff`); otherwise `{}`.
+    pub backends_diff: BTreeMap<BackendMode, BackendsDiff>,
 }
 
 page!(EventPage, EventDto, "A page of the event log, by id ascending.");
@@ -96,6 +105,8 @@ pub enum EventCause {
     Allocation,
     /// An endpoint with `assigns_vip` returned the Service's address.
     Appliance,
+    /// The Service's members changed (EndpointSlices or Nodes), coalesced over `backends.window`.
+    Backends,
 }
 
 /// Filters of the event log (list and stream).
@@ -169,7 +180,8 @@ pub async fn list_events(
     responses((status = 200, description = "The event", body = EventDetail),
         (status = 404, description = "No such event (or pruned)", body = Problem, content_type = "application/problem+json")))]
 pub async fn get_event(State(state): State<ApiState>, Path(id): Path<i64>) -> Result<Json<EventDetail>, ApiError> {
-    let row = state.store.event(id).await?.ok_or_else(|| ApiError::NotFound(format!("event {id}")))?;
-    let previous = row.previous.clone();
-    Ok(Json(EventDetail { event: row.into(), previous }))
+    let mut row = state.store.event(id).await?.ok_or_else(|| ApiError::NotFound(format!("event {id}")))?;
+    let (previous, backends, backends_diff) =
+        (row.previous.take(), std::mem::take(&mut row.backends), std::mem::take(&mut row.backends_diff));
+    Ok(Json(EventDetail { event: row.into(), previous, backends, backends_diff }))
 }

@@ -11,8 +11,11 @@
 //! when it looks like a mistyped key, e.g. `VIPWATCH_DATABASE_PATH`). Kubernetes injects such variables
 //! into every pod: for the Service `vipwatch` the kubelet sets `VIPWATCH_SERVICE_HOST`,
 //! `VIPWATCH_PORT=tcp://…`, `VIPWATCH_PORT_8080_TCP_ADDR` and so on (service links,
-//! `enableServiceLinks`); their names never hold a double underscore, since Service port names cannot
-//! contain `--`.
+//! `enableServiceLinks`), and Docker's `--link` sets `VIPWATCH_ENV_…` and `VIPWATCH_NAME`. A Service
+//! name may hold `--` (`vipwatch-relay--blue` gives `VIPWATCH_RELAY__BLUE_SERVICE_HOST`), so a name
+//! with a double underscore that has the shape of such a variable ([`is_link_shaped`]) is ignored
+//! too — unless it names a real key ([`known`] decides; `VIPWATCH_BACKENDS__KUBE_PROXY_HEALTH_PORT`
+//! ends in `_PORT` and is one).
 
 use tracing::{debug, warn};
 
@@ -47,8 +50,120 @@ pub fn classify(name: &str) -> Option<EnvVar> {
     Some(classify_rest(&name[PREFIX.len()..]))
 }
 
-/// [`classify`] of what follows the prefix (`DATABASE__PATH` for `VIPWATCH_DATABASE__PATH`).
+/// Whether `lower` (a lower-case name after the prefix) has the shape of a Kubernetes service-link
+/// variable (`…_service_host`, `…_service_port[_<port name>]`, `…_port`,
+/// `…_port_<number>_<tcp|udp|sctp>[_proto|_port|_addr]`) or a Docker link one (`…_env_…`, `…_name`).
+pub fn is_link_shaped(lower: &str) -> bool {
+    if lower.ends_with("_service_host")
+        || lower.ends_with("_service_port")
+        || lower.contains("_service_port_")
+        || lower.ends_with("_port")
+        || lower.ends_with("_name")
+        || lower.starts_with("env_")
+        || lower.contains("_env_")
+    {
+        return true;
+    }
+    lower.match_indices("_port_").any(|(at, _)| {
+        let mut rest = lower[at + "_port_".len()..].split('_');
+        let number = rest.next().is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        let proto = rest.next().is_some_and(|p| matches!(p, "tcp" | "udp" | "sctp"));
+        let tail = rest.collect::<Vec<_>>();
+        number && proto && matches!(tail.as_slice(), [] | ["proto" | "port" | "addr"])
+    })
+}
+
+/// [`classify`] of what follows the prefix (`DATABASE__PATH` for `VIPWATCH_DATABASE__PATH`). A
+/// `__` form shaped like a link variable is a key only when [`known`] says the key exists.
 pub fn classify_rest(rest: &str) -> EnvVar {
+    match classify_form(rest) {
+        EnvVar::Key(dotted) if is_link_shaped(&rest.to_ascii_lowercase()) && !known(&dotted) => {
+            EnvVar::Ignored { hint: None }
+        }
+        other => other,
+    }
+}
+
+/// Whether `dotted` (`table.key`, lower case) is a key of the configuration: a field of one of its
+/// tables, as [`Config::default`](super::Config) serializes them.
+pub fn known(dotted: &str) -> bool {
+    defaults().contains_key(dotted)
+}
+
+/// Whether `dotted` is a key whose value is a string (a path, URL, selector, token, …; an unset
+/// optional one counts): its variable is taken as written, never parsed as a number or boolean.
+pub fn is_string_key(dotted: &str) -> bool {
+    matches!(dotted, "server.api_token") || defaults().get(dotted).is_some_and(|v| v.is_string() || v.is_null())
+}
+
+/// Every `table.key` of the configuration with its default value.
+fn defaults() -> &'static std::collections::HashMap<String, serde_json::Value> {
+    static KEYS: std::sync::OnceLock<std::collections::HashMap<String, serde_json::Value>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let defaults = serde_json::to_value(super::Config::default()).unwrap_or_default();
+        let tables = defaults.as_object().cloned().unwrap_or_default();
+        tables
+            .into_iter()
+            .flat_map(|(table, v)| {
+                let keys = v.as_object().cloned().unwrap_or_default();
+                keys.into_iter().map(move |(key, value)| (format!("{table}.{key}"), value))
+            })
+            .collect()
+    })
+}
+
+/// The `VIPWATCH_*` variables of string keys ([`is_string_key`]), as written: `VIPWATCH_API_TOKEN=12345`
+/// is the token "12345", not a number the loader then refuses.
+#[derive(Debug, Default)]
+pub struct Strings(Vec<(String, String)>);
+
+impl Strings {
+    /// The string-key variables of the process environment.
+    pub fn from_env() -> Self {
+        let vars = std::env::vars().filter_map(|(name, value)| match classify(&name)? {
+            EnvVar::Key(dotted) if is_string_key(&dotted) => Some((dotted, value)),
+            _ => None,
+        });
+        Self(vars.collect())
+    }
+}
+
+impl figment::Provider for Strings {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named("`VIPWATCH_` environment variable(s)")
+    }
+
+    fn data(&self) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        let mut dict = figment::value::Dict::new();
+        for (dotted, value) in &self.0 {
+            let nested = figment::util::nest(dotted, value.clone().into());
+            if let figment::value::Value::Dict(_, d) = nested {
+                for (k, v) in d {
+                    merge_into(&mut dict, k, v);
+                }
+            }
+        }
+        Ok(figment::Profile::Default.collect(dict))
+    }
+}
+
+/// Inserts `value` at `key` of `dict`, merging nested tables.
+fn merge_into(dict: &mut figment::value::Dict, key: String, value: figment::value::Value) {
+    use figment::value::Value;
+    match (dict.get_mut(&key), value) {
+        (Some(Value::Dict(_, existing)), Value::Dict(_, new)) => {
+            for (k, v) in new {
+                merge_into(existing, k, v);
+            }
+        }
+        (_, value) => {
+            dict.insert(key, value);
+        }
+    }
+}
+
+/// The form alone: named variable, `__` key, or someone else's (with a hint).
+fn classify_form(rest: &str) -> EnvVar {
     let lower = rest.to_ascii_lowercase();
     match lower.as_str() {
         "config" | "log" => return EnvVar::Named,
@@ -123,6 +238,27 @@ mod tests {
         assert_eq!(classify("VIPWATCH_CONFIG"), Some(EnvVar::Named));
         assert_eq!(classify("VIPWATCH_LOG"), Some(EnvVar::Named));
         assert_eq!(classify("KUBERNETES_SERVICE_HOST"), None);
+    }
+
+    #[test]
+    fn service_links_of_a_service_name_with_a_double_hyphen_are_not_configuration() {
+        // kubectl create service … vipwatch-relay--blue: DNS-1035 names allow `--`.
+        for name in [
+            "VIPWATCH_RELAY__BLUE_SERVICE_HOST",
+            "VIPWATCH_RELAY__BLUE_SERVICE_PORT",
+            "VIPWATCH_RELAY__BLUE_SERVICE_PORT_HTTP",
+            "VIPWATCH_RELAY__BLUE_PORT",
+            "VIPWATCH_RELAY__BLUE_PORT_8080_TCP",
+            "VIPWATCH_RELAY__BLUE_PORT_8080_TCP_ADDR",
+            "VIPWATCH_RELAY__BLUE_PORT_53_UDP_PROTO",
+            "VIPWATCH_SERVER__X_ENV_PATH",
+            "VIPWATCH_SERVER__X_NAME",
+        ] {
+            assert_eq!(classify(name), Some(EnvVar::Ignored { hint: None }), "{name}");
+        }
+        // Real keys that happen to look like links stay keys; other typos stay errors.
+        assert_eq!(classify("VIPWATCH_BACKENDS__KUBE_PROXY_HEALTH_PORT"), key("backends.kube_proxy_health_port"));
+        assert_eq!(classify("VIPWATCH_RELAY__CONCURENCY"), key("relay.concurency"));
     }
 
     #[test]

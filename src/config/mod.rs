@@ -222,7 +222,8 @@ impl Config {
             None => {}
         }
         env::log_ignored();
-        let config: Config = figment.merge(env_provider()).extract().map_err(invalid)?;
+        let config: Config =
+            figment.merge(env_provider()).merge(env::Strings::from_env()).extract().map_err(invalid)?;
         config.validate()?;
         Ok(config)
     }
@@ -364,6 +365,8 @@ fn invalid(e: figment::Error) -> ConfigError {
 /// `VIPWATCH_*` variable is not configuration (see [`env`]).
 fn env_provider() -> Env {
     Env::prefixed(env::PREFIX).filter_map(|rest| match env::classify_rest(rest.as_str()) {
+        // String keys come raw from env::Strings: figment would read `12345` as a number.
+        env::EnvVar::Key(dotted) if env::is_string_key(&dotted) => None,
         env::EnvVar::Key(dotted) => Some(dotted.into()),
         env::EnvVar::Named | env::EnvVar::Ignored { .. } => None,
     })

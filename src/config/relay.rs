@@ -176,6 +176,11 @@ pub struct WebhookConfig {
     /// Service's `vipwatch.io/backend-mode` annotation still wins.
     #[serde(default)]
     pub backend_mode: Option<crate::model::backends::ModeSetting>,
+    /// Deliveries in flight at once to this endpoint (each for a different Service) instead of
+    /// `relay.concurrency`: e.g. 256 for an agent that batches many Services into one reload, fewer
+    /// for an appliance API with a rate limit. 1 to 4096.
+    #[serde(default)]
+    pub concurrency: Option<usize>,
 }
 
 fn all_events() -> Vec<String> {
@@ -202,9 +207,12 @@ impl WebhookConfig {
                 .map_err(|e| self.invalid("secret_file", format!("{}: {e}", path.display())))?
                 .trim_end()
                 .to_owned(),
-            (None, None, Some(var)) => {
-                std::env::var(var).map_err(|_| self.invalid("secret_env", format!("`{var}` is not set")))?
-            }
+            // Trimmed like a file: a Secret created from a file (`kubectl create secret --from-file`)
+            // and passed with `envFrom` carries the file's trailing newline.
+            (None, None, Some(var)) => std::env::var(var)
+                .map_err(|_| self.invalid("secret_env", format!("`{var}` is not set")))?
+                .trim_end()
+                .to_owned(),
             (None, None, None) => {
                 return Err(self.invalid("secret", "one of secret, secret_file, secret_env is required".into()));
             }
@@ -260,6 +268,9 @@ impl WebhookConfig {
         }
         if self.timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(self.invalid("timeout", "timeouts must be positive".into()));
+        }
+        if self.concurrency.is_some_and(|c| c == 0 || c > 4096) {
+            return Err(self.invalid("concurrency", "must be between 1 and 4096".into()));
         }
         if self.retry.max_attempts == 0 || self.retry.initial_delay.is_zero() {
             return Err(self.invalid("retry", "max_attempts and initial_delay must be positive".into()));

@@ -103,6 +103,9 @@ pub struct Recorded {
     pub backends: BackendSets,
     /// For MODIFIED: per mode whose members changed, what changed.
     pub backends_diff: BTreeMap<BackendMode, BackendsDiff>,
+    /// For a MODIFIED that changed the `vipwatch.io/backend-mode` annotation: the members before, so
+    /// an endpoint whose mode switched gets a diff from the members it had (not stored; routing only).
+    pub previous_backends: Option<BackendSets>,
 }
 
 impl Recorded {
@@ -116,6 +119,7 @@ impl Recorded {
             changed: Vec::new(),
             backends: obs.backends.clone(),
             backends_diff: BTreeMap::new(),
+            previous_backends: None,
         }
     }
 
@@ -130,6 +134,7 @@ impl Recorded {
             changed: Vec::new(),
             backends: backends.clone(),
             backends_diff: BTreeMap::new(),
+            previous_backends: None,
         }
     }
 }
@@ -171,6 +176,8 @@ fn modified_or_refresh(cur: &Tracked, obs: &Observed) -> Decision {
             changed,
             backends: obs.backends.clone(),
             backends_diff: backends::diffs(&cur.backends, &obs.backends),
+            previous_backends: (backends::annotated(&cur.view) != backends::annotated(&obs.view))
+                .then(|| cur.backends.clone()),
         }]);
     }
     if cur.resource_version != obs.resource_version || cur.view != obs.view {

@@ -57,6 +57,9 @@ pub struct Publisher {
     written: HashMap<ServiceKey, Vec<IngressView>>,
     /// Delivery ids already reported in a `SyncLoadBalancerFailed` Event.
     reported: HashSet<i64>,
+    /// Pulsed when held deliveries were let go (the relay's `committed` signal), so they are sent at
+    /// once rather than at the relay's next poll.
+    wake_relay: Option<watch::Sender<i64>>,
 }
 
 impl Publisher {
@@ -81,12 +84,26 @@ impl Publisher {
             poll: config.relay.poll_interval,
             written: HashMap::new(),
             reported: HashSet::new(),
+            wake_relay: None,
         }
     }
 
-    /// Runs passes until `cancel`: after every commit of the watch and every `relay.poll_interval`
-    /// (deliveries complete without a signal).
-    pub async fn run(mut self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
+    /// Pulses `relay` (the signal the dispatchers wake on) whenever held deliveries are let go.
+    pub fn waking(mut self, relay: watch::Sender<i64>) -> Self {
+        self.wake_relay = Some(relay);
+        self
+    }
+
+    /// Runs passes until `cancel`: after every commit of the watch (`committed`), after every
+    /// acknowledged delivery (`acked`, pulsed by the relay), and every `relay.poll_interval` (work
+    /// another process enqueued).
+    pub async fn run(
+        mut self,
+        mut committed: watch::Receiver<i64>,
+        mut acked: watch::Receiver<u64>,
+        cancel: CancellationToken,
+    ) {
+        let mut acked_open = true;
         loop {
             match self.pass().await {
                 // A full batch of finalizers: more Services wait, go on at once.
@@ -97,6 +114,7 @@ impl Publisher {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = committed.changed() => {}
+                changed = acked.changed(), if acked_open => acked_open = changed.is_ok(),
                 _ = tokio::time::sleep(self.poll) => {}
             }
         }
@@ -162,6 +180,9 @@ impl Publisher {
             warn!(service = %key, %error, services, "cannot add the finalizer; their deliveries wait (retrying)");
         }
         self.store.release_held(&done).await?;
+        if let Some(relay) = self.wake_relay.as_ref().filter(|_| !done.is_empty()) {
+            relay.send_modify(|_| {});
+        }
         // Go on at once only while making progress: a failing apiserver must not be hammered.
         Ok(full && !done.is_empty())
     }

@@ -29,6 +29,8 @@ pub(super) struct Dispatcher {
     pub metrics: Arc<Metrics>,
     /// Where addresses from the response body go, for an endpoint with `assigns_vip`.
     pub assignments: Option<mpsc::Sender<Feedback>>,
+    /// Pulsed after attempts succeeded: the publisher writes statuses and removes finalizers then.
+    pub acked: watch::Sender<u64>,
 }
 
 type InFlight = JoinSet<(Claimed, AttemptResult)>;
@@ -127,6 +129,8 @@ impl Dispatcher {
         }
         if let Err(e) = self.store.complete(&completions).await {
             error!(webhook = %self.name, error = %e, "cannot record attempts; their leases will expire and they will be sent again");
+        } else if completions.iter().any(|c| c.outcome == Outcome::Succeeded) {
+            self.acked.send_modify(|n| *n = n.wrapping_add(1));
         }
         if recovered {
             self.catch_up(now).await;

@@ -25,7 +25,7 @@ use tracing::info;
 pub use router::Router;
 use vipwatch_contract::SyncMarker;
 
-use crate::config::{Config, redact_url};
+use crate::config::{Config, RelayConfig, redact_url};
 use crate::metrics::Metrics;
 use crate::model::{Feedback, ServiceKey};
 use crate::store::{NewDelivery, Store, StoreError};
@@ -94,6 +94,29 @@ pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Resul
     Ok(out)
 }
 
+/// Resyncs every enabled endpoint whose default backend mode (its `backend_mode`, else `[backends]
+/// mode`) is not the one it had when vipwatch last started: its receiver holds members in the old
+/// mode, and a mode switch by configuration records no event of its own for every Service. Call it
+/// once the first lists are stored (the resync then carries the new mode's members). Returns the
+/// endpoints resynced. Errors: [`RelayError::Store`].
+pub async fn resync_switched_modes(store: &Store, config: &Config) -> Result<Vec<String>, RelayError> {
+    let modes = config
+        .webhooks
+        .iter()
+        .filter(|w| w.enabled)
+        .map(|w| (w.name.clone(), w.backend_mode.unwrap_or(config.backends.mode).as_str().to_owned()))
+        .collect();
+    let mut resynced = Vec::new();
+    for (name, old) in store.swap_endpoint_modes(&modes).await? {
+        let new = &modes[&name];
+        let sent = resync(store, config, Some(&name)).await?;
+        let services = sent.first().map_or(0, |s| s.1);
+        info!(webhook = %name, from = %old, to = %new, services, "backend mode changed since the last start: resyncing the endpoint");
+        resynced.push(name);
+    }
+    Ok(resynced)
+}
+
 /// Starts one dispatcher per enabled endpoint; those with `assigns_vip` send the addresses in their
 /// responses to `assignments`. Clears leases first (after a crash, what was in flight
 /// is sent again) and re-enables endpoints disabled by a 410 whose configured URL changed since.
@@ -103,6 +126,7 @@ pub async fn start(
     store: Store,
     metrics: Arc<Metrics>,
     committed: watch::Receiver<i64>,
+    acked: watch::Sender<u64>,
     assignments: mpsc::Sender<Feedback>,
     cancel: CancellationToken,
 ) -> Result<JoinSet<()>, RelayError> {
@@ -124,9 +148,13 @@ pub async fn start(
             store: store.clone(),
             sender: Arc::new(sender::Sender::new(w)?),
             retry: w.retry.clone(),
-            relay: config.relay.clone(),
+            relay: RelayConfig {
+                concurrency: w.concurrency.unwrap_or(config.relay.concurrency),
+                ..config.relay.clone()
+            },
             metrics: metrics.clone(),
             assignments: w.assigns_vip.then(|| assignments.clone()),
+            acked: acked.clone(),
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));
     }

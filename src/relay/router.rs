@@ -2,7 +2,9 @@
 //! the exact body each gets. An endpoint gets the members in its backend mode (annotation, else its
 //! `backend_mode`, else `[backends] mode`); a MODIFIED that only changed members of other modes is
 //! not sent to it at all, and `backends` is listed in its `changed` only when its own mode's members
-//! changed.
+//! changed. When the Service's `vipwatch.io/backend-mode` annotation switches an endpoint's mode, the
+//! endpoint gets `backends` in `changed` and a diff from the members it had (the old mode's) to the
+//! new mode's.
 
 use std::collections::{HashMap, HashSet};
 
@@ -11,7 +13,7 @@ use vipwatch_contract::{BackendMode, Cause, EventKind, SyncMarker};
 use super::payload::{PayloadInput, render};
 use super::{RelayError, new_msg_id};
 use crate::config::Config;
-use crate::model::backends::ModePlan;
+use crate::model::backends::{self, ModePlan};
 use crate::model::{ChangeKind, LabelSelector};
 use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow};
 
@@ -75,12 +77,24 @@ impl Router {
         Ok(Self { routes, modes: config.mode_plan() })
     }
 
-    /// The body of `e` for an endpoint in `mode`; `None` when it has nothing for that endpoint (a
-    /// MODIFIED whose only change is other modes' members).
-    fn body(&self, e: &RecordedEvent<'_>, mode: Option<BackendMode>) -> Option<String> {
-        let diff = mode.and_then(|m| e.event.backends_diff.get(&m));
-        let changed: Vec<&str> =
+    /// The body of `e` for an endpoint that had members in mode `before` and has them in `mode`
+    /// now; `None` when it has nothing for that endpoint (a MODIFIED whose only change is other
+    /// modes' members).
+    fn body(&self, e: &RecordedEvent<'_>, before: Option<BackendMode>, mode: Option<BackendMode>) -> Option<String> {
+        let switched = before != mode;
+        let switch_diff = match (switched, mode) {
+            (true, Some(m)) => e.event.backends.get(&m).map(|new| {
+                let old = before.and_then(|b| e.event.previous_backends.as_ref()?.get(&b));
+                backends::diff(old, new)
+            }),
+            _ => None,
+        };
+        let diff = switch_diff.as_ref().or_else(|| mode.and_then(|m| e.event.backends_diff.get(&m)));
+        let mut changed: Vec<&str> =
             e.event.changed.iter().copied().filter(|c| *c != "backends" || diff.is_some()).collect();
+        if switched && !changed.contains(&"backends") {
+            changed.push("backends");
+        }
         if e.event.kind == ChangeKind::Modified && changed.is_empty() {
             return None;
         }
@@ -125,11 +139,16 @@ impl Router {
 
 impl Outbox for Router {
     fn route(&self, e: RecordedEvent<'_>) -> Vec<NewDelivery> {
-        let mut bodies: HashMap<Option<BackendMode>, Option<String>> = HashMap::new();
+        let mut bodies: HashMap<(Option<BackendMode>, Option<BackendMode>), Option<String>> = HashMap::new();
         let mut out = Vec::new();
         for r in self.routes.iter().filter(|r| r.accepts(&e)) {
             let mode = self.modes.mode_for(&e.event.view, &r.name);
-            let body = bodies.entry(mode).or_insert_with(|| self.body(&e, mode));
+            // The mode the endpoint had before this change: another only when the annotation moved.
+            let before = match (&e.event.previous, &e.event.previous_backends) {
+                (Some(previous), Some(_)) => self.modes.mode_for(previous, &r.name),
+                _ => mode,
+            };
+            let body = bodies.entry((before, mode)).or_insert_with(|| self.body(&e, before, mode));
             if let Some(payload) = body {
                 let (webhook, kind) = (r.name.clone(), e.event.kind.as_str());
                 out.push(NewDelivery { webhook, kind, msg_id: new_msg_id(), payload: payload.clone() });

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 use sqlx::{QueryBuilder, Row, Sqlite};
+use std::collections::BTreeMap;
 
 use super::outbox::{DeliveryInsert, NewDelivery, insert_deliveries};
 use super::{Store, StoreError, now_ms};
@@ -229,6 +230,31 @@ impl Store {
     pub async fn enable_webhook(&self, webhook: &str) -> Result<bool, StoreError> {
         let done = sqlx::query("DELETE FROM webhook_state WHERE name = ?").bind(webhook).execute(&self.write).await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    /// Records `modes` (endpoint name → its default backend mode) as the ones in effect and returns
+    /// the endpoints whose stored mode differed, with the old mode. Endpoints seen for the first time
+    /// are stored, not returned.
+    pub async fn swap_endpoint_modes(
+        &self,
+        modes: &BTreeMap<String, String>,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut tx = self.write.begin().await?;
+        let rows = sqlx::query("SELECT name, mode FROM endpoint_modes").fetch_all(&mut *tx).await?;
+        let before: BTreeMap<String, String> = rows.iter().map(|r| (r.get("name"), r.get("mode"))).collect();
+        let switched = modes
+            .iter()
+            .filter_map(|(name, mode)| {
+                before.get(name).filter(|old| *old != mode).map(|old| (name.clone(), old.clone()))
+            })
+            .collect();
+        for (name, mode) in modes {
+            let sql = "INSERT INTO endpoint_modes (name, mode) VALUES (?, ?) \
+                       ON CONFLICT (name) DO UPDATE SET mode = excluded.mode";
+            sqlx::query(sql).bind(name).bind(mode).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(switched)
     }
 
     /// The stored state of `webhook` (`None` when enabled and never disabled).

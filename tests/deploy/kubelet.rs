@@ -23,6 +23,11 @@ pub fn environment(m: &Manifests, service_links: bool, secret_value: impl Fn(&st
         let mut service: Service = m.one();
         service.spec.get_or_insert_with(Default::default).cluster_ip = Some(CLUSTER_IP.into());
         env.extend(links(&service));
+        // Every Service of the namespace gets links; a name may hold `--` (DNS-1035), which gives
+        // `VIPWATCH_RELAY__BLUE_*`: the `VIPWATCH_<TABLE>__<KEY>` form, yet not configuration.
+        let mut neighbour = service.clone();
+        neighbour.metadata.name = Some("vipwatch-relay--blue".into());
+        env.extend(links(&neighbour));
     }
     let deployment: Deployment = m.one();
     let container = deployment.spec.template.spec.unwrap().containers.remove(0);

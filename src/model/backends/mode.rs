@@ -34,6 +34,15 @@ impl ModeSetting {
         }
     }
 
+    /// `nodePort`, `pod` or `none`, as configured.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NodePort => "nodePort",
+            Self::Pod => "pod",
+            Self::None => "none",
+        }
+    }
+
     /// Parses `nodePort`, `pod` or `none` (exact spelling).
     pub fn parse(s: &str) -> Option<Self> {
         match s {

@@ -13,7 +13,10 @@ use crate::model::{ServiceKey, ServiceView};
 pub type BackendSets = BTreeMap<BackendMode, Backends>;
 
 /// The members of `key` in each of `modes`, numbered against `current`: a mode keeps its revision
-/// while its hash is unchanged, and gets the next one when it changed (1 when new).
+/// while its hash is unchanged; a changed or new one gets the Service's next revision, one above the
+/// highest of `current` (revisions grow across modes, so an endpoint whose mode switches never sees
+/// its revision go back; it may skip numbers another mode took — `backendsDiff.fromRevision` tells a
+/// receiver whether it holds the revision a diff starts from).
 pub fn compute_sets(
     key: &ServiceKey,
     view: &ServiceView,
@@ -22,14 +25,14 @@ pub fn compute_sets(
     index: &BackendIndex,
     current: &BackendSets,
 ) -> BackendSets {
+    let next = current.values().map(|c| c.revision).max().unwrap_or(0) + 1;
     modes
         .iter()
         .map(|&mode| {
             let mut b = compute(key, view, mode, rules, index);
             b.revision = match current.get(&mode) {
                 Some(c) if c.hash == b.hash => c.revision,
-                Some(c) => c.revision + 1,
-                None => 1,
+                _ => next,
             };
             (mode, b)
         })

@@ -207,6 +207,22 @@ fn revisions_move_only_with_the_hash_and_diffs_name_the_members() {
 }
 
 #[test]
+fn revisions_grow_across_modes_so_a_mode_switch_never_goes_back() {
+    let mut index = BackendIndex::default();
+    let http = json!([{"name": "http", "protocol": "TCP", "port": 8080}]);
+    index.set_slice(slice("web-a", "IPv4", http.clone(), json!([ep("10.244.1.5", "w1", true, false)])));
+    let view = service(json!({"ports": [{"name": "http", "port": 80}]}));
+    let mut current = compute_sets(&key(), &view, &[BackendMode::Pod], &rules(), &index, &BackendSets::new());
+    current.get_mut(&BackendMode::Pod).unwrap().revision = 7;
+    let both = [BackendMode::NodePort, BackendMode::Pod];
+    let added = compute_sets(&key(), &view, &both, &rules(), &index, &current);
+    assert_eq!((added[&BackendMode::NodePort].revision, added[&BackendMode::Pod].revision), (8, 7));
+    index.set_slice(slice("web-a", "IPv4", http, json!([ep("10.244.1.6", "w1", true, false)])));
+    let moved = compute_sets(&key(), &view, &both, &rules(), &index, &added);
+    assert_eq!((moved[&BackendMode::NodePort].revision, moved[&BackendMode::Pod].revision), (8, 9));
+}
+
+#[test]
 fn the_annotation_beats_the_endpoint_which_beats_the_global_mode() {
     let plan = ModePlan {
         global: ModeSetting::NodePort,
