@@ -148,9 +148,18 @@ impl Applier {
         }
     }
 
-    /// `first` and whatever else arrives within the batch window.
+    /// `first` and whatever else arrives within the batch window — or, when `first` changes members
+    /// only (applied through the Runtime API, no reload to save), just what is already queued: a
+    /// Pod leaving a rolling update is drained at once, not one window later.
     async fn collect(&self, first: Job, jobs: &mut mpsc::Receiver<Job>) -> Vec<Job> {
+        let members_only = is_members_only(&first.payload);
         let mut batch = vec![first];
+        if members_only {
+            while let Ok(job) = jobs.try_recv() {
+                batch.push(job);
+            }
+            return batch;
+        }
         let deadline = Instant::now() + self.config.batch_window;
         loop {
             tokio::select! {
@@ -379,4 +388,10 @@ async fn confirm_live(added: &[SocketAddr], removed: &[SocketAddr], timeout: Dur
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+}
+
+/// Whether `p` changes a Service's members and nothing else (`service.modified`, `changed:
+/// ["backends"]`): within the server slots, a Runtime API update.
+fn is_members_only(p: &WebhookPayload) -> bool {
+    p.kind == vipwatch_contract::PayloadType::ServiceModified && p.data.changed == ["backends"]
 }

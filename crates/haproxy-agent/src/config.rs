@@ -59,7 +59,8 @@ pub struct AgentConfig {
     /// Server slots per backend come in multiples of this: member changes inside the slots are applied
     /// through the Runtime API without a reload.
     pub server_slots: usize,
-    /// Deliveries arriving within this window share one render and one reload, e.g. `"200ms"`.
+    /// Deliveries arriving within this window of one that needs a reload share one render and one
+    /// reload, e.g. `"200ms"`; a members-only change does not wait for it.
     #[serde(with = "humantime_serde")]
     pub batch_window: Duration,
     /// How long a reload may take to be confirmed (`show proc`) before the delivery gets a 503.

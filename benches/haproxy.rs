@@ -1,0 +1,379 @@
+//! HAProxy end-to-end benchmark (issue 11): the simulated Kubernetes API → `vipwatch serve` (its own
+//! process) → the HAProxy agent (its own process: this binary re-run as `agent-child`) → a real
+//! `haproxy` → TCP through loopback VIPs to "pods". vipwatch has a second endpoint, a plain receiver
+//! that only notes arrivals: the baseline from the same run, so every figure is also a ratio to
+//! "vipwatch delivered it" and shows what the agent and HAProxy add.
+//!
+//! Run: `cargo bench --bench haproxy` (optional args: CREATES BULK, default 100 1000). Needs
+//! `haproxy` on `PATH`.
+//!
+//! - create: CREATES Services, one after the other, each a Service then its EndpointSlice (as the
+//!   endpoint controller writes it); per Service the time from the create to the first connection
+//!   through its VIP that reaches the pod, p50 / p99, next to the create → delivery at the receiver.
+//! - members: for each of those Services, its EndpointSlice moves to the other pod; the time from the
+//!   write to the first connection that reaches the new pod, p50 / p99, next to the write → the
+//!   MODIFIED at the receiver; and the reloads this took (member changes go through the Runtime API).
+//! - bulk: BULK Services already in the cluster, an agent with an empty directory, vipwatch started:
+//!   the time until the agent has applied all of them and the last VIP answers, next to the time until
+//!   the receiver has all of them; reloads used; peak RSS (VmHWM) of the agent and of HAProxy's worker,
+//!   next to vipwatch's.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions, Resource};
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const PORT: u16 = 8080;
+const POD_A: &str = "127.0.9.1";
+const POD_B: &str = "127.0.9.2";
+const POD_PORT: u16 = 18480;
+
+/// `(Service name, marker)` → first arrival at the receiver. Marker `added` for an ADDED (and
+/// `vip=<address>` for its VIP), else the address a MODIFIED's `backendsDiff` added.
+type Arrivals = Arc<Mutex<HashMap<(String, String), Instant>>>;
+
+async fn receiver() -> (String, Arrivals) {
+    let arrivals: Arrivals = Arc::default();
+    let app = Router::new()
+        .fallback(|State(arrivals): State<Arrivals>, body: Bytes| async move {
+            let now = Instant::now();
+            if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                let name = v["data"]["service"]["name"].as_str().unwrap_or("").to_owned();
+                let mut seen = arrivals.lock().unwrap();
+                if v["type"] == "service.added" {
+                    seen.entry((name.clone(), "added".into())).or_insert(now);
+                    for vip in v["data"]["service"]["vips"].as_array().into_iter().flatten() {
+                        seen.entry((name.clone(), format!("vip={}", vip.as_str().unwrap_or("")))).or_insert(now);
+                    }
+                }
+                for m in v["data"]["backendsDiff"]["added"].as_array().into_iter().flatten() {
+                    seen.entry((name.clone(), m["address"].as_str().unwrap_or("").to_owned())).or_insert(now);
+                }
+            }
+            StatusCode::NO_CONTENT
+        })
+        .with_state(arrivals.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, arrivals)
+}
+
+/// A pod answering every connection with `name`.
+async fn pod(ip: &str, name: &'static str) {
+    let listener = tokio::net::TcpListener::bind((ip, POD_PORT)).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = s.write_all(name.as_bytes()).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+}
+
+/// What one connection to `addr` reads; `None` when refused, reset or silent for a second.
+async fn hit(addr: &str) -> Option<String> {
+    let io = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        Some(out)
+    };
+    tokio::time::timeout(Duration::from_secs(1), io).await.ok().flatten().filter(|s| !s.is_empty())
+}
+
+fn service(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "bench"},
+        "spec": {"type": "LoadBalancer", "selector": {"app": name},
+                 "ports": [{"name": "http", "protocol": "TCP", "port": PORT, "targetPort": POD_PORT}]}})
+}
+
+fn slice(name: &str, pod: &str) -> Value {
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{name}-abc"), "namespace": "bench",
+                     "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4", "ports": [{"name": "http", "protocol": "TCP", "port": POD_PORT}],
+        "endpoints": [{"addresses": [pod], "conditions": {"ready": true}}]})
+}
+
+fn name(i: usize) -> String {
+    format!("svc-{i:04}")
+}
+
+/// Peak resident set size (VmHWM) of `pid`, in MiB.
+fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+/// The children of `pid` (HAProxy's workers under its master).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let after = stat.rsplit(')').next().unwrap_or("");
+            after.split_whitespace().nth(1).and_then(|pp| pp.parse::<u32>().ok()) == Some(pid)
+        })
+        .collect()
+}
+
+/// A child process printing its address on a log line, with the rest of its output drained.
+struct Process {
+    child: Child,
+    addr: String,
+}
+
+impl Process {
+    fn spawn(mut cmd: Command, marker: &str, from_stdout: bool) -> Self {
+        let mut child = if from_stdout { cmd.stdout(Stdio::piped()) } else { cmd.stderr(Stdio::piped()) }
+            .spawn()
+            .expect("the child starts");
+        let out: Box<dyn std::io::Read + Send> =
+            if from_stdout { Box::new(child.stdout.take().unwrap()) } else { Box::new(child.stderr.take().unwrap()) };
+        let mut lines = BufReader::new(out).lines();
+        let addr = loop {
+            let line = lines.next().unwrap_or_else(|| panic!("the child exited before printing `{marker}`")).unwrap();
+            if let Some(a) = line.split(marker).nth(1) {
+                break a.split_whitespace().next().unwrap_or("").to_owned();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, addr }
+    }
+
+    fn stop(mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
+}
+
+/// `vipwatch serve` against `api`, with the receiver and the agent as endpoints, members in mode pod.
+fn vipwatch(dir: &Path, api: &FakeApiServer, receiver: &str, agent: &str) -> Process {
+    let config = format!(
+        "[kubernetes]\nurl = \"{}\"\n[database]\npath = \"{}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+         [backends]\nmode = \"pod\"\n[[pools]]\nname = \"bench\"\naddresses = [\"127.102.0.0/20\"]\n\
+         [[webhooks]]\nname = \"receiver\"\nurl = \"{receiver}\"\nsecret = \"{SECRET}\"\n\
+         [[webhooks]]\nname = \"haproxy\"\nurl = \"{agent}\"\nsecret = \"{SECRET}\"\n",
+        api.url(),
+        dir.join("vipwatch.db").display()
+    );
+    let path = dir.join("vipwatch.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vipwatch"));
+    cmd.args(["serve", "--config"]).arg(&path).env("VIPWATCH_LOG", "info");
+    Process::spawn(cmd, "API listening addr=", false)
+}
+
+/// This binary as the agent (`agent-child DIR`), with the default batch window and HAProxy tied to it.
+fn agent(dir: &Path) -> Process {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.arg("agent-child").arg(dir);
+    Process::spawn(cmd, "AGENT ", true)
+}
+
+/// The `agent-child` mode: the agent on 127.0.0.1:0 until SIGTERM.
+async fn agent_child(dir: &str) {
+    let config = vipwatch_haproxy::AgentConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        secrets: vec![SECRET.into()],
+        dir: dir.into(),
+        stop_haproxy_on_exit: true,
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
+    println!("AGENT {}", listener.local_addr().unwrap());
+    let term = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+        term.recv().await;
+    };
+    vipwatch_haproxy::run(config, listener, term).await.unwrap();
+}
+
+async fn until<T>(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn reloads(dir: &Path) -> u64 {
+    vipwatch_haproxy::haproxy::Haproxy::new("haproxy".as_ref(), dir).show_proc().await.unwrap().reloads
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted.get(((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN)
+}
+
+fn report(what: &str, mut got: Vec<f64>, mut base: Vec<f64>) {
+    got.sort_by(f64::total_cmp);
+    base.sort_by(f64::total_cmp);
+    let (p50, p99, b50, b99) = (pct(&got, 0.5), pct(&got, 0.99), pct(&base, 0.5), pct(&base, 0.99));
+    println!(
+        "  {what}: p50 {p50:.0} ms, p99 {p99:.0} ms (delivered to the receiver: p50 {b50:.0} ms, p99 {b99:.0} ms; \
+         ratios {:.2} / {:.2})",
+        p50 / b50,
+        p99 / b99
+    );
+}
+
+fn arrival(arrivals: &Arrivals, name: &str, marker: &str) -> Option<Instant> {
+    arrivals.lock().unwrap().get(&(name.to_owned(), marker.to_owned())).copied()
+}
+
+/// The VIP of Service `name`, from its ADDED at the receiver (the status write-back, which waits for
+/// every endpoint's acknowledgement, is not what is measured).
+fn vip_of(arrivals: &Arrivals, name: &str) -> Option<String> {
+    let got = arrivals.lock().unwrap();
+    got.keys().find(|(n, m)| n == name && m.starts_with("vip=")).map(|(_, m)| m["vip=".len()..].to_owned())
+}
+
+async fn creates_and_member_changes(n: usize) {
+    let api = FakeApiServer::start_with(FakeApiServerOptions::default()).await.unwrap();
+    let (url, arrivals) = receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = agent(&dir.path().join("agent"));
+    let vw = vipwatch(dir.path(), &api, &url, &format!("http://{}/hooks/vipwatch", agent.addr));
+    let client = reqwest::Client::new();
+    until("vipwatch ready", Duration::from_secs(60), async || {
+        let r = client.get(format!("http://{}/readyz", vw.addr)).send().await.ok()?;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+
+    let (mut got, mut base, mut vips) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
+        let name = name(i);
+        let start = Instant::now();
+        api.apply(service(&name));
+        api.apply_resource(Resource::EndpointSlices, slice(&name, POD_A));
+        let vip =
+            until("the VIP in the receiver's ADDED", Duration::from_secs(30), async || vip_of(&arrivals, &name)).await;
+        let addr = format!("{vip}:{PORT}");
+        until("a connection through the VIP", Duration::from_secs(30), async || {
+            (hit(&addr).await.as_deref() == Some("a")).then_some(())
+        })
+        .await;
+        got.push(start.elapsed().as_secs_f64() * 1000.0);
+        let arrived =
+            until("the receiver's ADDED", Duration::from_secs(30), async || arrival(&arrivals, &name, "added")).await;
+        base.push(arrived.duration_since(start).as_secs_f64() * 1000.0);
+        vips.push(addr);
+    }
+    report(&format!("Service created → first connection through its VIP ({n} Services)"), got, base);
+
+    let agent_dir = dir.path().join("agent");
+    let before = reloads(&agent_dir).await;
+    let (mut got, mut base) = (Vec::new(), Vec::new());
+    for (i, addr) in vips.iter().enumerate() {
+        let name = name(i);
+        let start = Instant::now();
+        api.apply_resource(Resource::EndpointSlices, slice(&name, POD_B));
+        until("the connection reaching the new pod", Duration::from_secs(30), async || {
+            (hit(addr).await.as_deref() == Some("b")).then_some(())
+        })
+        .await;
+        got.push(start.elapsed().as_secs_f64() * 1000.0);
+        let arrived =
+            until("the receiver's MODIFIED", Duration::from_secs(30), async || arrival(&arrivals, &name, POD_B)).await;
+        base.push(arrived.duration_since(start).as_secs_f64() * 1000.0);
+    }
+    report(&format!("member-only change → live ({n} changes)"), got, base);
+    println!("    reloads for those {n} member changes: {}", reloads(&agent_dir).await - before);
+    vw.stop();
+    agent.stop();
+}
+
+async fn bulk(n: usize) {
+    let options = FakeApiServerOptions { history_limit: 8 * n + 1000, ..Default::default() };
+    let api = FakeApiServer::start_with(options).await.unwrap();
+    api.seed((0..n).map(|i| service(&name(i))));
+    api.seed((0..n).map(|i| slice(&name(i), POD_A)));
+    let (url, arrivals) = receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent_dir = dir.path().join("agent");
+    let agent = agent(&agent_dir);
+    let client = reqwest::Client::new();
+    let start = Instant::now();
+    let vw = vipwatch(dir.path(), &api, &url, &format!("http://{}/hooks/vipwatch", agent.addr));
+    let last = name(n - 1);
+    let received = until("every ADDED at the receiver", Duration::from_secs(600), async || {
+        let got = arrivals.lock().unwrap();
+        let all = (0..n).all(|i| got.contains_key(&(name(i), "added".to_owned())));
+        all.then(|| got.values().copied().max().unwrap())
+    })
+    .await;
+    let state_url = format!("http://{}/state", agent.addr);
+    until("every Service applied by the agent", Duration::from_secs(600), async || {
+        let state: Value = client.get(&state_url).send().await.ok()?.json().await.ok()?;
+        (state["services"].as_array()?.len() == n).then_some(())
+    })
+    .await;
+    let vip = until("the last VIP", Duration::from_secs(60), async || vip_of(&arrivals, &last)).await;
+    let addr = format!("{vip}:{PORT}");
+    until("the last VIP answering", Duration::from_secs(60), async || {
+        (hit(&addr).await.as_deref() == Some("a")).then_some(())
+    })
+    .await;
+    let applied = start.elapsed().as_secs_f64();
+    let base = received.duration_since(start).as_secs_f64();
+    println!(
+        "  {n} Services from empty: all live through HAProxy after {applied:.2} s (all delivered to the receiver: \
+         {base:.2} s; ratio {:.2}); reloads: {}",
+        applied / base,
+        reloads(&agent_dir).await
+    );
+    let master: u32 = std::fs::read_to_string(agent_dir.join("haproxy.pid")).unwrap().trim().parse().unwrap();
+    let worker = children(master).into_iter().map(peak_rss_mib).fold(0.0, f64::max);
+    let (agent_rss, vw_rss) = (peak_rss_mib(agent.child.id()), peak_rss_mib(vw.child.id()));
+    println!(
+        "  peak RSS: agent {agent_rss:.1} MiB, HAProxy worker {worker:.1} MiB, master {:.1} MiB \
+         (vipwatch {vw_rss:.1} MiB; agent ratio {:.2})",
+        peak_rss_mib(master),
+        agent_rss / vw_rss
+    );
+    vw.stop();
+    agent.stop();
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("agent-child") {
+        return agent_child(&args[1]).await;
+    }
+    let ok = Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
+    assert!(ok, "this benchmark runs a real HAProxy: install Debian's `haproxy` package");
+    vipwatch::relay::sender::install_crypto_provider();
+    let numbers: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let (creates, bulk_n) = (numbers.first().copied().unwrap_or(100), numbers.get(1).copied().unwrap_or(1000));
+    println!(
+        "haproxy: vipwatch → agent → HAProxy 2.6 → pods, through loopback VIPs (batch window 200 ms, backends window 250 ms)"
+    );
+    pod(POD_A, "a").await;
+    pod(POD_B, "b").await;
+    creates_and_member_changes(creates).await;
+    bulk(bulk_n).await;
+}
