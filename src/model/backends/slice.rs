@@ -79,10 +79,19 @@ impl ObservedSlice {
             .and_then(|l| l.get(SERVICE_NAME_LABEL))
             .filter(|s| !s.is_empty())
             .map(|s| ServiceKey::new(namespace.clone(), s.clone()));
+        let ipv6 = slice.address_type == "IPv6";
         let view = matches!(slice.address_type.as_str(), "IPv4" | "IPv6").then(|| SliceView {
-            ipv6: slice.address_type == "IPv6",
+            ipv6,
             ports: slice.ports.iter().flatten().filter_map(port).collect(),
-            endpoints: slice.endpoints.iter().flatten().filter_map(endpoint).collect(),
+            // An address of the other family than the slice's `addressType` is invalid (the
+            // apiserver's validation refuses it; a hand-written slice may still hold one): skipped.
+            endpoints: slice
+                .endpoints
+                .iter()
+                .flatten()
+                .filter_map(endpoint)
+                .filter(|e| e.address.is_ipv6() == ipv6)
+                .collect(),
         });
         Self {
             namespace,
@@ -155,6 +164,7 @@ mod tests {
             {"addresses": ["10.0.0.3"], "conditions": {"ready": false, "serving": false, "terminating": true}},
             {"addresses": ["10.0.0.4"], "conditions": {"ready": false}},
             {"addresses": ["10.0.0.5", "10.0.0.6"], "conditions": {"ready": true}},
+            {"addresses": ["fd00::7"], "conditions": {"ready": true}},
             {"addresses": []}]}));
         let states: Vec<(String, MemberState)> =
             s.view.unwrap().endpoints.iter().map(|e| (e.address.to_string(), e.state)).collect();
