@@ -111,7 +111,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let signals =
         watch::Signals { metrics: metrics.clone(), ready: ready_tx, committed: committed_tx, notices: notices.clone() };
     let addr = listener.local_addr()?;
-    let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&config)?);
+    let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&config, store.log_id())?);
     let (assign_tx, assign_rx) = tokio::sync::mpsc::channel(ASSIGNMENT_QUEUE);
     let mut relay_tasks = relay::start(
         &config,

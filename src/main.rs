@@ -67,7 +67,14 @@ fn init_tracing(command: &Command) {
     let filter = EnvFilter::try_from_env("VIPWATCH_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     // Colours only on a terminal: redirected logs (files, journald, kubectl logs) stay plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    // A log line that cannot be written (stderr on a full disk, a closed pipe) is lost quietly:
+    // tracing's own error report about it would panic on the same stderr, in the task that logged.
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .log_internal_errors(false)
+        .init();
 }
 
 #[tokio::main]

@@ -50,14 +50,14 @@ async fn an_added_service_is_delivered_signed_with_the_documented_payload() {
     let expected = json!({
         "type": "service.added",
         "timestamp": body["timestamp"],
-        "data": {"event_id": 1, "event": "ADDED", "cause": "watch",
+        "data": {"event_id": 1, "log_id": vw.store.log_id(), "event": "ADDED", "cause": "watch",
                  "service": {"namespace": "shop", "name": "web", "uid": uid, "resourceVersion": rv,
                              "vips": [], "type": "LoadBalancer", "loadBalancerClass": null,
                              "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": "8080", "nodePort": 30080, "appProtocol": null}],
                              "selector": {"app": "web"}, "externalTrafficPolicy": null, "healthCheckNodePort": null,
                              "sessionAffinity": "None", "sessionAffinityTimeoutSeconds": null,
-                             "loadBalancerSourceRanges": [], "externalIps": [], "ipFamilies": [], "ipFamilyPolicy": null,
-                             "allocateLoadBalancerNodePorts": null, "loadBalancerIp": null, "requestedIps": [],
+                             "loadBalancerSourceRanges": [], "externalIPs": [], "ipFamilies": [], "ipFamilyPolicy": null,
+                             "allocateLoadBalancerNodePorts": null, "loadBalancerIP": null, "requestedIPs": [],
                              "ingress": [], "labels": {"app": "web"}, "annotations": {},
                              "allocation": null, "finalizers": [], "deleting": false,
                              "backends": members["nodePort"]},
@@ -207,7 +207,6 @@ async fn per_service_order_holds_while_the_receiver_fails_every_other_request() 
     })
     .await;
     let events: Vec<(String, i64)> = accepted.iter().map(|h| h.event()).collect();
-    assert_eq!(events.first().unwrap().0, "ADDED");
     assert_eq!(events.last().unwrap().0, "DELETED");
     let ids: Vec<i64> = events.iter().map(|e| e.1).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "strictly in event order: {ids:?}");
@@ -219,7 +218,8 @@ async fn per_service_order_holds_while_the_receiver_fails_every_other_request() 
         let delivered = ids.contains(&row.event_id.unwrap());
         match row.state.as_str() {
             "succeeded" => assert!(delivered),
-            "superseded" => assert!(!delivered && row.kind == "MODIFIED"),
+            // The DELETED carries the whole state, so it may supersede even the retrying ADDED.
+            "superseded" => assert!(!delivered && row.kind != "DELETED", "{} {}", row.id, row.kind),
             other => panic!("delivery {} is {other}", row.id),
         }
     }
@@ -375,4 +375,51 @@ async fn an_endpoint_with_its_own_concurrency_has_no_more_deliveries_in_flight()
     wait_hits(&fast, 5).await; // `wide` (relay.concurrency) sends all five at once
     wait_hits(&stuck, 2).await;
     assert_eq!(stuck.hits().len(), 2, "`narrow` holds two in flight and waits");
+}
+
+/// A receiver that refuses every `ADDED` for good (422) and takes everything else.
+async fn refusing_added() -> Receiver {
+    Receiver::start(|_, hit| if hit.event().0 == "ADDED" { Reply::Status(422) } else { Reply::Status(204) }).await
+}
+
+#[tokio::test]
+async fn a_deleted_service_whose_added_is_refused_is_deleted_without_waiting_a_day() {
+    let h = Harness::new().await;
+    let rx = refusing_added().await;
+    let vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_hits(&rx, 2).await; // the ADDED, refused, and retried
+    assert!(h.api.delete("shop", "web"));
+    // The DELETED carries the whole last state: the refused ADDED before it is superseded, the DELETED
+    // goes out, and the finalizer comes off, so the object goes away.
+    wait_until("the DELETED delivered", || async {
+        rx.accepted().iter().any(|hit| hit.event().0 == "DELETED").then_some(())
+    })
+    .await;
+    wait_until("the Service gone from the apiserver", || async { h.api.get("shop", "web").is_none().then_some(()) })
+        .await;
+    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    let states: Vec<(&str, &str)> = rows.iter().map(|r| (r.kind.as_str(), r.state.as_str())).collect();
+    assert_eq!(states, [("ADDED", "superseded"), ("DELETED", "succeeded")]);
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_resync_is_not_held_back_by_a_delivery_the_receiver_refuses() {
+    let h = Harness::new().await;
+    let rx = refusing_added().await;
+    let config = h.config_with(vec![webhook("lab", &rx.url)]);
+    let vw = h.start(config.clone()).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_hits(&rx, 2).await;
+    vipwatch::relay::resync(&vw.store, &config, Some("lab")).await.unwrap();
+    wait_until("the resync delivered", || async {
+        let kinds: Vec<String> = rx.accepted().iter().map(|hit| s(hit.json()["type"].as_str().unwrap())).collect();
+        (kinds.contains(&s("service.synced")) && kinds.contains(&s("sync.completed"))).then_some(())
+    })
+    .await;
+    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    let added = rows.iter().find(|r| r.kind == "ADDED").unwrap();
+    assert_eq!(added.state, "superseded", "the SYNCED carries the whole state the ADDED had");
+    vw.stop().await.unwrap();
 }

@@ -76,3 +76,38 @@ async fn kill_9_during_a_burst_then_restart_delivers_every_event_at_least_once()
     assert!(duplicates <= CONCURRENCY, "{duplicates} duplicates; only the {CONCURRENCY} in flight may repeat");
     store.close().await;
 }
+
+#[tokio::test]
+async fn with_its_log_on_a_full_disk_vipwatch_records_and_delivers_every_change() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let config_path = h.dir.path().join("vipwatch.toml");
+    let config = format!(
+        "[kubernetes]\nurl = \"{}\"\n[database]\npath = \"{}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+         [[webhooks]]\nname = \"lab\"\nurl = \"{}\"\nsecret = \"{SECRET}\"\n",
+        h.api.url(),
+        h.db_path().display(),
+        rx.url
+    );
+    std::fs::write(&config_path, config).unwrap();
+    // Every log line fails with ENOSPC; at `debug` there are many.
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let _vw = tokio::process::Command::new(env!("CARGO_BIN_EXE_vipwatch"))
+        .args(["serve", "--config"])
+        .arg(&config_path)
+        .env("VIPWATCH_LOG", "debug")
+        .stdout(Stdio::null())
+        .stderr(full)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for i in 0..20 {
+        h.api.apply(lb_service("shop", &format!("web-{i:02}"), 80));
+    }
+    wait_until("20 ADDEDs delivered", || async { (rx.accepted().len() == 20).then_some(()) }).await;
+    h.api.update("shop", "web-00", |o| o["metadata"]["labels"]["tier"] = serde_json::json!("gold"));
+    wait_until("the MODIFIED delivered too", || async { (rx.accepted().len() == 21).then_some(()) }).await;
+    let events: Vec<String> = rx.accepted().iter().map(|h| h.event().0).collect();
+    assert_eq!(events.iter().filter(|e| *e == "ADDED").count(), 20);
+    assert_eq!(events.last().map(String::as_str), Some("MODIFIED"));
+}

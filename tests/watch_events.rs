@@ -31,8 +31,8 @@ async fn create_modify_delete_record_exact_event_and_state_rows() {
         "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": "8080", "nodePort": 30080, "appProtocol": null}],
         "selector": {"app": "web"}, "externalTrafficPolicy": null, "healthCheckNodePort": null,
         "sessionAffinity": "None", "sessionAffinityTimeoutSeconds": null, "loadBalancerSourceRanges": [],
-        "externalIps": [], "ipFamilies": [], "ipFamilyPolicy": null, "allocateLoadBalancerNodePorts": null,
-        "loadBalancerIp": null, "requestedIps": [], "ingress": [], "labels": {"app": "web"}, "annotations": {}
+        "externalIPs": [], "ipFamilies": [], "ipFamilyPolicy": null, "allocateLoadBalancerNodePorts": null,
+        "loadBalancerIP": null, "requestedIPs": [], "ingress": [], "labels": {"app": "web"}, "annotations": {}
     }))
     .unwrap();
     let key = ServiceKey::new("shop", "web");

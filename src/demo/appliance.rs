@@ -137,6 +137,7 @@ mod tests {
         let key = ServiceKey::new("shop", "web");
         payload(&PayloadInput {
             event_id: Some(1),
+            log_id: "log",
             event,
             cause,
             observed_at: 0,

@@ -59,7 +59,7 @@ pub fn new_msg_id() -> String {
 /// each marked with the resync's id, its index and the total, then one `sync.completed`. Returns how
 /// many Services per endpoint. Errors: [`RelayError::UnknownWebhook`], [`RelayError::Store`].
 pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Result<Vec<(String, usize)>, RelayError> {
-    let router = Router::new(config)?;
+    let router = Router::new(config, store.log_id())?;
     if let Some(name) = only
         && !router.routes.iter().any(|r| r.name == name)
     {
@@ -84,7 +84,8 @@ pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Resul
         let n = deliveries.len();
         // `sync.completed` goes on a queue of its own (no Service), so it does not wait for the others:
         // receivers count the `service.synced` of the same id up to `total`.
-        let completed = payload::render_completed(now, SyncMarker { id, index: None, total, as_of_event_id });
+        let completed =
+            payload::render_completed(now, store.log_id(), SyncMarker { id, index: None, total, as_of_event_id });
         let marker =
             NewDelivery { webhook: route.name.clone(), kind: "SYNCED", msg_id: new_msg_id(), payload: completed };
         deliveries.push((marker, ServiceKey::new("", "")));

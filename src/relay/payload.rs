@@ -13,6 +13,8 @@ use crate::model::{ServiceKey, ServiceView};
 pub struct PayloadInput<'a> {
     /// Event id, if any.
     pub event_id: Option<i64>,
+    /// The event log's identity ([`crate::store::Store::log_id`]).
+    pub log_id: &'a str,
     /// `ADDED` / `MODIFIED` / `DELETED` / `SYNCED`.
     pub event: EventKind,
     /// The cause.
@@ -60,6 +62,7 @@ pub fn payload(input: &PayloadInput<'_>) -> WebhookPayload {
         timestamp: rfc3339(input.observed_at),
         data: WebhookPayloadData {
             event_id: input.event_id,
+            log_id: Some(input.log_id.to_owned()),
             event: input.event,
             cause: input.cause,
             service: Some(service(input.view, input.backends)),
@@ -72,12 +75,13 @@ pub fn payload(input: &PayloadInput<'_>) -> WebhookPayload {
 }
 
 /// The `sync.completed` body closing a resync (no Service).
-pub fn render_completed(observed_at: i64, sync: SyncMarker) -> String {
+pub fn render_completed(observed_at: i64, log_id: &str, sync: SyncMarker) -> String {
     let payload = WebhookPayload {
         kind: PayloadType::SyncCompleted,
         timestamp: rfc3339(observed_at),
         data: WebhookPayloadData {
             event_id: None,
+            log_id: Some(log_id.to_owned()),
             event: EventKind::Synced,
             cause: Cause::Resync,
             service: None,

@@ -52,12 +52,14 @@ impl Route {
 pub struct Router {
     pub(super) routes: Vec<Route>,
     modes: ModePlan,
+    log_id: String,
 }
 
 impl Router {
-    /// Builds the routes of every enabled endpoint of `config`. Errors: [`RelayError::Endpoint`] for a
-    /// label selector that does not parse (already rejected by config validation).
-    pub fn new(config: &Config) -> Result<Self, RelayError> {
+    /// Builds the routes of every enabled endpoint of `config`, for the event log `log_id`. Errors:
+    /// [`RelayError::Endpoint`] for a label selector that does not parse (already rejected by config
+    /// validation).
+    pub fn new(config: &Config, log_id: &str) -> Result<Self, RelayError> {
         let routes = config
             .webhooks
             .iter()
@@ -74,7 +76,7 @@ impl Router {
                 })
             })
             .collect::<Result<_, RelayError>>()?;
-        Ok(Self { routes, modes: config.mode_plan() })
+        Ok(Self { routes, modes: config.mode_plan(), log_id: log_id.to_owned() })
     }
 
     /// The body of `e` for an endpoint that had members in mode `before` and has them in `mode`
@@ -100,6 +102,7 @@ impl Router {
         }
         Some(render(&PayloadInput {
             event_id: Some(e.id),
+            log_id: &self.log_id,
             event: e.event.kind.event_kind(),
             cause: e.cause,
             observed_at: e.observed_at,
@@ -120,6 +123,7 @@ impl Router {
         let mode = self.modes.mode_for(&s.view, &route.name);
         let payload = render(&PayloadInput {
             event_id: None,
+            log_id: &self.log_id,
             event: EventKind::Synced,
             cause: Cause::Resync,
             observed_at: now,

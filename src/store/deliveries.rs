@@ -119,10 +119,12 @@ const DELIVERY_COLUMNS: &str = "SELECT id, webhook, event_id, namespace, name, k
     created_at, next_attempt_at, finished_at, last_status, last_error, payload FROM deliveries";
 
 impl Store {
-    /// Records finished attempts and moves their deliveries on, in one transaction.
+    /// Records finished attempts and moves their deliveries on, in one transaction; a retried ADDED or
+    /// MODIFIED with a DELETED or SYNCED queued behind it is superseded by that.
     pub async fn complete(&self, done: &[Completion]) -> Result<(), StoreError> {
         let now = now_ms();
         let mut tx = self.write.begin().await?;
+        let mut retried = Vec::new();
         for c in done {
             let a = &c.attempt;
             let sql = "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, error, \
@@ -140,7 +142,10 @@ impl Store {
                 .await?;
             let (state, next, finished) = match c.outcome {
                 Outcome::Succeeded => ("succeeded", None, Some(now)),
-                Outcome::Retry(at) => ("pending", Some(at), None),
+                Outcome::Retry(at) => {
+                    retried.push(c.delivery_id);
+                    ("pending", Some(at), None)
+                }
                 Outcome::Failed => ("failed", None, Some(now)),
             };
             let sql = "UPDATE deliveries SET state = ?, attempts = attempts + 1, claimed_until = NULL, \
@@ -156,6 +161,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
         }
+        super::outbox::supersede_retried(&mut tx, now, &retried).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -32,6 +32,7 @@ use sqlx::SqlitePool;
 pub struct Store {
     pool: SqlitePool,
     write: SqlitePool,
+    log_id: std::sync::Arc<str>,
 }
 
 /// Current time as Unix milliseconds (UTC), the unit of every `*_at` column.

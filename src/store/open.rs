@@ -29,8 +29,15 @@ impl Store {
             .pragma("temp_store", "memory");
         let write = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
         sqlx::migrate!("./migrations").run(&write).await?;
+        let log_id = log_id(&write).await?;
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
-        Ok(Self { pool, write })
+        Ok(Self { pool, write, log_id })
+    }
+
+    /// The identity of this database's event log (`data.log_id` of every delivery): a UUID made
+    /// when the database was created. Event ids compare only within one log.
+    pub fn log_id(&self) -> &str {
+        &self.log_id
     }
 
     /// True when the write lock of the main database can be taken (`BEGIN IMMEDIATE`, then rolled
@@ -75,4 +82,12 @@ impl WriterLock {
             Err(std::fs::TryLockError::Error(source)) => Err(StoreError::LockFile { path: lock, source }),
         }
     }
+}
+
+/// Reads the log id, making it first when the database is new.
+async fn log_id(write: &sqlx::SqlitePool) -> Result<std::sync::Arc<str>, sqlx::Error> {
+    let fresh = uuid::Uuid::new_v4().to_string();
+    sqlx::query("INSERT OR IGNORE INTO meta (key, value) VALUES ('log_id', ?)").bind(fresh).execute(write).await?;
+    let id: String = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'log_id'").fetch_one(write).await?;
+    Ok(id.into())
 }

@@ -88,6 +88,40 @@ const SUPERSEDE: &str = "UPDATE deliveries SET state = 'superseded', finished_at
                   AND x.name = d.name AND x.state = 'pending' AND x.kind <> 'MODIFIED' \
                   AND x.id > d.id AND x.id < m.id))";
 
+/// Supersedes every pending ADDED or MODIFIED that is not in flight (no live lease at ?1) and is
+/// followed in its queue by a pending DELETED or SYNCED with id >= ?2: those carry the whole state, so
+/// what was queued before them says nothing the receiver still needs — and a delivery the receiver
+/// refuses for good (a 422 retried for a day) no longer holds back the Service's DELETED or its
+/// resync. A DELETED or SYNCED is never superseded.
+const SUPERSEDE_BY_FULL: &str = "UPDATE deliveries SET state = 'superseded', finished_at = ?1 WHERE id IN ( \
+    SELECT d.id FROM deliveries d JOIN deliveries m ON m.webhook = d.webhook AND m.namespace = d.namespace \
+      AND m.name = d.name AND m.state = 'pending' AND m.kind IN ('DELETED', 'SYNCED') AND m.id > d.id AND m.id >= ?2 \
+    WHERE d.state = 'pending' AND d.kind IN ('ADDED', 'MODIFIED') \
+      AND (d.claimed_until IS NULL OR d.claimed_until < ?1))";
+
+/// [`SUPERSEDE_BY_FULL`] for the deliveries whose ids are in the JSON array ?2 (attempts that just
+/// failed and were in flight when a DELETED or SYNCED queued behind them).
+const SUPERSEDE_RETRIED: &str = "UPDATE deliveries SET state = 'superseded', finished_at = ?1 WHERE id IN ( \
+    SELECT d.id FROM deliveries d WHERE d.id IN (SELECT value FROM json_each(?2)) AND d.state = 'pending' \
+      AND d.kind IN ('ADDED', 'MODIFIED') \
+      AND EXISTS (SELECT 1 FROM deliveries m WHERE m.webhook = d.webhook AND m.namespace = d.namespace \
+                  AND m.name = d.name AND m.state = 'pending' AND m.kind IN ('DELETED', 'SYNCED') AND m.id > d.id))";
+
+/// Supersedes the retried deliveries `ids` that a DELETED or SYNCED queued behind makes redundant
+/// ([`SUPERSEDE_RETRIED`]); part of recording their attempts.
+pub(super) async fn supersede_retried(
+    tx: &mut Transaction<'_, Sqlite>,
+    now: i64,
+    ids: &[i64],
+) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let ids = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+    sqlx::query(SUPERSEDE_RETRIED).bind(now).bind(ids).execute(&mut **tx).await?;
+    Ok(())
+}
+
 /// Enqueues the deliveries of freshly inserted events (ids in order) inside the batch transaction.
 pub(super) async fn enqueue(
     tx: &mut Transaction<'_, Sqlite>,
@@ -112,6 +146,7 @@ pub(super) async fn insert_deliveries(
     rows: &[DeliveryInsert<'_>],
 ) -> Result<(), StoreError> {
     let mut first_modified: Option<i64> = None;
+    let mut first_full: Option<i64> = None;
     let mut rest = rows;
     while !rest.is_empty() {
         let n = if rest.len() >= CHUNK { CHUNK } else { 1 << rest.len().ilog2() };
@@ -133,15 +168,21 @@ pub(super) async fn insert_deliveries(
         });
         q.push(" RETURNING id, kind");
         for row in q.build().fetch_all(&mut **tx).await? {
-            if row.get::<&str, _>("kind") == "MODIFIED" {
-                let id: i64 = row.get("id");
-                first_modified = Some(first_modified.map_or(id, |f| f.min(id)));
-            }
+            let id: i64 = row.get("id");
+            let first = match row.get::<&str, _>("kind") {
+                "MODIFIED" => &mut first_modified,
+                "DELETED" | "SYNCED" => &mut first_full,
+                _ => continue,
+            };
+            *first = Some(first.map_or(id, |f| f.min(id)));
         }
         rest = tail;
     }
     if let Some(first) = first_modified {
         sqlx::query(SUPERSEDE).bind(now).bind(first).execute(&mut **tx).await?;
+    }
+    if let Some(first) = first_full {
+        sqlx::query(SUPERSEDE_BY_FULL).bind(now).bind(first).execute(&mut **tx).await?;
     }
     Ok(())
 }

@@ -168,6 +168,11 @@ pub struct WebhookService {
 pub struct WebhookPayloadData {
     /// Event-log id; `null` for `service.synced` and `sync.completed`.
     pub event_id: Option<i64>,
+    /// The identity of the event log `event_id` and `sync.as_of_event_id` belong to: a UUID made
+    /// with vipwatch's database. Event ids compare only between deliveries with the same `log_id`
+    /// (a replaced database counts from 1 again, under a new one). Absent from vipwatch before 0.1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_id: Option<String>,
     /// `ADDED`, `MODIFIED`, `DELETED` or `SYNCED`.
     pub event: EventKind,
     /// Why it was recorded.

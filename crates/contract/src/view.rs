@@ -131,7 +131,9 @@ pub struct ServiceView {
     pub session_affinity_timeout_seconds: Option<i32>,
     /// `spec.loadBalancerSourceRanges` (CIDRs allowed to reach the VIP).
     pub load_balancer_source_ranges: Vec<String>,
-    /// `spec.externalIPs`.
+    /// `spec.externalIPs`. JSON `externalIPs`, Kubernetes' spelling and the name `changed` uses
+    /// (`externalIps` is still read: rows stored before 0.1 spelt it so).
+    #[serde(rename = "externalIPs", alias = "externalIps")]
     pub external_ips: Vec<String>,
     /// `spec.ipFamilies` (`IPv4`, `IPv6`), in order of preference.
     pub ip_families: Vec<String>,
@@ -140,9 +142,13 @@ pub struct ServiceView {
     /// `spec.allocateLoadBalancerNodePorts`.
     pub allocate_load_balancer_node_ports: Option<bool>,
     /// `spec.loadBalancerIP` (deprecated upstream, still honoured); `None` unless it is an IP address.
+    /// JSON `loadBalancerIP`, as in Kubernetes and `changed` (`loadBalancerIp` is still read).
+    #[serde(rename = "loadBalancerIP", alias = "loadBalancerIp")]
     pub load_balancer_ip: Option<String>,
     /// IPs requested by annotation (first of [`REQUESTED_IP_ANNOTATIONS`] present), trimmed, in order;
-    /// entries that are not IP addresses are dropped.
+    /// entries that are not IP addresses are dropped. JSON `requestedIPs`, the name `changed` uses
+    /// (`requestedIps` is still read).
+    #[serde(rename = "requestedIPs", alias = "requestedIps")]
     pub requested_ips: Vec<String>,
     /// `status.loadBalancer.ingress`: the addresses currently published. Status only: a change here
     /// alone is not a MODIFIED.
@@ -205,5 +211,26 @@ impl ServiceView {
     /// apiserver left it out (single-stack IPv4 clusters before 1.20).
     pub fn families(&self) -> Vec<&str> {
         if self.ip_families.is_empty() { vec!["IPv4"] } else { self.ip_families.iter().map(String::as_str).collect() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ServiceView;
+
+    #[test]
+    fn ip_fields_are_spelt_as_in_kubernetes_and_in_changed_and_old_rows_still_read() {
+        let old = serde_json::json!({"type": "LoadBalancer", "loadBalancerClass": null, "ports": [], "selector": {},
+            "externalTrafficPolicy": null, "healthCheckNodePort": null, "sessionAffinity": "None",
+            "sessionAffinityTimeoutSeconds": null, "loadBalancerSourceRanges": [], "externalIps": ["198.51.100.7"],
+            "ipFamilies": [], "ipFamilyPolicy": null, "allocateLoadBalancerNodePorts": null,
+            "loadBalancerIp": "192.0.2.9", "requestedIps": ["192.0.2.10"], "ingress": [], "labels": {}, "annotations": {}});
+        let view: ServiceView = serde_json::from_value(old).unwrap();
+        assert_eq!((view.external_ips.len(), view.load_balancer_ip.as_deref()), (1, Some("192.0.2.9")));
+        let new = serde_json::to_value(&view).unwrap();
+        assert_eq!(new["externalIPs"], serde_json::json!(["198.51.100.7"]));
+        assert_eq!(new["loadBalancerIP"], "192.0.2.9");
+        assert_eq!(new["requestedIPs"], serde_json::json!(["192.0.2.10"]));
+        assert!(new.get("externalIps").is_none());
     }
 }

@@ -80,6 +80,10 @@ pub struct Applier {
     syncs: Syncs,
     metrics: Arc<Metrics>,
     status: watch::Sender<Status>,
+    /// Sweeps of completed resyncs not yet live.
+    sweeps: Vec<crate::state::Intent>,
+    /// `agent.lock` in the directory, held exclusively: one agent per directory (and HAProxy).
+    _lock: std::fs::File,
 }
 
 impl Applier {
@@ -88,6 +92,7 @@ impl Applier {
     /// HAProxy cannot be started or reloaded.
     pub async fn start(config: AgentConfig, metrics: Arc<Metrics>) -> Result<(Self, watch::Receiver<Status>), String> {
         std::fs::create_dir_all(&config.dir).map_err(|e| format!("{}: {e}", config.dir.display()))?;
+        let lock = lock_dir(&config.dir)?;
         let state_path = config.dir.join("state.json");
         let mut desired = Desired::load(&state_path)?;
         desired.reslot(config.server_slots);
@@ -120,8 +125,19 @@ impl Applier {
             }
         }
         let (status, rx) = watch::channel(Status::default());
-        let applier =
-            Self { desired, applied, haproxy, globals, config, state_path, syncs: Syncs::default(), metrics, status };
+        let applier = Self {
+            desired,
+            applied,
+            haproxy,
+            globals,
+            config,
+            state_path,
+            syncs: Syncs::default(),
+            metrics,
+            status,
+            sweeps: Vec::new(),
+            _lock: lock,
+        };
         applier.publish(true, None);
         Ok((applier, rx))
     }
@@ -181,12 +197,27 @@ impl Applier {
                 Err(outcome) => self.answer(job, outcome),
             }
         }
-        if pending.is_empty() {
+        // Completed resyncs sweep what they did not include; kept until a batch carrying them is live.
+        self.sweeps.extend(self.syncs.take_sweeps());
+        for sweep in &self.sweeps {
+            let _ = candidate.apply(sweep.clone());
+        }
+        if pending.is_empty() && candidate == self.desired {
+            self.sweeps.clear();
             return;
         }
         candidate.reslot(self.config.server_slots);
         match self.activate(&candidate).await {
             Ok(()) => {
+                if !self.sweeps.is_empty() {
+                    let removed = self.desired.services.keys().filter(|k| !candidate.services.contains_key(*k)).count();
+                    info!(
+                        removed,
+                        services = candidate.services.len(),
+                        "resync complete: removed what it did not include"
+                    );
+                }
+                self.sweeps.clear();
                 self.desired = candidate;
                 if let Err(e) = self.desired.save(&self.state_path) {
                     warn!(error = %e, path = %self.state_path.display(), "cannot save the state; a restart would roll back to the previous one");
@@ -197,7 +228,7 @@ impl Applier {
                 }
             }
             Err(Failure::Rejected(why)) if pending.len() > 1 => {
-                warn!(deliveries = pending.len(), reason = %why, "HAProxy refused a batch; applying its deliveries one at a time");
+                warn!(deliveries = pending.len(), reason = %why, "a batch cannot be applied; applying its deliveries one at a time");
                 for job in pending {
                     Box::pin(self.apply_batch(vec![job])).await;
                 }
@@ -222,7 +253,12 @@ impl Applier {
     fn take(&mut self, candidate: &mut Desired, payload: &WebhookPayload) -> Result<(), Outcome> {
         let intents = self.syncs.intents(payload);
         if intents.is_empty() {
-            return Err(Outcome::Ignored("nothing to apply".into()));
+            // `sync.completed`: applied with the batch (its sweep, if it completed the resync).
+            return if payload.kind == vipwatch_contract::PayloadType::SyncCompleted {
+                Ok(())
+            } else {
+                Err(Outcome::Ignored("nothing to apply".into()))
+            };
         }
         for intent in intents {
             if let Some(why) = candidate.ignore(&intent) {
@@ -237,6 +273,10 @@ impl Applier {
         let d = &job.payload.data;
         let service = d.service.as_ref().map(|s| format!("{}/{}", s.namespace, s.name)).unwrap_or_default();
         match &outcome {
+            Outcome::Applied if d.service.is_none() => {
+                let sync = d.sync.as_ref().map(|s| s.id.as_str()).unwrap_or_default();
+                info!(sync, kind = job.payload.kind.as_str(), "resync marker noted");
+            }
             Outcome::Applied => {
                 self.metrics.apply_seconds.observe(job.received.elapsed().as_secs_f64());
                 info!(service, event = d.event.as_str(), kind = job.payload.kind.as_str(), "applied");
@@ -270,6 +310,7 @@ impl Applier {
                     write_atomically(&self.haproxy.config, new.text.as_bytes())
                         .map_err(|e| Failure::Transient(e.to_string()))?;
                     self.metrics.runtime_updates.inc();
+                    info!(commands = commands.len(), "members changed through the Runtime API (no reload)");
                     self.applied = new;
                     return Ok(());
                 }
@@ -297,6 +338,10 @@ impl Applier {
         self.metrics.reloads.get_or_create(&crate::metrics::ResultLabels { result: result.into() }).inc();
         if let Err(e) = reloaded {
             let _ = write_atomically(&self.haproxy.config, self.applied.text.as_bytes());
+            // A bind that failed after the pre-flight passed (a program took the address meanwhile):
+            // the same Service would fail again, so it is refused. HAProxy's own words are only there
+            // when this agent started it (they go to the starting agent's stderr).
+            preflight(&added)?;
             let why = e.to_string();
             return Err(if why.contains("cannot bind") { Failure::Rejected(why) } else { Failure::Transient(why) });
         }
@@ -394,4 +439,25 @@ async fn confirm_live(added: &[SocketAddr], removed: &[SocketAddr], timeout: Dur
 /// ["backends"]`): within the server slots, a Runtime API update.
 fn is_members_only(p: &WebhookPayload) -> bool {
     p.kind == vipwatch_contract::PayloadType::ServiceModified && p.data.changed == ["backends"]
+}
+
+/// Takes `<dir>/agent.lock` exclusively (released when the agent exits, even by SIGKILL). Errors:
+/// another agent holds it, or the file cannot be opened.
+fn lock_dir(dir: &std::path::Path) -> Result<std::fs::File, String> {
+    let path = dir.join("agent.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "another vipwatch-haproxy already runs with dir {} (it holds {}); one agent per directory",
+            dir.display(),
+            path.display()
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(format!("{}: {e}", path.display())),
+    }
 }

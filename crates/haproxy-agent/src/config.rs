@@ -16,6 +16,12 @@ pub const DEFAULT_CONFIG_FILE: &str = "vipwatch-haproxy.toml";
 /// The prefix of the environment overrides (`VIPWATCH_HAPROXY_LISTEN=...`).
 pub const ENV_PREFIX: &str = "VIPWATCH_HAPROXY_";
 
+/// Variables with the prefix that are not keys: the config file (`--config`) and the log filter.
+pub const NAMED_VARS: [&str; 2] = ["CONFIG", "LOG"];
+
+/// Standard Webhooks keys are 24 to 64 random bytes (vipwatch refuses anything else).
+const KEY_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
+
 /// A configuration that cannot be used; the message names the key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -110,6 +116,14 @@ impl AgentConfig {
     /// Defaults, then the TOML file, then `VIPWATCH_HAPROXY_*` variables; validated. Errors:
     /// [`ConfigError`] naming the key.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let config = Self::load_unchecked(path)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// [`Self::load`] without the checks that only `serve` needs (secrets): what `render` reads.
+    /// Errors: an unreadable file or a key of the wrong type.
+    pub fn load_unchecked(path: Option<&Path>) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(AgentConfig::default()));
         match path {
             Some(p) => {
@@ -119,12 +133,11 @@ impl AgentConfig {
             None if Path::new(DEFAULT_CONFIG_FILE).exists() => figment = figment.merge(Toml::file(DEFAULT_CONFIG_FILE)),
             None => {}
         }
-        let figment = figment.merge(Env::prefixed(ENV_PREFIX));
+        let figment = figment.merge(Env::prefixed(ENV_PREFIX).ignore(&NAMED_VARS));
         let config: AgentConfig = figment.extract().map_err(|e| {
             let key = if e.path.is_empty() { String::new() } else { format!("`{}`: ", e.path.join(".")) };
             ConfigError::Invalid(format!("{key}{}", e.kind.to_string().trim_end()))
         })?;
-        config.validate()?;
         Ok(config)
     }
 
@@ -142,11 +155,14 @@ impl AgentConfig {
         if self.reload_timeout < Duration::from_millis(100) {
             return bad("reload_timeout", "must be at least 100ms");
         }
+        if self.batch_window > Duration::from_secs(10) {
+            return bad("batch_window", "must be at most 10s (deliveries would time out)");
+        }
         if self.answer_timeout < Duration::from_secs(1) || self.answer_timeout <= self.batch_window {
             return bad("answer_timeout", "must be at least 1s and longer than `batch_window`");
         }
-        if self.batch_window > Duration::from_secs(10) {
-            return bad("batch_window", "must be at most 10s (deliveries would time out)");
+        if self.hard_stop_after < Duration::from_secs(1) {
+            return bad("hard_stop_after", "must be at least 1s (0 would cut every connection at each reload)");
         }
         if self.dir.as_os_str().is_empty() {
             return bad("dir", "must not be empty");
@@ -154,26 +170,57 @@ impl AgentConfig {
         Ok(())
     }
 
-    /// Every secret, from `secrets` and `secret_files`, each checked to be a Standard Webhooks secret.
-    /// Errors: [`ConfigError::Value`] for an unreadable file or a value that is not `whsec_` + base64.
+    /// Every secret, from `secrets` and `secret_files`, each checked to be a Standard Webhooks secret:
+    /// `whsec_` + base64 of 24 to 64 bytes, as vipwatch requires. Errors: [`ConfigError::Value`] for
+    /// an unreadable file or a value that is not such a secret, naming the file.
     pub fn resolve_secrets(&self) -> Result<Vec<String>, ConfigError> {
-        let mut out = self.secrets.clone();
-        for path in &self.secret_files {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ConfigError::Value { key: "secret_files", reason: format!("{}: {e}", path.display()) })?;
-            out.push(text.trim_end().to_owned());
+        let mut out = Vec::new();
+        for (i, s) in self.secrets.iter().enumerate() {
+            check_secret(s)
+                .map_err(|why| ConfigError::Value { key: "secrets", reason: format!("entry {}: {why}", i + 1) })?;
+            out.push(s.clone());
         }
-        for s in &out {
-            if !s.starts_with("whsec_") || standardwebhooks::Webhook::new(s).is_err() {
-                let reason = "not a Standard Webhooks secret (`whsec_` + base64 key)".to_owned();
-                return Err(ConfigError::Value { key: "secrets", reason });
-            }
+        for path in &self.secret_files {
+            let invalid =
+                |why: String| ConfigError::Value { key: "secret_files", reason: format!("{}: {why}", path.display()) };
+            let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+            let secret = text.trim_end().to_owned();
+            check_secret(&secret).map_err(invalid)?;
+            out.push(secret);
         }
         Ok(out)
+    }
+
+    /// Runs `haproxy_bin -v`; its first line (the version). Errors: [`ConfigError::Value`] for
+    /// `haproxy_bin` when it cannot run.
+    pub fn check_haproxy(&self) -> Result<String, ConfigError> {
+        let invalid = |why: String| ConfigError::Value {
+            key: "haproxy_bin",
+            reason: format!("{}: {why}", self.haproxy_bin.display()),
+        };
+        let out =
+            std::process::Command::new(&self.haproxy_bin).arg("-v").output().map_err(|e| invalid(e.to_string()))?;
+        if !out.status.success() {
+            return Err(invalid(format!("`-v` exited with {}", out.status)));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(text.lines().next().unwrap_or_default().trim().to_owned())
     }
 
     /// The effective configuration as TOML, secrets redacted (`vipwatch-haproxy check-config`).
     pub fn to_redacted_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render the configuration: {e}\n"))
     }
+}
+
+/// Why `s` is not a Standard Webhooks secret vipwatch would sign with; the secret is never echoed.
+fn check_secret(s: &str) -> Result<(), String> {
+    use base64::Engine;
+    let not = || "not a Standard Webhooks secret (`whsec_` + base64 of 24 to 64 random bytes)".to_owned();
+    let key = s.strip_prefix("whsec_").ok_or_else(not)?;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(key).map_err(|_| not())?;
+    if !KEY_BYTES.contains(&bytes.len()) {
+        return Err(format!("the key is {} bytes; Standard Webhooks keys are 24 to 64 random bytes", bytes.len()));
+    }
+    standardwebhooks::Webhook::new(s).map(|_| ()).map_err(|_| not())
 }

@@ -155,7 +155,15 @@ impl Haproxy {
             tokio::time::sleep(Duration::from_millis(10)).await;
             match self.show_proc().await {
                 Ok(p) if p.reloads > before.reloads && p.failed == 0 => return Ok(()),
-                Ok(p) if p.reloads > before.reloads => return Err(HaproxyError::ReloadFailed(self.log_tail(10))),
+                Ok(p) if p.reloads > before.reloads => {
+                    let tail = self.log_tail(10);
+                    let why = if tail.is_empty() {
+                        "HAProxy kept the previous configuration; its messages are in the log of the agent that started it (this one attached to a running HAProxy)".to_owned()
+                    } else {
+                        tail
+                    };
+                    return Err(HaproxyError::ReloadFailed(why));
+                }
                 _ if Instant::now() >= deadline => {
                     return Err(HaproxyError::Unavailable(format!("no reload confirmed within {timeout:?}")));
                 }

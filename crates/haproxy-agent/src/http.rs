@@ -26,6 +26,10 @@ use vipwatch_contract::WebhookPayload;
 use crate::apply::{Job, Outcome, Status};
 use crate::metrics::{AnswerLabels, Metrics};
 
+/// Largest delivery body, in bytes (a Service with 10,000 members is about 1.5 MB); larger ones get
+/// a 413 problem.
+pub const MAX_BODY: usize = 16 * 1024 * 1024;
+
 /// `webhook-id`s remembered for deduplication.
 const SEEN: usize = 10_000;
 
@@ -77,15 +81,30 @@ pub fn router(http: Http) -> Router {
         .route("/state", get(state))
         .route("/metrics", get(metrics))
         .fallback(deliver)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(http)
 }
 
-async fn deliver(State(http): State<Http>, method: axum::http::Method, headers: HeaderMap, body: Bytes) -> Response {
+async fn deliver(
+    State(http): State<Http>,
+    method: axum::http::Method,
+    headers: HeaderMap,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
     if method != axum::http::Method::POST {
         return problem(StatusCode::METHOD_NOT_ALLOWED, "deliveries are POSTed", &http);
     }
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "refused: the body could not be read (larger than 16 MiB?)");
+            return problem(e.status(), &e.body_text(), &http);
+        }
+    };
     let received = Instant::now();
     if !http.verifiers.iter().any(|v| v.verify(&body, &headers).is_ok()) {
+        let id = headers.get("webhook-id").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        tracing::warn!(webhook_id = %id, "refused: the signature does not verify (wrong secret, or a clock more than 5 min off)");
         return problem(
             StatusCode::UNAUTHORIZED,
             "the Standard Webhooks signature does not verify (wrong secret, or a timestamp more than 5 minutes off)",
@@ -96,9 +115,19 @@ async fn deliver(State(http): State<Http>, method: axum::http::Method, headers: 
     if http.seen.lock().unwrap_or_else(|p| p.into_inner()).contains(&id) {
         return answer(StatusCode::OK, json!({"status": "duplicate"}), &http);
     }
+    // A `type` this agent does not know is acknowledged, as the contract asks of every receiver:
+    // vipwatch may add types without a new version.
+    if let Some(kind) = unknown_type(&body) {
+        tracing::info!(webhook_id = %id, kind = %kind, "ignored: a delivery type this agent does not know");
+        http.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+        return answer(StatusCode::OK, json!({"status": "ignored", "reason": format!("unknown type `{kind}`")}), &http);
+    }
     let payload: WebhookPayload = match serde_json::from_slice(&body) {
         Ok(p) => p,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, &format!("not a vipwatch delivery: {e}"), &http),
+        Err(e) => {
+            tracing::warn!(webhook_id = %id, error = %e, "refused: signed, but not a vipwatch delivery");
+            return problem(StatusCode::BAD_REQUEST, &format!("not a vipwatch delivery: {e}"), &http);
+        }
     };
     let (reply, outcome) = oneshot::channel();
     if http.jobs.send(Job { payload, received, reply }).await.is_err() {
@@ -118,6 +147,18 @@ async fn deliver(State(http): State<Http>, method: axum::http::Method, headers: 
         Ok(Err(_)) => unavailable("the agent is stopping", &http),
         Err(_) => unavailable("the change was not live in time", &http),
     }
+}
+
+/// The `type` of a JSON body when it is a string this agent does not know.
+fn unknown_type(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Typed {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    let typed: Typed = serde_json::from_slice(body).ok()?;
+    let known = serde_json::from_value::<vipwatch_contract::PayloadType>(json!(typed.kind)).is_ok();
+    (!known).then_some(typed.kind)
 }
 
 fn answer(status: StatusCode, body: serde_json::Value, http: &Http) -> Response {
@@ -140,6 +181,9 @@ fn unavailable(detail: &str, http: &Http) -> Response {
 
 /// 200 `ok` while HAProxy answers and the last apply did not fail transiently; else 503 with why.
 async fn healthz(State(http): State<Http>) -> Response {
+    if http.jobs.is_closed() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not healthy: the applier stopped").into_response();
+    }
     let s = http.status.borrow().clone();
     if s.haproxy_up {
         (StatusCode::OK, "ok").into_response()

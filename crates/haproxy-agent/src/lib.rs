@@ -39,6 +39,9 @@ pub enum AgentError {
     /// The HTTP listener failed.
     #[error("HTTP server: {0}")]
     Io(#[from] std::io::Error),
+    /// A part of the running agent ended on its own (see [`Running::died`]).
+    #[error("{0}")]
+    Died(String),
 }
 
 /// A running agent, as returned by [`start`].
@@ -46,7 +49,8 @@ pub struct Running {
     /// Where deliveries go.
     pub addr: SocketAddr,
     cancel: CancellationToken,
-    tasks: Vec<JoinHandle<()>>,
+    server: JoinHandle<()>,
+    applier: JoinHandle<()>,
 }
 
 impl Running {
@@ -54,8 +58,22 @@ impl Running {
     /// `stop_haproxy_on_exit`).
     pub async fn stop(self) {
         self.cancel.cancel();
-        for t in self.tasks {
-            let _ = t.await;
+        let _ = self.server.await;
+        let _ = self.applier.await;
+    }
+
+    /// Resolves when the HTTP server or the applier ended without being asked to (a panic
+    /// included), with which one and why: the agent can no longer do its job and must exit, so its
+    /// supervisor (systemd) restarts it and keepalived stops trusting it meanwhile.
+    pub async fn died(&mut self) -> String {
+        let (what, ended) = tokio::select! {
+            r = &mut self.server => ("the HTTP server", r),
+            r = &mut self.applier => ("the applier", r),
+        };
+        match ended {
+            Ok(()) => format!("{what} stopped"),
+            Err(e) if e.is_panic() => format!("{what} panicked"),
+            Err(e) => format!("{what} ended: {e}"),
         }
     }
 }
@@ -88,7 +106,7 @@ pub async fn start(config: AgentConfig, listener: TcpListener) -> Result<Running
         }
     });
     tracing::info!(%addr, "accepting vipwatch deliveries");
-    Ok(Running { addr, cancel, tasks: vec![server, applier_task] })
+    Ok(Running { addr, cancel, server, applier: applier_task })
 }
 
 /// Runs until `shutdown` resolves. Errors: [`AgentError`] at start.
@@ -97,9 +115,17 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
-    let running = start(config, listener).await?;
-    shutdown.await;
-    tracing::info!("shutting down");
-    running.stop().await;
-    Ok(())
+    let mut running = start(config, listener).await?;
+    tokio::select! {
+        _ = shutdown => {
+            tracing::info!("shutting down");
+            running.stop().await;
+            Ok(())
+        }
+        why = running.died() => {
+            tracing::error!(reason = %why, "cannot go on; exiting");
+            running.cancel.cancel();
+            Err(AgentError::Died(why))
+        }
+    }
 }

@@ -34,20 +34,38 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_env("VIPWATCH_HAPROXY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
-    let config = match AgentConfig::load(cli.config.as_deref()) {
+    // A log line that cannot be written (stderr on a full disk, a closed pipe) is lost quietly:
+    // tracing's own error report about it would panic on the same stderr, in the task that logged.
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .log_internal_errors(false)
+        .init();
+    let command = cli.command.unwrap_or(Command::Serve);
+    let loaded = match command {
+        Command::Render => AgentConfig::load_unchecked(cli.config.as_deref()),
+        _ => AgentConfig::load(cli.config.as_deref()),
+    };
+    let config = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("vipwatch-haproxy: invalid configuration: {e}");
             return ExitCode::from(2);
         }
     };
-    let result = match cli.command.unwrap_or(Command::Serve) {
+    let result = match command {
         Command::Serve => serve(config),
-        Command::CheckConfig => {
-            print!("{}", config.to_redacted_toml());
-            Ok(())
-        }
+        Command::CheckConfig => match config.check_haproxy() {
+            Ok(version) => {
+                print!("# {version}\n{}", config.to_redacted_toml());
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("vipwatch-haproxy: invalid configuration: {e}");
+                return ExitCode::from(2);
+            }
+        },
         Command::Render => render(&config),
     };
     match result {

@@ -54,7 +54,10 @@ pub fn render(desired: &Desired, globals: &Globals) -> Rendered {
     for (key, a) in &desired.services {
         let svc = &a.service;
         let vips: Vec<IpAddr> = svc.vips.iter().filter_map(|v| v.parse().ok()).collect();
-        for p in svc.view.ports.iter().filter(|p| p.protocol == "TCP") {
+        // No VIP yet (the pool is exhausted, or the address is still to come): nothing to bind, so
+        // no frontend (HAProxy would warn about one without a bind on every reload).
+        let ports = svc.view.ports.iter().filter(|p| p.protocol == "TCP" && !vips.is_empty());
+        for p in ports {
             let backend = backend_name(key, p.port);
             let frontend = format!("fe{}", &backend[2..]);
             let port = u16::try_from(p.port).unwrap_or(0);

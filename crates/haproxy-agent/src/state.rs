@@ -27,22 +27,32 @@ pub struct Version {
     pub event_id: Option<i64>,
     /// `metadata.resourceVersion` of the change.
     pub resource_version: String,
+    /// The event log `event_id` belongs to (`data.log_id`); event ids of different logs do not
+    /// compare.
+    #[serde(default)]
+    pub log_id: Option<String>,
 }
 
 impl Version {
     /// Whether `self` is strictly older than `other` (both of the same uid). The resourceVersions
     /// decide when both are numbers and differ (etcd revisions are; the issue's rule: "an older
     /// resourceVersion of the same uid"); on a tie — a members-only change keeps the Service's
-    /// resourceVersion — vipwatch's event ids decide when both have one. A resync (no event id) with
-    /// the same resourceVersion is therefore never stale, which is what repairs the state after
-    /// vipwatch's database was replaced and its event ids started again from 1.
+    /// resourceVersion — vipwatch's event ids decide when both have one from the same event log
+    /// (`log_id`). A replaced vipwatch database counts its event ids from 1 again under a new
+    /// `log_id`, so its deliveries are not mistaken for old ones.
     pub fn older_than(&self, other: &Version) -> bool {
         if let (Ok(a), Ok(b)) = (self.resource_version.parse::<u64>(), other.resource_version.parse::<u64>())
             && a != b
         {
             return a < b;
         }
-        matches!((self.event_id, other.event_id), (Some(a), Some(b)) if a < b)
+        self.log_id == other.log_id && matches!((self.event_id, other.event_id), (Some(a), Some(b)) if a < b)
+    }
+
+    /// Whether this change came after the snapshot of a resync of log `log_id` that included events
+    /// up to `as_of`: the same log and a higher event id.
+    pub fn after(&self, log_id: Option<&str>, as_of: Option<i64>) -> bool {
+        self.log_id.as_deref() == log_id && matches!((self.event_id, as_of), (Some(e), Some(o)) if e > o)
     }
 }
 
@@ -87,6 +97,9 @@ pub enum Intent {
         keep: BTreeSet<String>,
         /// The newest event id the resync included.
         as_of: Option<i64>,
+        /// The event log `as_of` belongs to: a Service last changed under another log (vipwatch's
+        /// database was replaced) is swept when the resync left it out.
+        log_id: Option<String>,
     },
 }
 
@@ -146,10 +159,9 @@ impl Desired {
                     self.tombstones.pop_first();
                 }
             }
-            Intent::Sweep { keep, as_of } => self.services.retain(|k, a| {
-                let newer = a.version.event_id.is_some_and(|e| as_of.is_some_and(|o| e > o));
-                keep.contains(k) || newer
-            }),
+            Intent::Sweep { keep, as_of, log_id } => {
+                self.services.retain(|k, a| keep.contains(k) || a.version.after(log_id.as_deref(), as_of))
+            }
         }
         Ok(())
     }
@@ -261,7 +273,7 @@ mod tests {
     use super::Version;
 
     fn v(event_id: Option<i64>, rv: &str) -> Version {
-        Version { event_id, resource_version: rv.to_owned() }
+        Version { event_id, resource_version: rv.to_owned(), log_id: Some("log-a".into()) }
     }
 
     #[test]
@@ -279,5 +291,16 @@ mod tests {
         // resourceVersions that are not numbers are opaque: only event ids can order them.
         assert!(v(Some(1), "b").older_than(&v(Some(2), "a")));
         assert!(!v(None, "b").older_than(&v(Some(2), "a")));
+    }
+
+    #[test]
+    fn event_ids_of_another_event_log_do_not_compare() {
+        // vipwatch's database was replaced: its ids start again at 1 under a new log id.
+        let replaced = Version { log_id: Some("log-b".into()), ..v(Some(1), "100") };
+        assert!(!replaced.older_than(&v(Some(900), "100")));
+        assert!(!replaced.after(Some("log-a"), Some(0)), "not newer than a resync of the other log");
+        assert!(v(Some(901), "100").after(Some("log-a"), Some(900)));
+        assert!(!v(Some(900), "100").after(Some("log-a"), Some(900)));
+        assert!(!v(None, "100").after(Some("log-a"), Some(900)), "a resync's own delivery is not newer");
     }
 }

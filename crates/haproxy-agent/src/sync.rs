@@ -2,9 +2,10 @@
 //! `service.synced` of one resync carries `{id, index, total}`; once all `total` of an id arrived (in
 //! any order, on separate queues), the Services the resync did not include are swept — unless their
 //! last change is newer than the resync's snapshot (`as_of_event_id`). `sync.completed` matters only for
-//! an empty resync (`total` 0).
+//! an empty resync (`total` 0). A Service HAProxy cannot serve still counts (it was included); a
+//! completed resync's sweep waits in [`Syncs::take_sweeps`] until a batch applies it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use vipwatch_contract::{PayloadType, SyncMarker, WebhookPayload};
 
@@ -13,28 +14,42 @@ use crate::state::{Intent, Version, key_of};
 /// Resyncs remembered at most (the oldest incomplete one is dropped first).
 const MAX_OPEN: usize = 16;
 
+/// Completed resync ids remembered, so a delivery of one seen again (a retry, a batch applied one by
+/// one after a refusal) does not open it anew.
+const MAX_FINISHED: usize = 64;
+
 /// One resync in progress.
 #[derive(Debug, Default)]
 struct Round {
     total: u64,
     as_of: Option<i64>,
+    log_id: Option<String>,
     seen: BTreeSet<String>,
     started: u64,
 }
 
-/// The resyncs in progress.
+/// The resyncs in progress, and the sweeps of those completed but not yet applied.
 #[derive(Debug, Default)]
 pub struct Syncs {
     open: HashMap<String, Round>,
+    finished: VecDeque<String>,
+    ready: Vec<Intent>,
     counter: u64,
 }
 
 impl Syncs {
-    /// What `p` asks for: an upsert or a delete of its Service, plus a sweep when it completes a resync.
+    /// What `p` asks of its Service: an upsert or a delete (none for `sync.completed`). A
+    /// `service.synced` or `sync.completed` is also counted towards its resync — whether or not the
+    /// Service itself can be applied, since it was included — and a resync it completes leaves a
+    /// sweep for [`Self::take_sweeps`].
     pub fn intents(&mut self, p: &WebhookPayload) -> Vec<Intent> {
         let mut out = Vec::new();
         if let Some(svc) = &p.data.service {
-            let version = Version { event_id: p.data.event_id, resource_version: svc.resource_version.clone() };
+            let version = Version {
+                event_id: p.data.event_id,
+                resource_version: svc.resource_version.clone(),
+                log_id: p.data.log_id.clone(),
+            };
             match p.kind {
                 PayloadType::ServiceDeleted => {
                     out.push(Intent::Delete { key: key_of(svc), uid: svc.uid.clone(), version });
@@ -44,28 +59,44 @@ impl Syncs {
         }
         if let Some(sync) = &p.data.sync {
             let key = p.data.service.as_ref().filter(|_| p.kind == PayloadType::ServiceSynced).map(key_of);
-            out.extend(self.note(sync, key));
+            self.note(sync, key, p.data.log_id.clone());
         }
         out
     }
 
-    /// Records that `key` (none for `sync.completed`) belongs to resync `sync`; the sweep when that
+    /// The sweeps of resyncs completed since the last call.
+    pub fn take_sweeps(&mut self) -> Vec<Intent> {
+        std::mem::take(&mut self.ready)
+    }
+
+    /// Records that `key` (none for `sync.completed`) belongs to resync `sync`; a sweep when that
     /// completes it.
-    fn note(&mut self, sync: &SyncMarker, key: Option<String>) -> Option<Intent> {
+    fn note(&mut self, sync: &SyncMarker, key: Option<String>, log_id: Option<String>) {
+        if self.finished.contains(&sync.id) {
+            return;
+        }
         self.counter += 1;
         let started = self.counter;
         let round = self.open.entry(sync.id.clone()).or_insert_with(|| Round { started, ..Round::default() });
         round.total = sync.total;
         round.as_of = sync.as_of_event_id;
+        round.log_id = log_id;
         round.seen.extend(key);
         if round.seen.len() as u64 >= round.total {
-            let round = self.open.remove(&sync.id)?;
-            return Some(Intent::Sweep { keep: round.seen, as_of: round.as_of });
+            if let Some(round) = self.open.remove(&sync.id) {
+                self.ready.push(Intent::Sweep { keep: round.seen, as_of: round.as_of, log_id: round.log_id });
+            }
+            self.finished.push_back(sync.id.clone());
+            if self.finished.len() > MAX_FINISHED {
+                self.finished.pop_front();
+            }
+            return;
         }
         while self.open.len() > MAX_OPEN {
-            let oldest = self.open.iter().min_by_key(|(_, r)| r.started).map(|(id, _)| id.clone())?;
+            let Some(oldest) = self.open.iter().min_by_key(|(_, r)| r.started).map(|(id, _)| id.clone()) else {
+                break;
+            };
             self.open.remove(&oldest);
         }
-        None
     }
 }

@@ -193,3 +193,81 @@ async fn a_full_resync_sweeps_what_it_did_not_include() {
     assert_eq!(state["services"].as_array().unwrap().len(), 1);
     agent.stop().await;
 }
+
+/// A `service.synced` of resync `id` (`total` Services, snapshot `as_of`) from event log `log`.
+fn synced(
+    name: &str,
+    vip: &str,
+    port: i32,
+    members: &[(usize, std::net::SocketAddr, MemberState)],
+    sync: (&str, u64, i64),
+    log: &str,
+) -> vipwatch_contract::WebhookPayload {
+    let mut d = delivery("service.synced", 1, name, vip, &[port], members);
+    d.data.log_id = Some(log.into());
+    let (id, total, as_of) = sync;
+    d.data.sync =
+        Some(vipwatch_contract::SyncMarker { id: id.into(), index: Some(1), total, as_of_event_id: Some(as_of) });
+    d
+}
+
+#[tokio::test]
+async fn a_resync_completes_with_a_refused_service_and_sweeps_what_an_older_event_log_left_behind() {
+    let agent = Agent::start().await;
+    let a = pod("a").await;
+    let (keep, old, bad) = (vip(), vip(), vip());
+    // Two Services from vipwatch's first database, with high event ids.
+    for (i, (name, v)) in [("keep", &keep), ("old", &old)].into_iter().enumerate() {
+        let mut added = delivery("service.added", 5000 + i as i64, name, v, &[18089], &[active(0, a)]);
+        added.data.log_id = Some("log-1".into());
+        assert_eq!(agent.send(&added).await.0, 200);
+    }
+    // vipwatch's database was replaced (event ids restart under log-2) and a resync of two Services
+    // follows: `keep`, and `bad`, which HAProxy can never serve (a UDP port) — arriving last.
+    let sync = ("sync_2", 2, 3);
+    assert_eq!(agent.send(&synced("keep", &keep, 18089, &[active(0, a)], sync, "log-2")).await.0, 200);
+    let mut refused = synced("bad", &bad, 18089, &[], sync, "log-2");
+    refused.data.service.as_mut().unwrap().view.ports[0].protocol = "UDP".into();
+    let (status, body) = agent.send(&refused).await;
+    assert_eq!((status, body["detail"].as_str().map(|d| d.contains("UDP"))), (422, Some(true)), "{body}");
+    // The resync is complete all the same: `old` (left out, and from the older log) is swept.
+    wait_until("the Service the resync left out to be swept", || async { hit(&format!("{old}:18089")).await.is_err() })
+        .await;
+    assert_eq!(hit(&format!("{keep}:18089")).await.as_deref(), Ok("a"));
+    let (_, state) = agent.get("/state").await;
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let names: Vec<&str> =
+        state["services"].as_array().unwrap().iter().map(|s| s["service"].as_str().unwrap()).collect();
+    assert_eq!(names, ["shop/keep"]);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn a_delivery_type_the_agent_does_not_know_is_acknowledged() {
+    let agent = Agent::start().await;
+    let body = serde_json::json!({"type": "service.renamed", "timestamp": "2026-12-01T00:00:00.000Z", "data": {}});
+    let (status, answer) = agent.send_json(&body).await;
+    assert_eq!(
+        (status, answer),
+        (200, serde_json::json!({"status": "ignored", "reason": "unknown type `service.renamed`"}))
+    );
+    // A known type with a broken body is still an error.
+    let broken = serde_json::json!({"type": "service.added", "timestamp": "x", "data": {}});
+    assert_eq!(agent.send_json(&broken).await.0, 400);
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn one_agent_per_directory() {
+    let agent = Agent::start().await;
+    let mut config = agent.config();
+    config.stop_haproxy_on_exit = false;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let Err(e) = vipwatch_haproxy::start(config, listener).await else { panic!("a second agent started") };
+    let expected = format!(
+        "another vipwatch-haproxy already runs with dir {0} (it holds {0}/agent.lock); one agent per directory",
+        agent.dir.path().display()
+    );
+    assert_eq!(e.to_string(), expected);
+    agent.stop().await;
+}

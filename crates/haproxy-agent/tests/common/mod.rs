@@ -106,22 +106,12 @@ impl Agent {
 
     /// POSTs `payload` signed with `secret` under `id`; returns the status and the body.
     pub async fn send_as(&self, payload: &WebhookPayload, id: &str, secret: &str) -> (u16, Value) {
-        let body = serde_json::to_string(payload).unwrap();
-        let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-        let signature = standardwebhooks::Webhook::new(secret).unwrap().sign(id, ts, body.as_bytes()).unwrap();
-        let r = self
-            .client
-            .post(format!("{}/hooks/vip", self.url))
-            .header("content-type", "application/json")
-            .header("webhook-id", id)
-            .header("webhook-timestamp", ts.to_string())
-            .header("webhook-signature", signature)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
+        post(&self.client, &self.url, &serde_json::to_value(payload).unwrap(), id, secret).await
+    }
+
+    /// POSTs any JSON `body`, signed with the right secret under a fresh id.
+    pub async fn send_json(&self, body: &Value) -> (u16, Value) {
+        post(&self.client, &self.url, body, &fresh_id(), SECRET).await
     }
 
     /// [`Self::send_as`] with the right secret and a fresh id.
@@ -160,6 +150,25 @@ impl Drop for Agent {
             let _ = std::process::Command::new("kill").args(["-TERM", pid.trim()]).status();
         }
     }
+}
+
+/// POSTs `body` to the agent at `url`, signed with `secret` under `id`; the status and the answer.
+pub async fn post(client: &reqwest::Client, url: &str, body: &Value, id: &str, secret: &str) -> (u16, Value) {
+    let body = body.to_string();
+    let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let signature = standardwebhooks::Webhook::new(secret).unwrap().sign(id, ts, body.as_bytes()).unwrap();
+    let r = client
+        .post(format!("{url}/hooks/vip"))
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", ts.to_string())
+        .header("webhook-signature", signature)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
 }
 
 /// A fresh `webhook-id`.
@@ -221,8 +230,8 @@ pub fn delivery(
                              "vips": [vip], "type": "LoadBalancer", "loadBalancerClass": null, "ports": ports_json,
                              "selector": {}, "externalTrafficPolicy": "Cluster", "healthCheckNodePort": null,
                              "sessionAffinity": "None", "sessionAffinityTimeoutSeconds": null, "loadBalancerSourceRanges": [],
-                             "externalIps": [], "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
-                             "allocateLoadBalancerNodePorts": null, "loadBalancerIp": null, "requestedIps": [], "ingress": [],
+                             "externalIPs": [], "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+                             "allocateLoadBalancerNodePorts": null, "loadBalancerIP": null, "requestedIPs": [], "ingress": [],
                              "labels": {}, "annotations": {}, "allocation": null, "finalizers": [], "deleting": false,
                              "backends": backends},
                  "previous": null, "changed": []}});
