@@ -230,15 +230,19 @@ async fn a_resync_completes_with_a_refused_service_and_sweeps_what_an_older_even
     refused.data.service.as_mut().unwrap().view.ports[0].protocol = "UDP".into();
     let (status, body) = agent.send(&refused).await;
     assert_eq!((status, body["detail"].as_str().map(|d| d.contains("UDP"))), (422, Some(true)), "{body}");
-    // The resync is complete all the same: `old` (left out, and from the older log) is swept.
-    wait_until("the Service the resync left out to be swept", || async { hit(&format!("{old}:18089")).await.is_err() })
-        .await;
+    // The resync is complete all the same: `old` (left out, and from the older log) is swept. The state
+    // is published once the reload that dropped it is confirmed live.
+    let names = || async {
+        let (_, state) = agent.get("/state").await;
+        let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+        let names: Vec<String> =
+            state["services"].as_array().unwrap().iter().map(|s| s["service"].as_str().unwrap().to_owned()).collect();
+        names
+    };
+    wait_until("the Service the resync left out to be swept", || async { names().await.len() == 1 }).await;
+    assert_eq!(names().await, ["shop/keep"]);
+    assert!(hit(&format!("{old}:18089")).await.is_err(), "the swept VIP no longer answers");
     assert_eq!(hit(&format!("{keep}:18089")).await.as_deref(), Ok("a"));
-    let (_, state) = agent.get("/state").await;
-    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
-    let names: Vec<&str> =
-        state["services"].as_array().unwrap().iter().map(|s| s["service"].as_str().unwrap()).collect();
-    assert_eq!(names, ["shop/keep"]);
     agent.stop().await;
 }
 
