@@ -148,7 +148,8 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         committed.clone(),
         Arc::new(config.clone()),
         cancel.clone(),
-    );
+    )
+    .with_feedback(assign_tx);
     let api_task = fatal_on_error("api", cancel.clone(), serve_api(listener, api::router(state), cancel.clone()));
     info!(%addr, "API listening");
     Ok(Running {

@@ -107,6 +107,21 @@ pub struct NodeLabels {
     pub eligible: String,
 }
 
+/// Labels of `vipwatch_deletion_guard_trips_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GuardTripLabels {
+    /// `startup` (the first list, or namespaces no longer watched) or `relist`.
+    pub cause: String,
+}
+
+/// Labels of `vipwatch_held_deletions_released_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeldReleaseLabels {
+    /// `api` (released by request: DELETED recorded), `confirmed` (a later list confirmed them:
+    /// DELETED recorded) or `reappeared` (listed again: no DELETED).
+    pub how: String,
+}
+
 /// Every metric vipwatch exports. Clone the `Arc` to share.
 pub struct Metrics {
     registry: Registry,
@@ -152,6 +167,12 @@ pub struct Metrics {
     /// `vipwatch_outbox_oldest_pending_age_seconds{webhook}`: age of the oldest pending delivery (0 when
     /// none), refreshed on every scrape.
     pub outbox_oldest_age: Family<WebhookLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `vipwatch_deletions_held`: Service deletions the mass-deletion guard holds now.
+    pub deletions_held: Gauge,
+    /// `vipwatch_deletion_guard_trips_total{cause}`: lists whose deletions the guard held.
+    pub guard_trips: Family<GuardTripLabels, Counter>,
+    /// `vipwatch_held_deletions_released_total{how}`: held deletions no longer held, by how.
+    pub held_released: Family<HeldReleaseLabels, Counter>,
     /// `vipwatch_http_requests_total{route,method,status}`: API requests answered.
     pub http_requests: Family<HttpLabels, Counter>,
     /// `vipwatch_http_request_duration_seconds{route,method}`: time to the response head.
@@ -189,6 +210,9 @@ impl Metrics {
             delivery_latency: Family::new_with_constructor(latency_histogram),
             outbox_depth: Family::default(),
             outbox_oldest_age: Family::default(),
+            deletions_held: Gauge::default(),
+            guard_trips: Family::default(),
+            held_released: Family::default(),
             http_requests: Family::default(),
             http_latency: Family::new_with_constructor(http_histogram),
         };
@@ -223,6 +247,13 @@ impl Metrics {
             "Age of the oldest pending delivery per endpoint",
             m.outbox_oldest_age.clone(),
         );
+        registry.register(
+            "deletions_held",
+            "Service deletions the mass-deletion guard holds",
+            m.deletions_held.clone(),
+        );
+        registry.register("deletion_guard_trips", "Lists whose deletions the guard held", m.guard_trips.clone());
+        registry.register("held_deletions_released", "Held deletions no longer held, by how", m.held_released.clone());
         registry.register("http_requests", "API requests by route, method and status", m.http_requests.clone());
         registry.register(
             "http_request_duration_seconds",

@@ -8,6 +8,7 @@
 //! timeout; body limit; bearer-token auth ([`auth`]); the routes.
 
 pub mod auth;
+pub mod deletions;
 pub mod deliveries;
 pub mod error;
 pub mod events;
@@ -63,6 +64,9 @@ pub struct ApiState {
     pub vips: Arc<VipIndex>,
     /// The OpenAPI document as served (set by [`router`]).
     pub openapi: Bytes,
+    /// To the recorder: `POST /api/v1/deletions/held/release` ([`ApiState::with_feedback`]; `None`
+    /// answers 503).
+    pub feedback: Option<tokio::sync::mpsc::Sender<crate::model::Feedback>>,
 }
 
 impl ApiState {
@@ -76,7 +80,13 @@ impl ApiState {
         cancel: CancellationToken,
     ) -> Self {
         let vips = VipIndex::new(store.clone());
-        Self { store, metrics, ready, committed, config, cancel, vips, openapi: Bytes::new() }
+        Self { store, metrics, ready, committed, config, cancel, vips, openapi: Bytes::new(), feedback: None }
+    }
+
+    /// This state, passing operator requests (release held deletions) to the recorder through `tx`.
+    pub fn with_feedback(mut self, tx: tokio::sync::mpsc::Sender<crate::model::Feedback>) -> Self {
+        self.feedback = Some(tx);
+        self
     }
 
     /// The VIP index, rebuilt first if an event was committed since it was built.

@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{PROBLEM_JSON, Problem};
-use super::{ApiState, deliveries, events, health, nodes, services, sse, vips, webhooks};
+use super::{ApiState, deletions, deliveries, events, health, nodes, services, sse, vips, webhooks};
 use vipwatch_contract::WebhookPayload;
 
 #[derive(OpenApi)]
@@ -44,6 +44,8 @@ pub fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(vips::get_vip))
         .routes(routes!(services::list_services))
         .routes(routes!(services::get_service))
+        .routes(routes!(deletions::list_held))
+        .routes(routes!(deletions::release_held))
         .routes(routes!(nodes::list_nodes))
         .routes(routes!(events::list_events))
         .routes(routes!(sse::stream_events))

@@ -62,6 +62,9 @@ pub struct ServiceDto {
     /// its VIPs.
     #[schema(value_type = std::collections::BTreeMap<String, Backends>)]
     pub backends: BackendSets,
+    /// `true` when the mass-deletion guard holds this Service's deletion: a list missed it together
+    /// with too many others (see `GET /api/v1/deletions/held`).
+    pub held_deletion: bool,
 }
 
 impl From<ServiceRow> for ServiceDto {
@@ -77,6 +80,7 @@ impl From<ServiceRow> for ServiceDto {
             vips: vips.collect(),
             view: r.view,
             backends: r.backends,
+            held_deletion: false,
         }
     }
 }
@@ -169,14 +173,26 @@ pub async fn list_services(
         if items.len() > limit || exhausted {
             let (rows, next_cursor) =
                 pagination::cut(items, limit, "services", |r| (r.key.namespace.clone(), r.key.name.clone()));
-            return Ok(Json(ServicePage { items: rows.into_iter().map(ServiceDto::from).collect(), next_cursor }));
+            return Ok(Json(ServicePage { items: dtos(&state, rows).await?, next_cursor }));
         }
         if scanned >= SCAN_BUDGET {
             let next_cursor =
                 query.after.as_ref().map(|k| pagination::encode_cursor("services", &(&k.namespace, &k.name)));
-            return Ok(Json(ServicePage { items: items.into_iter().map(ServiceDto::from).collect(), next_cursor }));
+            return Ok(Json(ServicePage { items: dtos(&state, items).await?, next_cursor }));
         }
     }
+}
+
+/// The rows as DTOs, `held_deletion` set from the guard's table.
+async fn dtos(state: &ApiState, rows: Vec<ServiceRow>) -> Result<Vec<ServiceDto>, ApiError> {
+    let held = state.store.held_keys().await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let held_deletion = held.contains(&r.key);
+            ServiceDto { held_deletion, ..ServiceDto::from(r) }
+        })
+        .collect())
 }
 
 /// Delivery state of one Service at one endpoint.
@@ -245,7 +261,8 @@ pub async fn get_service(
             last_failure_at: s.last_failure_at.map(rfc3339),
         })
         .collect();
-    Ok(Json(ServiceDetail { service: row.into(), events, deliveries }))
+    let service = dtos(&state, vec![row]).await?.pop().ok_or_else(|| ApiError::NotFound(format!("Service `{key}`")))?;
+    Ok(Json(ServiceDetail { service, events, deliveries }))
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use tracing::{debug, warn};
 pub const PREFIX: &str = "VIPWATCH_";
 
 /// The tables of the configuration file (`[kubernetes]`, …): the `<TABLE>` of `VIPWATCH_<TABLE>__<KEY>`.
-pub const TABLES: [&str; 7] = ["kubernetes", "database", "server", "relay", "backends", "webhooks", "pools"];
+pub const TABLES: [&str; 8] = ["kubernetes", "database", "server", "relay", "backends", "webhooks", "pools", "guard"];
 
 /// How one environment variable is read.
 #[derive(Debug, Clone, PartialEq, Eq)]

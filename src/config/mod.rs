@@ -14,10 +14,12 @@ use crate::model::{LabelSelector, Scope};
 
 mod backends;
 pub mod env;
+mod guard;
 mod pool;
 mod relay;
 
 pub use backends::BackendsConfig;
+pub use guard::GuardConfig;
 pub use pool::PoolConfig;
 pub use relay::{RelayConfig, RetryConfig, Secret, TlsConfig, WebhookConfig, redact_url};
 
@@ -87,6 +89,8 @@ pub struct Config {
     pub webhooks: Vec<WebhookConfig>,
     /// `[[pools]]`: address pools VIPs are allocated from; empty = vipwatch allocates nothing.
     pub pools: Vec<PoolConfig>,
+    /// `[guard]`: the mass-deletion guard.
+    pub guard: GuardConfig,
 }
 
 /// `[kubernetes]` table.
@@ -270,6 +274,7 @@ impl Config {
         }
         crate::ipam::Pools::new(&self.pools)?;
         self.backends.validate()?;
+        self.guard.validate()?;
         if k.relist_interval < Duration::from_secs(1) {
             return Err(ConfigError::Value { key: "kubernetes.relist_interval", reason: "must be at least 1s".into() });
         }

@@ -50,4 +50,6 @@ pub enum Feedback {
         /// `metadata.uid` of the deleted object.
         uid: String,
     },
+    /// An operator asked to record every deletion the mass-deletion guard holds (API).
+    ReleaseHeld,
 }

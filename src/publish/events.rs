@@ -65,6 +65,7 @@ fn action(reason: &str) -> &'static str {
     match reason {
         "IPAllocated" | "AllocationFailed" => "Allocate",
         "DeletedLoadBalancer" => "Delete",
+        "DeletionHeld" => "Hold",
         _ => "Sync",
     }
 }

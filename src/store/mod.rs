@@ -4,6 +4,7 @@
 mod deliveries;
 mod error;
 mod events;
+mod held;
 mod nodes;
 mod open;
 mod outbox;
@@ -15,6 +16,7 @@ mod state;
 pub use deliveries::{AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, Outcome, WebhookState};
 pub use error::StoreError;
 pub use events::{EventFilter, EventRow};
+pub use held::HeldDeletion;
 pub use nodes::NodeRow;
 pub use open::WriterLock;
 pub use outbox::{Claimed, NewDelivery, NoOutbox, Outbox, RecordedEvent};

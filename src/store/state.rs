@@ -45,6 +45,14 @@ pub enum StateChange {
         /// The Node as observed.
         node: Option<Box<ObservedNode>>,
     },
+    /// Hold the deletion of a Service (`Some`) or stop holding it (`None`); no event (see
+    /// [`Store::held_deletions`]).
+    Held {
+        /// The Service.
+        key: ServiceKey,
+        /// The held deletion.
+        held: Option<Box<super::HeldDeletion>>,
+    },
 }
 
 /// What to undo on a Service that still exists after its DELETED was acknowledged.
@@ -150,7 +158,7 @@ impl Store {
             .iter()
             .filter_map(|c| match c {
                 StateChange::Event { key, cause, event, hold, .. } => Some((key, *cause, event.as_ref(), *hold)),
-                StateChange::Refresh { .. } | StateChange::Node { .. } => None,
+                StateChange::Refresh { .. } | StateChange::Node { .. } | StateChange::Held { .. } => None,
             })
             .zip(&ids)
             .map(|((key, cause, event, hold), id)| {
@@ -161,6 +169,7 @@ impl Store {
         insert_cleanups(&mut tx, now, changes, &ids).await?;
         write_state(&mut tx, now, changes).await?;
         super::nodes::write_nodes(&mut tx, now, changes).await?;
+        super::held::write_held(&mut tx, changes).await?;
         for p in progress {
             write_progress(&mut tx, now, p).await?;
         }
@@ -282,7 +291,7 @@ async fn insert_cleanups(
 ) -> Result<(), StoreError> {
     let events = changes.iter().filter_map(|c| match c {
         StateChange::Event { key, event, cleanup, .. } => Some((key, event, cleanup)),
-        StateChange::Refresh { .. } | StateChange::Node { .. } => None,
+        StateChange::Refresh { .. } | StateChange::Node { .. } | StateChange::Held { .. } => None,
     });
     let mut rows = Vec::new();
     let mut releases = Vec::new();
@@ -319,7 +328,7 @@ async fn write_state(tx: &mut Transaction<'_, Sqlite>, now: i64, changes: &[Stat
             StateChange::Refresh { key, tracked: t } => {
                 (key, Final::Upsert { uid: &t.uid, rv: &t.resource_version, view: &t.view, backends: &t.backends })
             }
-            StateChange::Node { .. } => continue,
+            StateChange::Node { .. } | StateChange::Held { .. } => continue,
         };
         last.insert(key, op);
     }

@@ -79,7 +79,7 @@ pub async fn run(
         };
     }
     tasks.spawn(forward(feedback, tx, cancel.clone()));
-    let recorder = Recorder::load(store, outbox, &scopes, signals, ownership, members).await?;
+    let recorder = Recorder::load(store, outbox, &scopes, signals, (ownership, members), config.guard.clone()).await?;
     recorder.run(rx).await;
     tasks.join_all().await;
     Ok(())

@@ -36,6 +36,12 @@ pub(super) struct Plan {
     pub members: Vec<((BackendMode, MemberState), i64)>,
     /// Known Nodes: `(eligible, not eligible)`.
     pub nodes: (usize, usize),
+    /// Deletions the guard holds after this batch.
+    pub deletions_held: usize,
+    /// Guard trips in this batch, by cause (`startup`, `relist`).
+    pub guard_trips: Vec<&'static str>,
+    /// Held deletions let go in this batch: `(how, count)`, how = `api`, `confirmed`, `reappeared`.
+    pub held_released: Vec<(&'static str, usize)>,
 }
 
 /// What the writer tells the rest of the process.
@@ -131,6 +137,14 @@ impl Writer {
         for (eligible, n) in [("true", plan.nodes.0), ("false", plan.nodes.1)] {
             let labels = crate::metrics::NodeLabels { eligible: eligible.to_owned() };
             metrics.nodes.get_or_create(&labels).set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        metrics.deletions_held.set(i64::try_from(plan.deletions_held).unwrap_or(i64::MAX));
+        for cause in &plan.guard_trips {
+            metrics.guard_trips.get_or_create(&crate::metrics::GuardTripLabels { cause: (*cause).to_owned() }).inc();
+        }
+        for (how, n) in &plan.held_released {
+            let labels = crate::metrics::HeldReleaseLabels { how: (*how).to_owned() };
+            metrics.held_released.get_or_create(&labels).inc_by(*n as u64);
         }
         let mut dropped = 0;
         for notice in &plan.notices {

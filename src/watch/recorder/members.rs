@@ -26,8 +26,12 @@ impl Recorder {
         }
         if node_set_changed {
             let now = Instant::now();
-            let fed: Vec<_> =
-                self.mirror.iter().filter(|(_, t)| self.members.uses_nodes(&t.view)).map(|(k, _)| k.clone()).collect();
+            let fed: Vec<_> = self
+                .mirror
+                .iter()
+                .filter(|(k, t)| self.members.uses_nodes(&t.view) && !self.guard.holds(k))
+                .map(|(k, _)| k.clone())
+                .collect();
             for key in fed {
                 self.members.touch(&key, now);
             }
@@ -60,7 +64,8 @@ impl Recorder {
     pub(super) fn flush_members(&mut self, plan: &mut Plan, now: Instant) {
         let (due, held) = self.members.take_due(now);
         for key in due {
-            let Some(t) = self.mirror.get(&key) else { continue };
+            // A Service whose deletion is held is gone from the cluster: its members are not news.
+            let Some(t) = self.mirror.get(&key).filter(|_| !self.guard.holds(&key)) else { continue };
             let backends = self.members.compute(&key, &t.view, &t.backends);
             if !changed(&t.backends, &backends) {
                 self.members.noop();

@@ -7,8 +7,9 @@
 //! lists of Nodes and EndpointSlices are in before any Service's members are computed.
 //!
 //! Pool members: [`members`] plans the Node and EndpointSlice changes and the coalesced
-//! recomputations ([`super::members::Members`]).
+//! recomputations ([`super::members::Members`]). Bulk disappearances: [`guard`].
 
+mod guard;
 mod members;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -23,6 +24,7 @@ use super::members::Members;
 use super::ownership::Ownership;
 use super::stream::{Observation, Resource, ScopeSpec};
 use super::writer::{Plan, Signals, Writer};
+use crate::config::GuardConfig;
 use crate::model::backends::BackendSets;
 use crate::model::{
     Cause, ChangeKind, Decision, FINALIZER, Feedback, Observed, Recorded, ServiceKey, Tracked, decide_apply,
@@ -58,19 +60,22 @@ pub struct Recorder {
     /// The batch being planned holds the first lists: it computes every Service's members, so the
     /// recomputations its Node and EndpointSlice lists asked for are moot.
     starting: bool,
+    /// The mass-deletion guard and the deletions it holds (those Services stay in the mirror).
+    guard: guard::Guard,
 }
 
 impl Recorder {
-    /// Loads the current-state table. Tracked Services in namespaces no scope covers any more (the
-    /// namespace list changed while vipwatch was down) are planned as DELETED with cause `startup`.
-    /// Errors: [`StoreError`] when the table cannot be read.
+    /// Loads the current-state table and the held deletions. Tracked Services in namespaces no scope
+    /// covers any more (the namespace list changed while vipwatch was down) are planned as DELETED
+    /// with cause `startup`, unless the `guard` holds them (too many at once).
+    /// Errors: [`StoreError`] when the tables cannot be read.
     pub(super) async fn load(
         store: Store,
         outbox: Arc<dyn Outbox>,
         scopes: &[ScopeSpec],
         signals: Signals,
-        mut ownership: Ownership,
-        members: Members,
+        (mut ownership, members): (Ownership, Members),
+        guard: GuardConfig,
     ) -> Result<Self, StoreError> {
         let mut mirror = store.load_tracked().await?;
         let mut vip_refs = HashMap::new();
@@ -88,18 +93,22 @@ impl Recorder {
         let services: Vec<&ScopeSpec> = services.collect();
         let uncovered: BTreeSet<ServiceKey> =
             mirror.keys().filter(|k| !services.iter().any(|s| s.covers(k))).cloned().collect();
-        let pending_startup = uncovered
-            .into_iter()
-            .filter_map(|key| mirror.remove(&key).map(|t| (key, t)))
-            .map(|(key, t)| {
+        let (held, stale): (Vec<_>, Vec<_>) =
+            store.held_deletions().await?.into_iter().partition(|h| mirror.get(&h.key).is_some_and(|t| t.uid == h.uid));
+        let mut pending_startup: Vec<StateChange> =
+            stale.into_iter().map(|h| StateChange::Held { key: h.key, held: None }).collect();
+        let mut guard = guard::Guard::new(guard, scopes, held);
+        let uncovered = guard.unwatched(&mut pending_startup, &mirror, uncovered);
+        for key in &uncovered {
+            if let Some(t) = mirror.remove(key) {
                 count_vips(&mut vip_refs, &t, -1);
                 count_members(&mut member_counts, &t, -1);
-                ownership.allocator.drain(&key, &t.uid);
-                pending_allocation.remove(&key);
-                deleted(key, Cause::Startup, &t)
-            })
-            .collect();
-        info!(services = mirror.len(), "loaded current state");
+                ownership.allocator.drain(key, &t.uid);
+                pending_allocation.remove(key);
+                pending_startup.push(deleted(key.clone(), Cause::Startup, &t));
+            }
+        }
+        info!(services = mirror.len(), held = guard.len(), "loaded current state");
         let announced = store.cleanups().await?.into_iter().map(|c| c.uid).collect();
         for r in store.releases().await? {
             ownership.allocator.restore_draining(&r.key, &r.uid, &r.addresses);
@@ -120,6 +129,7 @@ impl Recorder {
             members,
             member_counts,
             starting: false,
+            guard,
         })
     }
 
@@ -148,6 +158,7 @@ impl Recorder {
             }
             self.flush_members(&mut plan, Instant::now());
             self.retry_pending(&mut plan);
+            self.guard.report(&mut plan);
             self.fill_gauges(&mut plan);
             if plans.send(plan).await.is_err() {
                 break;
@@ -205,6 +216,7 @@ impl Recorder {
             Observation::Delete(scope, obs) => {
                 self.announced.remove(&obs.uid);
                 self.drop_held_add(&obs.key);
+                self.guard_watch_deleted(plan, &obs.key);
                 let decision = decide_delete(self.mirror.get(&obs.key), &obs);
                 self.note_progress(plan, &scope, &obs.resource_version, None);
                 self.take(plan, &obs.key, Cause::Watch, decision, None);
@@ -221,12 +233,14 @@ impl Recorder {
             Observation::Feedback(Feedback::Released { key, uid }) => {
                 self.freed |= self.ownership.allocator.finish_drain(&key, &uid);
             }
+            Observation::Feedback(Feedback::ReleaseHeld) => self.release_all_held(plan),
         }
     }
 
     /// A watch ADDED/MODIFIED of a Service: its allocation and members, then the decision. The ADDED of
     /// a Service in mode `pod` without a member yet waits up to one window for its endpoints.
     fn plan_apply(&mut self, plan: &mut Plan, scope: &ScopeSpec, mut obs: Observed) {
+        self.guard_reappeared(plan, &obs.key);
         let current = self.mirror.get(&obs.key);
         self.ownership.allocate(current, &mut obs);
         self.observe_members(&mut obs);
@@ -284,7 +298,7 @@ impl Recorder {
             return;
         }
         for key in self.pending_allocation.clone() {
-            let Some(t) = self.mirror.get(&key) else { continue };
+            let Some(t) = self.mirror.get(&key).filter(|_| !self.guard.holds(&key)) else { continue };
             let mut obs = observed(&key, t);
             self.ownership.allocate(Some(t), &mut obs);
             let decision = decide_apply(self.mirror.get(&key), &obs);
@@ -292,9 +306,11 @@ impl Recorder {
         }
     }
 
-    /// A (re)list: apply every listed object, then DELETE what we track in the scope but was not listed.
+    /// A (re)list: apply every listed object, then DELETE what we track in the scope but was not listed
+    /// (unless the [`guard`] holds those deletions).
     fn plan_list(&mut self, plan: &mut Plan, scope: ScopeSpec, objects: Vec<crate::model::Observed>, first: bool) {
         let cause = if first { Cause::Startup } else { Cause::Relist };
+        let known = self.mirror.keys().filter(|k| scope.covers(k) && !self.guard.holds(k)).count();
         let listed: HashSet<ServiceKey> = objects.iter().map(|o| o.key.clone()).collect();
         for key in self.members.deferred_keys().iter().filter(|k| scope.covers(k)) {
             // A list decides what a watch ADDED was holding for: announced now, or gone.
@@ -305,6 +321,7 @@ impl Recorder {
             }
         }
         for mut obs in objects {
+            self.guard_reappeared(plan, &obs.key);
             self.ownership.allocate(self.mirror.get(&obs.key), &mut obs);
             self.observe_members(&mut obs);
             let decision = self.decide(&obs);
@@ -312,7 +329,7 @@ impl Recorder {
         }
         let vanished: BTreeSet<ServiceKey> =
             self.mirror.keys().filter(|k| scope.covers(k) && !listed.contains(k)).cloned().collect();
-        for key in vanished {
+        for (key, cause) in self.guard_list(plan, (&scope, cause), vanished, known) {
             if let Some(t) = self.unmirror(&key) {
                 plan.changes.push(deleted(key, cause, &t));
             }

@@ -1,0 +1,79 @@
+//! `[guard]`: the mass-deletion guard (README, "Mass-deletion guard"). One list that would delete more
+//! than `max_share` of the known in-scope Services, and more than `min_deletions` of them, holds those
+//! deletions instead of recording them.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// `[guard]` table.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GuardConfig {
+    /// Hold bulk disappearances at all; `false` records every deletion as before.
+    pub enabled: bool,
+    /// Share of the known in-scope Services (0 < share <= 1) one list may delete before its deletions
+    /// are held: held when `deletions > max_share × known`. `0.5` = more than half.
+    pub max_share: f64,
+    /// Deletions one list may always make: held only when `deletions > min_deletions` (a small
+    /// namespace losing 3 of its 4 Services is normal churn).
+    pub min_deletions: usize,
+    /// Held deletions are recorded by themselves once a list at least this long after they were held
+    /// still misses every one of them, e.g. `"10m"`.
+    #[serde(with = "humantime_serde")]
+    pub confirm_after: Duration,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        Self { enabled: true, max_share: 0.5, min_deletions: 5, confirm_after: Duration::from_secs(600) }
+    }
+}
+
+impl GuardConfig {
+    /// Whether a list deleting `deletions` of `known` in-scope Services trips the guard.
+    pub fn trips(&self, deletions: usize, known: usize) -> bool {
+        self.enabled && deletions > self.min_deletions && deletions as f64 > self.max_share * known as f64
+    }
+
+    /// Checks the values. Errors: [`ConfigError::Value`] naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.max_share > 0.0 && self.max_share <= 1.0) {
+            let reason = format!("{} is not a share above 0 and at most 1 (e.g. 0.5)", self.max_share);
+            return Err(ConfigError::Value { key: "guard.max_share", reason });
+        }
+        if self.confirm_after < Duration::from_secs(1) {
+            return Err(ConfigError::Value { key: "guard.confirm_after", reason: "must be at least 1s".into() });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_trips_above_both_the_share_and_the_minimum() {
+        let g = GuardConfig::default();
+        assert!(g.trips(45, 50));
+        assert!(g.trips(6, 11));
+        assert!(!g.trips(6, 12), "exactly half is not more than half");
+        assert!(!g.trips(5, 5), "5 deletions are always allowed");
+        assert!(!g.trips(6, 50));
+        assert!(!GuardConfig { enabled: false, ..g.clone() }.trips(50, 50));
+        assert!(GuardConfig { max_share: 1.0, ..g }.trips(50, 49));
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        for share in [0.0, -0.1, 1.5, f64::NAN] {
+            let e = GuardConfig { max_share: share, ..GuardConfig::default() }.validate().unwrap_err();
+            assert!(e.to_string().starts_with("invalid value for `guard.max_share`"), "{e}");
+        }
+        let e = GuardConfig { confirm_after: Duration::from_millis(10), ..GuardConfig::default() }.validate();
+        assert!(e.unwrap_err().to_string().contains("guard.confirm_after"));
+    }
+}

@@ -1,0 +1,86 @@
+//! Deletions held by the mass-deletion guard (`held_deletions`): written with the batch that holds or
+//! releases them, read back at start and by the API.
+
+use std::collections::HashSet;
+
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::state::StateChange;
+use super::{Store, StoreError};
+use crate::model::{Cause, ServiceKey};
+
+/// One held deletion: a Service a list would have deleted in bulk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldDeletion {
+    /// The Service.
+    pub key: ServiceKey,
+    /// `metadata.uid` of the object last seen.
+    pub uid: String,
+    /// The watch scope whose list missed it (`*` or a namespace), or `startup` when no configured
+    /// scope covers its namespace any more.
+    pub scope: String,
+    /// Cause of its DELETED once released: `startup` or `relist`.
+    pub cause: Cause,
+    /// Why it is held, for humans (counts and threshold).
+    pub reason: String,
+    /// When it was held (Unix ms).
+    pub held_at: i64,
+}
+
+const UPSERT: &str = "INSERT OR REPLACE INTO held_deletions (namespace, name, uid, scope, cause, reason, held_at) \
+     SELECT j.value->>'ns', j.value->>'name', j.value->>'uid', j.value->>'scope', j.value->>'cause', \
+     j.value->>'reason', j.value->>'at' FROM json_each(?1) AS j";
+
+const DELETE: &str = "DELETE FROM held_deletions WHERE (namespace, name) IN \
+     (SELECT j.value->>0, j.value->>1 FROM json_each(?1) AS j)";
+
+/// Applies the [`StateChange::Held`] changes of a batch, in order (the last one per Service wins).
+pub(super) async fn write_held(tx: &mut Transaction<'_, Sqlite>, changes: &[StateChange]) -> Result<(), StoreError> {
+    let mut last = std::collections::HashMap::new();
+    for change in changes {
+        if let StateChange::Held { key, held } = change {
+            last.insert(key, held.as_deref());
+        }
+    }
+    let (mut upserts, mut deletes) = (Vec::new(), Vec::new());
+    for (key, held) in last {
+        match held {
+            Some(h) => upserts.push(serde_json::json!({"ns": key.namespace, "name": key.name, "uid": h.uid,
+                "scope": h.scope, "cause": h.cause.as_str(), "reason": h.reason, "at": h.held_at})),
+            None => deletes.push((&key.namespace, &key.name)),
+        }
+    }
+    if !deletes.is_empty() {
+        sqlx::query(DELETE).bind(serde_json::to_string(&deletes)?).execute(&mut **tx).await?;
+    }
+    if !upserts.is_empty() {
+        sqlx::query(UPSERT).bind(serde_json::to_string(&upserts)?).execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Every held deletion ordered by namespace, name.
+    pub async fn held_deletions(&self) -> Result<Vec<HeldDeletion>, StoreError> {
+        let sql = "SELECT namespace, name, uid, scope, cause, reason, held_at FROM held_deletions \
+                   ORDER BY namespace, name";
+        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        Ok(rows
+            .iter()
+            .map(|r| HeldDeletion {
+                key: ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")),
+                uid: r.get("uid"),
+                scope: r.get("scope"),
+                cause: if r.get::<&str, _>("cause") == "startup" { Cause::Startup } else { Cause::Relist },
+                reason: r.get("reason"),
+                held_at: r.get("held_at"),
+            })
+            .collect())
+    }
+
+    /// The Services whose deletion is held (for `held_deletion` in the API).
+    pub async fn held_keys(&self) -> Result<HashSet<ServiceKey>, StoreError> {
+        let rows = sqlx::query("SELECT namespace, name FROM held_deletions").fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(|r| ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name"))).collect())
+    }
+}

@@ -1,0 +1,222 @@
+//! The mass-deletion guard: one list that would delete more than `guard.max_share` of the known
+//! in-scope Services (and more than `guard.min_deletions`) holds those deletions instead: no DELETED
+//! event, the VIPs stay allocated, nothing is relayed; an error log, a Warning Event per Service, a
+//! metric and a `held_deletions` row say so. Held deletions are recorded when released through the
+//! API, or when a list at least `guard.confirm_after` after they were held still misses them; a
+//! Service listed again simply stops being held. Deletions seen on a live watch are never held.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use tracing::{error, info, warn};
+
+use super::super::stream::{Resource, ScopeSpec};
+use super::super::writer::Plan;
+use super::Recorder;
+use crate::config::GuardConfig;
+use crate::model::{Cause, Notice, ServiceKey, Tracked};
+use crate::store::{HeldDeletion, StateChange, now_ms};
+
+/// The `scope` of deletions held at start because no configured scope covers their namespace any
+/// more (`kubernetes.namespaces` changed).
+pub const UNWATCHED: &str = "unwatched";
+
+/// Reason of the Warning Event on each held Service.
+pub const HELD_REASON: &str = "DeletionHeld";
+
+/// The guard's settings and the deletions it holds.
+pub(super) struct Guard {
+    config: GuardConfig,
+    /// The Service scopes watched (to tell which held Services no scope covers).
+    scopes: Vec<ScopeSpec>,
+    held: BTreeMap<ServiceKey, HeldDeletion>,
+    /// Reported with the next batch: trips (by cause), releases (how, count), Events.
+    trips: Vec<&'static str>,
+    released: Vec<(&'static str, usize)>,
+    notices: Vec<Notice>,
+}
+
+impl Guard {
+    /// A guard over `scopes` holding what the store held at start.
+    pub fn new(config: GuardConfig, scopes: &[ScopeSpec], held: Vec<HeldDeletion>) -> Self {
+        let scopes = scopes.iter().filter(|s| s.resource == Resource::Services).cloned().collect();
+        let held = held.into_iter().map(|h| (h.key.clone(), h)).collect();
+        Self { config, scopes, held, trips: Vec::new(), released: Vec::new(), notices: Vec::new() }
+    }
+
+    /// Whether the deletion of `key` is held.
+    pub fn holds(&self, key: &ServiceKey) -> bool {
+        self.held.contains_key(key)
+    }
+
+    /// How many deletions are held.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// At load: tracked Services no configured scope covers any more. Returns those to delete now;
+    /// the rest (too many at once, or already held) stay tracked and held.
+    pub fn unwatched(
+        &mut self,
+        changes: &mut Vec<StateChange>,
+        mirror: &HashMap<ServiceKey, Tracked>,
+        uncovered: BTreeSet<ServiceKey>,
+    ) -> BTreeSet<ServiceKey> {
+        let new: BTreeSet<ServiceKey> = uncovered.into_iter().filter(|k| !self.holds(k)).collect();
+        let known = mirror.keys().filter(|k| !self.holds(k)).count();
+        if self.judge(changes, mirror, (UNWATCHED, Cause::Startup), &new, known) { BTreeSet::new() } else { new }
+    }
+
+    /// Moves what happened since the last batch into `plan`.
+    pub fn report(&mut self, plan: &mut Plan) {
+        plan.deletions_held = self.held.len();
+        plan.guard_trips.append(&mut self.trips);
+        plan.held_released.append(&mut self.released);
+        plan.notices.append(&mut self.notices);
+    }
+
+    /// Decides what to do with `vanished` Services (missing from one list, or from every scope at
+    /// start) of which `known` were tracked and not held: `None` when they may be deleted, else holds
+    /// them, pushing their rows onto `changes`.
+    fn judge(
+        &mut self,
+        changes: &mut Vec<StateChange>,
+        mirror: &HashMap<ServiceKey, Tracked>,
+        (scope, cause): (&str, Cause),
+        vanished: &BTreeSet<ServiceKey>,
+        known: usize,
+    ) -> bool {
+        if !self.config.trips(vanished.len(), known) {
+            return false;
+        }
+        let what = if cause == Cause::Startup && scope == UNWATCHED {
+            "are in namespaces no longer watched (kubernetes.namespaces)".to_owned()
+        } else {
+            format!("vanished from one {} list of scope `{scope}`", cause.as_str())
+        };
+        let reason = format!("{} of {known} tracked Services {what}", vanished.len());
+        error!(
+            held = vanished.len(),
+            known,
+            scope,
+            cause = cause.as_str(),
+            "vipwatch held {} deletions: {reason}; nothing is deleted or relayed for them until released \
+             (POST /api/v1/deletions/held/release) or confirmed by a list {} later",
+            vanished.len(),
+            humantime::format_duration(self.config.confirm_after),
+        );
+        let note = format!(
+            "vipwatch holds the deletion of this Service: {reason} (more than guard.max_share {}% and \
+             guard.min_deletions {}). Its VIPs stay allocated and no DELETED is sent. Release with POST \
+             /api/v1/deletions/held/release, or it is recorded once a list {} later confirms it is gone.",
+            self.config.max_share * 100.0,
+            self.config.min_deletions,
+            humantime::format_duration(self.config.confirm_after),
+        );
+        let held_at = now_ms();
+        for key in vanished {
+            let Some(t) = mirror.get(key) else { continue };
+            let h = HeldDeletion {
+                key: key.clone(),
+                uid: t.uid.clone(),
+                scope: scope.to_owned(),
+                cause,
+                reason: reason.clone(),
+                held_at,
+            };
+            changes.push(StateChange::Held { key: key.clone(), held: Some(Box::new(h.clone())) });
+            self.notices.push(Notice {
+                key: key.clone(),
+                uid: t.uid.clone(),
+                warning: true,
+                reason: HELD_REASON,
+                note: note.clone(),
+            });
+            self.held.insert(key.clone(), h);
+        }
+        self.trips.push(cause.as_str());
+        true
+    }
+
+    /// Stops holding `key` (it was listed or watched again, or deleted by a watch event), counting it
+    /// under `how`. Returns whether it was held.
+    fn unhold(&mut self, changes: &mut Vec<StateChange>, key: &ServiceKey, how: &'static str) -> bool {
+        if self.held.remove(key).is_none() {
+            return false;
+        }
+        changes.push(StateChange::Held { key: key.clone(), held: None });
+        match self.released.iter_mut().find(|(h, _)| *h == how) {
+            Some((_, n)) => *n += 1,
+            None => self.released.push((how, 1)),
+        }
+        true
+    }
+
+    /// Held Services a list confirms as gone: held at least `confirm_after` ago, and missing from the
+    /// list of `scope` (`vanished`) or covered by no scope at all.
+    fn confirmed(&self, scope: &ScopeSpec, vanished: &BTreeSet<ServiceKey>) -> Vec<ServiceKey> {
+        let cutoff = now_ms().saturating_sub(i64::try_from(self.config.confirm_after.as_millis()).unwrap_or(i64::MAX));
+        let gone =
+            |k: &ServiceKey| (scope.covers(k) && vanished.contains(k)) || !self.scopes.iter().any(|s| s.covers(k));
+        self.held.values().filter(|h| h.held_at <= cutoff && gone(&h.key)).map(|h| h.key.clone()).collect()
+    }
+}
+
+impl Recorder {
+    /// A list of `scope` missed `vanished` (tracked, covered by the scope) of `known` tracked and not
+    /// held Services. Returns the Services to delete now with the cause of their DELETED: confirmed
+    /// held ones, and the newly vanished unless the guard holds them.
+    pub(super) fn guard_list(
+        &mut self,
+        plan: &mut Plan,
+        (scope, cause): (&ScopeSpec, Cause),
+        vanished: BTreeSet<ServiceKey>,
+        known: usize,
+    ) -> Vec<(ServiceKey, Cause)> {
+        let mut delete = Vec::new();
+        let confirmed = self.guard.confirmed(scope, &vanished);
+        let new: BTreeSet<ServiceKey> = vanished.into_iter().filter(|k| !self.guard.holds(k)).collect();
+        if !confirmed.is_empty() {
+            warn!(
+                released = confirmed.len(),
+                scope = scope.label(),
+                "held deletions confirmed by a list: recording them"
+            );
+        }
+        for key in confirmed {
+            let cause = self.guard.held.get(&key).map_or(cause, |h| h.cause);
+            self.guard.unhold(&mut plan.changes, &key, "confirmed");
+            delete.push((key, cause));
+        }
+        if !self.guard.judge(&mut plan.changes, &self.mirror, (scope.label(), cause), &new, known) {
+            delete.extend(new.into_iter().map(|k| (k, cause)));
+        }
+        delete
+    }
+
+    /// `key` was listed or watched again: no longer held (no event for that by itself).
+    pub(super) fn guard_reappeared(&mut self, plan: &mut Plan, key: &ServiceKey) {
+        if self.guard.unhold(&mut plan.changes, key, "reappeared") {
+            info!(service = %key, "held deletion dropped: the Service is there again");
+        }
+    }
+
+    /// A watch DELETED of `key`: if it was held, it no longer is (the DELETED is recorded as usual).
+    pub(super) fn guard_watch_deleted(&mut self, plan: &mut Plan, key: &ServiceKey) {
+        self.guard.unhold(&mut plan.changes, key, "confirmed");
+    }
+
+    /// Records the DELETED of every held Service (an operator's release through the API).
+    pub(super) fn release_all_held(&mut self, plan: &mut Plan) {
+        let held: Vec<HeldDeletion> = self.guard.held.values().cloned().collect();
+        if held.is_empty() {
+            return;
+        }
+        warn!(released = held.len(), "held deletions released through the API: recording them");
+        for h in held {
+            self.guard.unhold(&mut plan.changes, &h.key, "api");
+            if let Some(t) = self.unmirror(&h.key) {
+                plan.changes.push(super::deleted(h.key, h.cause, &t));
+            }
+        }
+    }
+}
