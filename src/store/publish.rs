@@ -20,7 +20,7 @@ pub struct StatusWork {
 /// A cleanup to run once the DELETED `event_id` is acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CleanupWork {
-    /// The DELETED event.
+    /// The withdrawing event.
     pub event_id: i64,
     /// The Service.
     pub key: ServiceKey,
@@ -32,16 +32,17 @@ pub struct CleanupWork {
     pub clear_ingress: Vec<IngressView>,
 }
 
-/// Pool addresses of a DELETED object, free once the DELETED `event_id` is acknowledged.
+/// Pool addresses an event withdrew (a DELETED, or a MODIFIED that dropped them), free once event
+/// `event_id` is acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReleaseWork {
-    /// The DELETED event.
+    /// The withdrawing event.
     pub event_id: i64,
     /// The Service.
     pub key: ServiceKey,
-    /// `metadata.uid` of the deleted object.
+    /// `metadata.uid` of the object.
     pub uid: String,
-    /// The addresses it held.
+    /// The addresses withdrawn.
     pub addresses: Vec<std::net::IpAddr>,
 }
 
@@ -140,7 +141,7 @@ impl Store {
             .collect()
     }
 
-    /// Every address release waiting for its DELETED to be acknowledged, oldest first.
+    /// Every address release waiting for its event to be acknowledged, oldest first.
     pub async fn releases(&self) -> Result<Vec<ReleaseWork>, StoreError> {
         let sql = "SELECT event_id, namespace, name, uid, addresses FROM releases ORDER BY event_id";
         let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
