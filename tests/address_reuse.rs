@@ -214,3 +214,94 @@ async fn a_changed_address_request_frees_the_old_address_only_after_the_applianc
     );
     running.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_withdrawal_superseded_by_a_later_change_frees_the_address_once_that_change_is_acknowledged() {
+    let h = Harness::new().await;
+    let (rx, refuse) = refusing("MODIFIED", "a").await;
+    h.api.apply(lb_service("ns", "a", 80));
+    let pools = vec![pool("one", &[X], true), pool("manual", &["198.51.100.1"], false)];
+    let running = h.start(config(&h, &rx, pools)).await;
+    wait_ingress(&h.api, "a", vip(X)).await;
+    h.api.apply(lb_service("ns", "b", 80));
+    wait_until("b's ADDED accepted", || async {
+        rx.accepted().iter().any(|h| what(h) == ("ADDED".to_owned(), "b".to_owned())).then_some(())
+    })
+    .await;
+    // A label change sits refused at the head of a's queue; the withdrawal of X queues behind it and
+    // is superseded by the next change: the appliance only ever gets the label changes' views.
+    h.api.update("ns", "a", |s| s["metadata"]["labels"]["rev"] = json!("1")).unwrap();
+    wait_until("a refused MODIFIED", || async { (refused(&rx, "MODIFIED", "a") > 0).then_some(()) }).await;
+    h.api
+        .update("ns", "a", |s| {
+            s["metadata"]["annotations"] = json!({"vipwatch.io/loadBalancerIPs": "198.51.100.1"});
+        })
+        .unwrap();
+    h.api.update("ns", "a", |s| s["metadata"]["labels"]["rev"] = json!("2")).unwrap();
+    wait_until("the withdrawal superseded", || async {
+        let rows = running.store.deliveries(&Default::default()).await.unwrap();
+        rows.iter().any(|d| d.key.name == "a" && d.state == "superseded").then_some(())
+    })
+    .await;
+    b_waits_while_refused(&h, &rx, "MODIFIED").await;
+    refuse.store(false, Ordering::SeqCst);
+    wait_ingress(&h.api, "b", vip(X)).await;
+    assert_eq!(
+        accepted(&rx, 0),
+        vec![
+            row("ADDED", "a", json!([X])),
+            row("ADDED", "b", json!([])),
+            row("MODIFIED", "a", json!([X])),
+            row("MODIFIED", "a", json!(["198.51.100.1"])),
+            row("MODIFIED", "b", json!([X])),
+        ]
+    );
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_service_replaced_under_the_same_name_keeps_the_old_objects_address_until_its_deleted_is_acknowledged() {
+    let h = Harness::new().await;
+    let (rx, refuse) = refusing("DELETED", "a").await;
+    h.api.apply(lb_service("ns", "a", 80));
+    h.api.apply(lb_service("ns", "b", 80));
+    let pools = vec![pool("one", &[X], true), pool("manual", &["198.51.100.1"], false)];
+    let running = h.start(config(&h, &rx, pools.clone())).await;
+    wait_ingress(&h.api, "a", vip(X)).await;
+    wait_until("b's ADDED accepted", || async {
+        rx.accepted().iter().any(|h| what(h) == ("ADDED".to_owned(), "b".to_owned())).then_some(())
+    })
+    .await;
+    running.stop().await.unwrap();
+    // While vipwatch is down, a is deleted for good and a new object of that name asks for another
+    // address: the start records the DELETED of the old object and the ADDED of the new one.
+    assert!(h.api.delete_now("ns", "a"));
+    let mut new_a = lb_service("ns", "a", 80);
+    new_a["metadata"]["annotations"] = json!({"vipwatch.io/loadBalancerIPs": "198.51.100.1"});
+    h.api.apply(new_a);
+    let before = rx.accepted().len();
+    let running = h.start(config(&h, &rx, pools)).await;
+    wait_until("a refused DELETED", || async { (refused(&rx, "DELETED", "a") > 0).then_some(()) }).await;
+    let attempts = refused(&rx, "DELETED", "a");
+    wait_until("another refused DELETED", || async { (refused(&rx, "DELETED", "a") > attempts).then_some(()) }).await;
+    let b_with_x = rx.hits().iter().any(|h| what(h).1 == "b" && h.json()["data"]["service"]["vips"] == json!([X]));
+    assert!(!b_with_x, "no delivery of b carries {X} while the old a's DELETED is unacknowledged");
+    refuse.store(false, Ordering::SeqCst);
+    wait_ingress(&h.api, "b", vip(X)).await;
+    wait_ingress(&h.api, "a", vip("198.51.100.1")).await;
+    let mut sent = accepted(&rx, before);
+    // The new a's ADDED and b's MODIFIED are in different queues: only "after the DELETED" is ordered.
+    let deleted = sent.iter().position(|r| *r == row("DELETED", "a", json!([X]))).expect("the DELETED");
+    let b_gets_x = sent.iter().position(|r| *r == row("MODIFIED", "b", json!([X]))).expect("b gets X");
+    assert!(deleted < b_gets_x, "{sent:?}");
+    sent.sort_by(|l, r| (&l.0, &l.1).cmp(&(&r.0, &r.1)));
+    assert_eq!(
+        sent,
+        vec![
+            row("ADDED", "a", json!(["198.51.100.1"])),
+            row("DELETED", "a", json!([X])),
+            row("MODIFIED", "b", json!([X]))
+        ]
+    );
+    running.stop().await.unwrap();
+}

@@ -524,4 +524,37 @@ mod tests {
         assert!(al.finish_drain(&key("a"), "uid-a", &[x]));
         assert_eq!(addrs(&al.assign(&key("b"), &plain(), &[])), vec!["192.0.2.1"]);
     }
+
+    #[test]
+    fn each_withdrawal_holds_the_address_until_its_own_acknowledgement() {
+        let mut al = allocator(&[("one", &["192.0.2.1"], true)]);
+        let x: IpAddr = "192.0.2.1".parse().unwrap();
+        al.assign(&key("a"), &plain(), &[]);
+        al.release(&key("a"));
+        al.withdraw(&key("a"), "uid-a", &[x]);
+        assert_eq!(addrs(&al.assign(&key("a"), &plain(), &[x])), vec!["192.0.2.1"], "the same name may take it back");
+        al.release(&key("a"));
+        al.withdraw(&key("a"), "uid-a", &[x]);
+        assert!(al.finish_drain(&key("a"), "uid-a", &[x]));
+        assert_eq!(
+            al.assign(&key("b"), &plain(), &[]).reason.as_deref(),
+            Some("address pool `one` exhausted"),
+            "the second withdrawal is not acknowledged yet"
+        );
+        assert_eq!(al.usage(), vec![PoolUsage { pool: "one".into(), in_use: 1, free: 0 }]);
+        assert!(al.finish_drain(&key("a"), "uid-a", &[x]));
+        assert_eq!(addrs(&al.assign(&key("b"), &plain(), &[])), vec!["192.0.2.1"]);
+    }
+
+    #[test]
+    fn a_status_shows_a_pool_allocation_only_for_pool_addresses() {
+        let al = allocator(&[("one", &["192.0.2.0/30"], true)]);
+        let mut view = plain();
+        view.ingress =
+            serde_json::from_value(serde_json::json!([{"ip": "198.51.100.1"}, {"ip": "192.0.2.2"}])).unwrap();
+        let a = al.published(&view).unwrap();
+        assert_eq!((addrs(&a), a.pool.as_deref(), a.source), (vec!["192.0.2.2"], Some("one"), VipSource::Pool));
+        view.ingress.clear();
+        assert_eq!(al.published(&view), None);
+    }
 }

@@ -136,7 +136,8 @@ impl Publisher {
     /// that every endpoint acknowledged.
     async fn releases(&mut self) -> Result<(), PublishError> {
         for r in self.store.releases().await? {
-            if !self.store.event_acks(r.event_id, &self.webhooks).await?.done {
+            // A withdrawing MODIFIED may be superseded: then the later delivery that replaced it counts.
+            if !self.store.event_settled(r.event_id, &self.webhooks).await? {
                 continue;
             }
             if self.feedback.send(Feedback::Released { key: r.key, uid: r.uid, addresses: r.addresses }).await.is_err()

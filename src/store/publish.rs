@@ -66,6 +66,13 @@ const FAILING: &str = "SELECT webhook, id, state, attempts, last_error FROM deli
 
 const OF_EVENT: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE event_id = ?1";
 
+/// Per delivery of an event: its endpoint, and whether the endpoint has it — it succeeded, or it was
+/// superseded and a later delivery of the same Service to that endpoint succeeded (that one carries
+/// the Service's whole view as of a later event).
+const HAS_EVENT: &str = "SELECT d.webhook, d.state = 'succeeded' OR (d.state = 'superseded' AND EXISTS ( \
+    SELECT 1 FROM deliveries s WHERE s.webhook = d.webhook AND s.namespace = d.namespace AND s.name = d.name \
+      AND s.id > d.id AND s.state = 'succeeded')) FROM deliveries d WHERE d.event_id = ?1";
+
 impl Store {
     /// Services with deliveries held for the finalizer (at most `limit`), by namespace and name.
     pub async fn held_services(&self, limit: i64) -> Result<Vec<ServiceKey>, StoreError> {
@@ -120,6 +127,14 @@ impl Store {
     /// Whether every delivery of event `event_id` to an endpoint in `webhooks` succeeded.
     pub async fn event_acks(&self, event_id: i64, webhooks: &[String]) -> Result<Acks, StoreError> {
         Ok(acks(&sqlx::query(OF_EVENT).bind(event_id).fetch_all(&self.pool).await?, webhooks))
+    }
+
+    /// Whether every endpoint in `webhooks` has what event `event_id` told it: its delivery succeeded,
+    /// or it was superseded (a MODIFIED behind a newer one, or before a DELETED/resync) and a later
+    /// delivery of the same Service succeeded. Decides when a withdrawn pool address is free.
+    pub async fn event_settled(&self, event_id: i64, webhooks: &[String]) -> Result<bool, StoreError> {
+        let rows = sqlx::query(HAS_EVENT).bind(event_id).fetch_all(&self.pool).await?;
+        Ok(rows.iter().filter(|r| webhooks.contains(&r.get::<String, _>(0))).all(|r| r.get::<i64, _>(1) != 0))
     }
 
     /// Every pending cleanup, oldest first.
