@@ -8,6 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use common::api::Api;
 use common::receiver::{Hit, Receiver, Reply};
 use common::{Harness, lb_service, wait_until, webhook};
 use serde_json::{Value, json};
@@ -111,8 +112,14 @@ async fn a_deleted_services_address_goes_to_a_waiting_service_only_after_the_del
     wait_until("a refused DELETED", || async { (refused(&rx, "DELETED", "a") > 0).then_some(()) }).await;
     h.api.apply(lb_service("ns", "b", 80));
     b_waits_while_refused(&h, &rx, "DELETED").await;
+    let api = Api::new(&running);
+    let reserved = |n: u32| format!("vipwatch_pool_addresses_reserved{{pool=\"one\"}} {n}\n");
+    let metrics = api.get("/metrics").await.text;
+    assert!(metrics.contains(&reserved(1)), "{metrics}");
     refuse.store(false, Ordering::SeqCst);
     wait_ingress(&h.api, "b", vip(X)).await;
+    let metrics = api.get("/metrics").await.text;
+    assert!(metrics.contains(&reserved(0)), "b holds it now: {metrics}");
     assert_eq!(
         accepted(&rx, 0),
         vec![

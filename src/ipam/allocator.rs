@@ -31,6 +31,9 @@ pub struct PoolUsage {
     pub in_use: u64,
     /// Usable addresses nobody holds (saturating for large IPv6 pools).
     pub free: u128,
+    /// Of `in_use`: addresses only held for a change the appliance has not acknowledged yet (a
+    /// DELETED, or a MODIFIED that withdrew them; see [`Allocator::withdraw`]).
+    pub reserved: u64,
 }
 
 /// The address book of every configured pool. Not thread-safe: the recorder owns it.
@@ -187,8 +190,14 @@ impl Allocator {
         self.pools
             .iter()
             .map(|p| {
-                let in_use = self.used.keys().filter(|ip| p.contains(ip)).count() as u64;
-                PoolUsage { pool: p.name.clone(), in_use, free: p.size().saturating_sub(u128::from(in_use)) }
+                let held = self.used.iter().filter(|(ip, _)| p.contains(ip));
+                let (mut in_use, mut reserved) = (0u64, 0u64);
+                for (_, holders) in held {
+                    in_use += 1;
+                    reserved += u64::from(holders.iter().all(|h| h.draining.is_some()));
+                }
+                let free = p.size().saturating_sub(u128::from(in_use));
+                PoolUsage { pool: p.name.clone(), in_use, free, reserved }
             })
             .collect()
     }
@@ -444,7 +453,7 @@ mod tests {
         let b = al.assign(&key("b"), &shared(443), &[]);
         let c = al.assign(&key("c"), &shared(80), &[]);
         assert_eq!((addrs(&a), addrs(&b), addrs(&c)), (vec!["192.0.2.0"], vec!["192.0.2.0"], vec!["192.0.2.1"]));
-        assert_eq!(al.usage(), vec![PoolUsage { pool: "lab".into(), in_use: 2, free: 6 }]);
+        assert_eq!(al.usage(), vec![PoolUsage { pool: "lab".into(), in_use: 2, free: 6, reserved: 0 }]);
     }
 
     #[test]
@@ -541,7 +550,7 @@ mod tests {
             Some("address pool `one` exhausted"),
             "the second withdrawal is not acknowledged yet"
         );
-        assert_eq!(al.usage(), vec![PoolUsage { pool: "one".into(), in_use: 1, free: 0 }]);
+        assert_eq!(al.usage(), vec![PoolUsage { pool: "one".into(), in_use: 1, free: 0, reserved: 1 }]);
         assert!(al.finish_drain(&key("a"), "uid-a", &[x]));
         assert_eq!(addrs(&al.assign(&key("b"), &plain(), &[])), vec!["192.0.2.1"]);
     }
