@@ -312,3 +312,43 @@ async fn a_service_replaced_under_the_same_name_keeps_the_old_objects_address_un
     );
     running.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_pool_change_that_moves_a_service_frees_its_old_address_only_after_the_appliance_acknowledged_it() {
+    let h = Harness::new().await;
+    let (rx, refuse) = refusing("MODIFIED", "a").await;
+    h.api.apply(lb_service("ns", "a", 80));
+    h.api.apply(lb_service("other", "b", 80));
+    let running = h.start(config(&h, &rx, vec![pool("one", &[X], true)])).await;
+    wait_ingress(&h.api, "a", vip(X)).await;
+    wait_until("b's ADDED accepted", || async {
+        rx.accepted().iter().any(|h| what(h) == ("ADDED".to_owned(), "b".to_owned())).then_some(())
+    })
+    .await;
+    running.stop().await.unwrap();
+    // X moves to a pool only namespace `other` may use: a gets 192.0.2.9 at start, b may have X —
+    // once the appliance acknowledged a's MODIFIED.
+    let only_other: PoolConfig =
+        toml::from_str(&format!("name = \"two\"\naddresses = [\"{X}\"]\nnamespaces = [\"other\"]\n")).unwrap();
+    let before = rx.accepted().len();
+    let running = h.start(config(&h, &rx, vec![pool("one", &["192.0.2.9"], true), only_other])).await;
+    wait_until("a refused MODIFIED", || async { (refused(&rx, "MODIFIED", "a") > 0).then_some(()) }).await;
+    let attempts = refused(&rx, "MODIFIED", "a");
+    wait_until("another refused MODIFIED", || async { (refused(&rx, "MODIFIED", "a") > attempts).then_some(()) }).await;
+    let b_status = || h.api.get("other", "b").and_then(|s| s.pointer("/status/loadBalancer/ingress").cloned());
+    assert_eq!(b_status(), None, "b has no address while a's MODIFIED is unacknowledged");
+    let b_with_x = rx.hits().iter().any(|h| what(h).1 == "b" && h.json()["data"]["service"]["vips"] == json!([X]));
+    assert!(!b_with_x, "no delivery of b carries {X} yet");
+    refuse.store(false, Ordering::SeqCst);
+    wait_until("b shows X", || async { (b_status() == Some(vip(X))).then_some(()) }).await;
+    assert_eq!(
+        accepted(&rx, before),
+        vec![
+            // b's reason changed with the pools (X is reserved now, not in an exhausted pool).
+            row("MODIFIED", "b", json!([])),
+            row("MODIFIED", "a", json!(["192.0.2.9"])),
+            row("MODIFIED", "b", json!([X])),
+        ]
+    );
+    running.stop().await.unwrap();
+}
