@@ -155,6 +155,10 @@ pub struct Metrics {
     pub pool_in_use: Family<PoolLabels, Gauge>,
     /// `vipwatch_pool_addresses_free{pool}`: usable addresses nobody holds (saturates at 2^63-1).
     pub pool_free: Family<PoolLabels, Gauge>,
+    /// `vipwatch_pool_addresses_reserved{pool}`: addresses of the pool held only for a DELETED or an
+    /// address-withdrawing MODIFIED the appliance has not acknowledged yet (no other Service may take
+    /// them meanwhile; part of `in_use`).
+    pub pool_reserved: Family<PoolLabels, Gauge>,
     /// `vipwatch_kubernetes_writes_total{kind,outcome}`: writes back to Kubernetes (status patches,
     /// finalizer changes, Events).
     pub kube_writes: Family<WriteLabels, Counter>,
@@ -205,6 +209,7 @@ impl Metrics {
             vips_in_use: Gauge::default(),
             pool_in_use: Family::default(),
             pool_free: Family::default(),
+            pool_reserved: Family::default(),
             kube_writes: Family::default(),
             deliveries: Family::default(),
             delivery_latency: Family::new_with_constructor(latency_histogram),
@@ -234,6 +239,11 @@ impl Metrics {
         registry.register("vips_in_use", "Distinct VIP addresses of in-scope Services", m.vips_in_use.clone());
         registry.register("pool_addresses_in_use", "Addresses of the pool held by Services", m.pool_in_use.clone());
         registry.register("pool_addresses_free", "Usable addresses of the pool nobody holds", m.pool_free.clone());
+        registry.register(
+            "pool_addresses_reserved",
+            "Addresses of the pool kept until the appliance acknowledged their withdrawal",
+            m.pool_reserved.clone(),
+        );
         registry.register("kubernetes_writes", "Writes back to Kubernetes by kind and outcome", m.kube_writes.clone());
         registry.register("deliveries", "Delivery attempts by endpoint and outcome", m.deliveries.clone());
         registry.register(
@@ -274,6 +284,12 @@ impl Metrics {
         let labels = PoolLabels { pool: pool.to_owned() };
         self.pool_in_use.get_or_create(&labels).set(i64::try_from(in_use).unwrap_or(i64::MAX));
         self.pool_free.get_or_create(&labels).set(i64::try_from(free).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `vipwatch_pool_addresses_reserved{pool}`.
+    pub fn pool_reserved(&self, pool: &str, reserved: u64) {
+        let labels = PoolLabels { pool: pool.to_owned() };
+        self.pool_reserved.get_or_create(&labels).set(i64::try_from(reserved).unwrap_or(i64::MAX));
     }
 
     /// Counts one write back to Kubernetes.

@@ -31,6 +31,9 @@ pub struct PoolUsage {
     pub in_use: u64,
     /// Usable addresses nobody holds (saturating for large IPv6 pools).
     pub free: u128,
+    /// Of `in_use`: addresses only held for a change the appliance has not acknowledged yet (a
+    /// DELETED, or a MODIFIED that withdrew them; see [`Allocator::withdraw`]).
+    pub reserved: u64,
 }
 
 /// The address book of every configured pool. Not thread-safe: the recorder owns it.
@@ -86,36 +89,60 @@ impl Allocator {
         self.drop_holders(&ips, |h| h.key == *key && h.draining.is_none());
     }
 
-    /// `key` (object `uid`) was DELETED: what it holds stays reserved until [`Self::finish_drain`].
-    pub fn drain(&mut self, key: &ServiceKey, uid: &str) {
-        for ip in self.by_service.remove(key).unwrap_or_default() {
-            for h in self.used.get_mut(&ip).into_iter().flatten() {
-                if h.key == *key && h.draining.is_none() {
-                    h.draining = Some(uid.to_owned());
-                }
-            }
-        }
+    /// `key` (object `uid`) was DELETED or left scope: what it holds live is dropped, and `addresses`
+    /// (what the DELETED announced) stay reserved until [`Self::finish_drain`].
+    pub fn drain(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr]) {
+        self.release(key);
+        self.withdraw(key, uid, addresses);
     }
 
-    /// At start: `addresses` of the DELETED object `uid` of `key` are still draining.
-    pub fn restore_draining(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr]) {
+    /// `addresses` of object `uid` of `key` wait for the appliance: a recorded change withdrew them
+    /// (a DELETED, or a MODIFIED that dropped them), and that change is not acknowledged yet. They stay
+    /// reserved — only a Service of the same name may reuse them: its queue orders the two — until
+    /// [`Self::finish_drain`] with the same addresses. Also used at start for the `releases` rows and
+    /// for the addresses a terminating Service unknown to a lost database still shows.
+    pub fn withdraw(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr]) {
         let holder = Holder { key: key.clone(), sharing_key: None, ports: Vec::new(), draining: Some(uid.to_owned()) };
         for ip in addresses {
             self.used.entry(*ip).or_default().push(holder.clone());
         }
     }
 
-    /// Every endpoint acknowledged the DELETED of `key`/`uid`: its addresses are free. Returns whether
-    /// anything was released.
-    pub fn finish_drain(&mut self, key: &ServiceKey, uid: &str) -> bool {
-        let ips: Vec<IpAddr> = self
-            .used
-            .iter()
-            .filter(|(_, hs)| hs.iter().any(|h| h.key == *key && h.draining.as_deref() == Some(uid)))
-            .map(|(ip, _)| *ip)
-            .collect();
-        self.drop_holders(&ips, |h| h.key == *key && h.draining.as_deref() == Some(uid));
-        !ips.is_empty()
+    /// Every endpoint acknowledged the change of `key`/`uid` that withdrew `addresses`: one reservation
+    /// per address (of those [`Self::withdraw`] made) ends; an address nobody else holds is free.
+    /// Returns whether anything was released.
+    pub fn finish_drain(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr]) -> bool {
+        let mut released = false;
+        for ip in addresses {
+            let Some(holders) = self.used.get_mut(ip) else { continue };
+            let Some(i) = holders.iter().position(|h| h.key == *key && h.draining.as_deref() == Some(uid)) else {
+                continue;
+            };
+            holders.remove(i);
+            released = true;
+            if holders.is_empty() {
+                self.used.remove(ip);
+                self.lower_hint(*ip);
+            }
+        }
+        released
+    }
+
+    /// The pool allocation a Service shows in `status.loadBalancer.ingress`: its IPs that lie in a pool
+    /// (pool: the first one's), or `None` when it shows none. For a terminating Service a lost database
+    /// knows nothing about: what its DELETED withdraws.
+    pub fn published(&self, view: &ServiceView) -> Option<Allocation> {
+        let ips: Vec<IpAddr> =
+            view.ingress.iter().filter_map(|i| i.ip.as_ref()?.parse().ok()).filter(|ip| self.in_pools(ip)).collect();
+        let first = ips.first()?;
+        let pool = self.pools.iter().find(|p| p.contains(first))?;
+        Some(Allocation {
+            source: VipSource::Pool,
+            pool: Some(pool.name.clone()),
+            addresses: ips.iter().map(IpAddr::to_string).collect(),
+            hostname: None,
+            reason: None,
+        })
     }
 
     fn drop_holders(&mut self, ips: &[IpAddr], gone: impl Fn(&Holder) -> bool) {
@@ -163,8 +190,14 @@ impl Allocator {
         self.pools
             .iter()
             .map(|p| {
-                let in_use = self.used.keys().filter(|ip| p.contains(ip)).count() as u64;
-                PoolUsage { pool: p.name.clone(), in_use, free: p.size().saturating_sub(u128::from(in_use)) }
+                let held = self.used.iter().filter(|(ip, _)| p.contains(ip));
+                let (mut in_use, mut reserved) = (0u64, 0u64);
+                for (_, holders) in held {
+                    in_use += 1;
+                    reserved += u64::from(holders.iter().all(|h| h.draining.is_some()));
+                }
+                let free = p.size().saturating_sub(u128::from(in_use));
+                PoolUsage { pool: p.name.clone(), in_use, free, reserved }
             })
             .collect()
     }
@@ -420,7 +453,7 @@ mod tests {
         let b = al.assign(&key("b"), &shared(443), &[]);
         let c = al.assign(&key("c"), &shared(80), &[]);
         assert_eq!((addrs(&a), addrs(&b), addrs(&c)), (vec!["192.0.2.0"], vec!["192.0.2.0"], vec!["192.0.2.1"]));
-        assert_eq!(al.usage(), vec![PoolUsage { pool: "lab".into(), in_use: 2, free: 6 }]);
+        assert_eq!(al.usage(), vec![PoolUsage { pool: "lab".into(), in_use: 2, free: 6, reserved: 0 }]);
     }
 
     #[test]
@@ -493,9 +526,44 @@ mod tests {
     fn a_deleted_services_addresses_drain_before_anyone_else_gets_them() {
         let mut al = allocator(&[("one", &["192.0.2.1"], true)]);
         al.assign(&key("a"), &plain(), &[]);
-        al.drain(&key("a"), "uid-a");
+        let x: IpAddr = "192.0.2.1".parse().unwrap();
+        al.drain(&key("a"), "uid-a", &[x]);
         assert_eq!(al.assign(&key("b"), &plain(), &[]).reason.as_deref(), Some("address pool `one` exhausted"));
-        assert!(al.finish_drain(&key("a"), "uid-a"));
+        assert!(!al.finish_drain(&key("a"), "uid-other", &[x]), "another object's acknowledgement frees nothing");
+        assert!(al.finish_drain(&key("a"), "uid-a", &[x]));
         assert_eq!(addrs(&al.assign(&key("b"), &plain(), &[])), vec!["192.0.2.1"]);
+    }
+
+    #[test]
+    fn each_withdrawal_holds_the_address_until_its_own_acknowledgement() {
+        let mut al = allocator(&[("one", &["192.0.2.1"], true)]);
+        let x: IpAddr = "192.0.2.1".parse().unwrap();
+        al.assign(&key("a"), &plain(), &[]);
+        al.release(&key("a"));
+        al.withdraw(&key("a"), "uid-a", &[x]);
+        assert_eq!(addrs(&al.assign(&key("a"), &plain(), &[x])), vec!["192.0.2.1"], "the same name may take it back");
+        al.release(&key("a"));
+        al.withdraw(&key("a"), "uid-a", &[x]);
+        assert!(al.finish_drain(&key("a"), "uid-a", &[x]));
+        assert_eq!(
+            al.assign(&key("b"), &plain(), &[]).reason.as_deref(),
+            Some("address pool `one` exhausted"),
+            "the second withdrawal is not acknowledged yet"
+        );
+        assert_eq!(al.usage(), vec![PoolUsage { pool: "one".into(), in_use: 1, free: 0, reserved: 1 }]);
+        assert!(al.finish_drain(&key("a"), "uid-a", &[x]));
+        assert_eq!(addrs(&al.assign(&key("b"), &plain(), &[])), vec!["192.0.2.1"]);
+    }
+
+    #[test]
+    fn a_status_shows_a_pool_allocation_only_for_pool_addresses() {
+        let al = allocator(&[("one", &["192.0.2.0/30"], true)]);
+        let mut view = plain();
+        view.ingress =
+            serde_json::from_value(serde_json::json!([{"ip": "198.51.100.1"}, {"ip": "192.0.2.2"}])).unwrap();
+        let a = al.published(&view).unwrap();
+        assert_eq!((addrs(&a), a.pool.as_deref(), a.source), (vec!["192.0.2.2"], Some("one"), VipSource::Pool));
+        view.ingress.clear();
+        assert_eq!(al.published(&view), None);
     }
 }

@@ -4,7 +4,9 @@
 
 mod allocator;
 mod pool;
+mod release;
 pub mod request;
 
 pub use allocator::{Allocator, PoolUsage};
 pub use pool::{AddrRange, Family, Pool, PoolError, Pools};
+pub use release::{pool_addresses, withdrawn};

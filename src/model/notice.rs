@@ -42,13 +42,16 @@ pub struct Assignment {
 pub enum Feedback {
     /// An appliance chose a Service's address (relay).
     Assigned(Assignment),
-    /// Every subscribed endpoint acknowledged the DELETED of this object: the pool addresses it held
-    /// may go to other Services now (publish).
+    /// Every subscribed endpoint acknowledged the change that withdrew these pool addresses of this
+    /// object (its DELETED, or a MODIFIED that dropped them): they may go to other Services now
+    /// (publish).
     Released {
         /// The Service.
         key: ServiceKey,
-        /// `metadata.uid` of the deleted object.
+        /// `metadata.uid` of the object.
         uid: String,
+        /// The addresses the change withdrew.
+        addresses: Vec<std::net::IpAddr>,
     },
     /// An operator asked to record every deletion the mass-deletion guard holds (API).
     ReleaseHeld,

@@ -132,13 +132,16 @@ impl Publisher {
         Ok(more)
     }
 
-    /// Frees the pool addresses of DELETED objects whose DELETED every endpoint acknowledged.
+    /// Frees the pool addresses withdrawn by changes (DELETED, or a MODIFIED that dropped addresses)
+    /// that every endpoint acknowledged.
     async fn releases(&mut self) -> Result<(), PublishError> {
         for r in self.store.releases().await? {
-            if !self.store.event_acks(r.event_id, &self.webhooks).await?.done {
+            // A withdrawing MODIFIED may be superseded: then the later delivery that replaced it counts.
+            if !self.store.event_settled(r.event_id, &self.webhooks).await? {
                 continue;
             }
-            if self.feedback.send(Feedback::Released { key: r.key, uid: r.uid }).await.is_err() {
+            if self.feedback.send(Feedback::Released { key: r.key, uid: r.uid, addresses: r.addresses }).await.is_err()
+            {
                 return Ok(()); // the recorder is gone: shutting down; the row stays for the next start
             }
             self.store.finish_release(r.event_id).await?;

@@ -20,7 +20,7 @@ pub struct StatusWork {
 /// A cleanup to run once the DELETED `event_id` is acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CleanupWork {
-    /// The DELETED event.
+    /// The withdrawing event.
     pub event_id: i64,
     /// The Service.
     pub key: ServiceKey,
@@ -32,16 +32,17 @@ pub struct CleanupWork {
     pub clear_ingress: Vec<IngressView>,
 }
 
-/// Pool addresses of a DELETED object, free once the DELETED `event_id` is acknowledged.
+/// Pool addresses an event withdrew (a DELETED, or a MODIFIED that dropped them), free once event
+/// `event_id` is acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReleaseWork {
-    /// The DELETED event.
+    /// The withdrawing event.
     pub event_id: i64,
     /// The Service.
     pub key: ServiceKey,
-    /// `metadata.uid` of the deleted object.
+    /// `metadata.uid` of the object.
     pub uid: String,
-    /// The addresses it held.
+    /// The addresses withdrawn.
     pub addresses: Vec<std::net::IpAddr>,
 }
 
@@ -64,6 +65,13 @@ const FAILING: &str = "SELECT webhook, id, state, attempts, last_error FROM deli
     AND name = ?2 AND state = 'pending' AND attempts > 0";
 
 const OF_EVENT: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE event_id = ?1";
+
+/// Per delivery of an event: its endpoint, and whether the endpoint has it — it succeeded, or it was
+/// superseded and a later delivery of the same Service to that endpoint succeeded (that one carries
+/// the Service's whole view as of a later event).
+const HAS_EVENT: &str = "SELECT d.webhook, d.state = 'succeeded' OR (d.state = 'superseded' AND EXISTS ( \
+    SELECT 1 FROM deliveries s WHERE s.webhook = d.webhook AND s.namespace = d.namespace AND s.name = d.name \
+      AND s.id > d.id AND s.state = 'succeeded')) FROM deliveries d WHERE d.event_id = ?1";
 
 impl Store {
     /// Services with deliveries held for the finalizer (at most `limit`), by namespace and name.
@@ -121,6 +129,14 @@ impl Store {
         Ok(acks(&sqlx::query(OF_EVENT).bind(event_id).fetch_all(&self.pool).await?, webhooks))
     }
 
+    /// Whether every endpoint in `webhooks` has what event `event_id` told it: its delivery succeeded,
+    /// or it was superseded (a MODIFIED behind a newer one, or before a DELETED/resync) and a later
+    /// delivery of the same Service succeeded. Decides when a withdrawn pool address is free.
+    pub async fn event_settled(&self, event_id: i64, webhooks: &[String]) -> Result<bool, StoreError> {
+        let rows = sqlx::query(HAS_EVENT).bind(event_id).fetch_all(&self.pool).await?;
+        Ok(rows.iter().filter(|r| webhooks.contains(&r.get::<String, _>(0))).all(|r| r.get::<i64, _>(1) != 0))
+    }
+
     /// Every pending cleanup, oldest first.
     pub async fn cleanups(&self) -> Result<Vec<CleanupWork>, StoreError> {
         let sql = "SELECT event_id, namespace, name, uid, remove_finalizer, clear_ingress FROM cleanups \
@@ -140,7 +156,7 @@ impl Store {
             .collect()
     }
 
-    /// Every address release waiting for its DELETED to be acknowledged, oldest first.
+    /// Every address release waiting for its event to be acknowledged, oldest first.
     pub async fn releases(&self) -> Result<Vec<ReleaseWork>, StoreError> {
         let sql = "SELECT event_id, namespace, name, uid, addresses FROM releases ORDER BY event_id";
         let rows = sqlx::query(sql).fetch_all(&self.pool).await?;

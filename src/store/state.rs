@@ -12,7 +12,7 @@ use super::outbox::{Outbox, RecordedEvent, enqueue};
 use super::progress::{WatchProgress, write_progress};
 use super::{Store, StoreError, now_ms};
 use crate::model::backends::{BackendSets, ObservedNode};
-use crate::model::{Cause, ChangeKind, IngressView, Recorded, ServiceKey, ServiceView, Tracked, VipSource};
+use crate::model::{Cause, ChangeKind, IngressView, Recorded, ServiceKey, ServiceView, Tracked};
 
 /// One change to persist, in the order given to [`Store::apply`].
 #[derive(Debug, Clone)]
@@ -281,8 +281,9 @@ async fn insert_event_chunk(
     Ok(q.build_query_scalar().fetch_all(&mut **tx).await?)
 }
 
-/// Records the follow-up work of DELETED events (ids in event order, as [`insert_events`] returns):
-/// cleanups of objects that still exist, and the pool addresses to release once acknowledged.
+/// Records the follow-up work of events (ids in event order, as [`insert_events`] returns):
+/// cleanups of objects that still exist, and the pool addresses to release once acknowledged (of
+/// DELETED events and of MODIFIED events that withdrew some, see [`crate::ipam::withdrawn`]).
 async fn insert_cleanups(
     tx: &mut Transaction<'_, Sqlite>,
     now: i64,
@@ -296,10 +297,10 @@ async fn insert_cleanups(
     let mut rows = Vec::new();
     let mut releases = Vec::new();
     for ((key, event, cleanup), id) in events.zip(ids) {
-        let pool = event.view.allocation.as_ref().filter(|a| a.source == VipSource::Pool && !a.addresses.is_empty());
-        if let Some(a) = pool.filter(|_| event.kind == ChangeKind::Deleted) {
+        let withdrawn = crate::ipam::withdrawn(event);
+        if !withdrawn.is_empty() {
             releases.push(serde_json::json!({"id": id, "ns": key.namespace, "name": key.name, "uid": event.uid,
-                "addresses": serde_json::to_string(&a.addresses)?}));
+                "addresses": serde_json::to_string(&withdrawn)?}));
         }
         if let Some(c) = cleanup {
             let clear = (!c.clear_ingress.is_empty()).then(|| serde_json::to_string(&c.clear_ingress)).transpose()?;

@@ -125,6 +125,7 @@ impl Writer {
         metrics.vips_in_use.set(plan.vips_in_use as i64);
         for u in &plan.pool_usage {
             metrics.pool_usage(&u.pool, u.in_use, u.free);
+            metrics.pool_reserved(&u.pool, u.reserved);
         }
         for ((mode, state), n) in &plan.members {
             let state = match state {

@@ -25,6 +25,7 @@ use super::ownership::Ownership;
 use super::stream::{Observation, Resource, ScopeSpec};
 use super::writer::{Plan, Signals, Writer};
 use crate::config::GuardConfig;
+use crate::ipam;
 use crate::model::backends::BackendSets;
 use crate::model::{
     Cause, ChangeKind, Decision, FINALIZER, Feedback, Observed, Recorded, ServiceKey, Tracked, decide_apply,
@@ -103,7 +104,7 @@ impl Recorder {
             if let Some(t) = mirror.remove(key) {
                 count_vips(&mut vip_refs, &t, -1);
                 count_members(&mut member_counts, &t, -1);
-                ownership.allocator.drain(key, &t.uid);
+                ownership.allocator.drain(key, &t.uid, &ipam::pool_addresses(&t.view));
                 pending_allocation.remove(key);
                 pending_startup.push(deleted(key.clone(), Cause::Startup, &t));
             }
@@ -111,7 +112,7 @@ impl Recorder {
         info!(services = mirror.len(), held = guard.len(), "loaded current state");
         let announced = store.cleanups().await?.into_iter().map(|c| c.uid).collect();
         for r in store.releases().await? {
-            ownership.allocator.restore_draining(&r.key, &r.uid, &r.addresses);
+            ownership.allocator.withdraw(&r.key, &r.uid, &r.addresses);
         }
         let writer = Writer::new(store, outbox, scopes, signals);
         let awaiting = scopes.iter().map(ScopeSpec::key).collect();
@@ -199,6 +200,15 @@ impl Recorder {
             _ => None,
         });
         let listed: Vec<&Observed> = first_lists.flatten().collect();
+        // A terminating Service the database does not know (it was lost) keeps what it shows until
+        // the appliance acknowledged its DELETED ([`Self::decide`] announces it with these addresses).
+        let terminating: Vec<&&Observed> = listed.iter().filter(|o| self.unrecorded_terminating(o)).collect();
+        for obs in terminating {
+            if let Some(a) = self.ownership.allocator.published(&obs.view) {
+                let ips: Vec<std::net::IpAddr> = a.addresses.iter().filter_map(|s| s.parse().ok()).collect();
+                self.ownership.allocator.withdraw(&obs.key, &obs.uid, &ips);
+            }
+        }
         for obs in &listed {
             self.ownership.adopt(self.mirror.get(&obs.key), obs);
         }
@@ -230,8 +240,8 @@ impl Recorder {
                 let decision = decide_apply(Some(t), &obs);
                 self.take(plan, &obs.key, Cause::Appliance, decision, Some(&obs));
             }
-            Observation::Feedback(Feedback::Released { key, uid }) => {
-                self.freed |= self.ownership.allocator.finish_drain(&key, &uid);
+            Observation::Feedback(Feedback::Released { key, uid, addresses }) => {
+                self.freed |= self.ownership.allocator.finish_drain(&key, &uid, &addresses);
             }
             Observation::Feedback(Feedback::ReleaseHeld) => self.release_all_held(plan),
         }
@@ -281,14 +291,26 @@ impl Recorder {
     /// [`decide_apply`], plus: an object being deleted that carries our finalizer but that we have no
     /// record of (the database was lost or restored from an old backup) gets its one DELETED now, so
     /// the appliance is told and the finalizer comes off — else it would wait forever.
+    ///
+    /// That DELETED carries the pool addresses the object still shows in its status (reserved at start,
+    /// see [`Self::release_held`]), so they are freed only once it is acknowledged.
     fn decide(&self, obs: &Observed) -> Decision {
-        let current = self.mirror.get(&obs.key);
-        let ours = obs.view.finalizers.iter().any(|f| f == FINALIZER);
-        if current.is_none() && obs.view.deleting && ours && !self.announced.contains(&obs.uid) {
+        if self.unrecorded_terminating(obs) {
+            let mut view = obs.view.clone();
+            if self.ownership.allocator.manages(&view) {
+                view.allocation = self.ownership.allocator.published(&view);
+            }
             let none = BackendSets::new();
-            return Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &obs.view, &none)]);
+            return Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &view, &none)]);
         }
-        decide_apply(current, obs)
+        decide_apply(self.mirror.get(&obs.key), obs)
+    }
+
+    /// Whether `obs` is being deleted, carries our finalizer, and we have no record of it and have not
+    /// announced its DELETED: it gets one now ([`Self::decide`]).
+    fn unrecorded_terminating(&self, obs: &Observed) -> bool {
+        let ours = obs.view.finalizers.iter().any(|f| f == FINALIZER);
+        !self.mirror.contains_key(&obs.key) && obs.view.deleting && ours && !self.announced.contains(&obs.uid)
     }
 
     /// Gives the Services still waiting for an address another try after addresses were released, in
@@ -362,6 +384,11 @@ impl Recorder {
                         self.announced.insert(event.uid.clone());
                     }
                     self.mirror_event(key, &event);
+                    if event.kind == ChangeKind::Modified {
+                        // What the MODIFIED took away stays reserved until it is acknowledged (a DELETED's
+                        // addresses are reserved by `unmirror`).
+                        self.ownership.allocator.withdraw(key, &event.uid, &ipam::withdrawn(&event));
+                    }
                     let event = Box::new(event);
                     plan.changes.push(StateChange::Event { key: key.clone(), cause, event, hold, cleanup });
                 }
@@ -403,7 +430,7 @@ impl Recorder {
         let old = self.mirror.remove(key)?;
         count_vips(&mut self.vip_refs, &old, -1);
         count_members(&mut self.member_counts, &old, -1);
-        self.ownership.allocator.drain(key, &old.uid);
+        self.ownership.allocator.drain(key, &old.uid, &ipam::pool_addresses(&old.view));
         self.pending_allocation.remove(key);
         Some(old)
     }
