@@ -5,7 +5,8 @@
 //!
 //! Layers, outermost first: every 4xx/5xx becomes `application/problem+json`
 //! ([`error::problem_for_every_error`]); HTTP metrics; CORS (only with `server.cors_origins`); request
-//! timeout; body limit; bearer-token auth ([`auth`]); the routes.
+//! timeout; body limit; bearer-token auth ([`auth`]); the routes. Around them all,
+//! `X-Vipwatch-Last-Synced` ([`status::last_synced_header`]).
 
 pub mod auth;
 pub mod deliveries;
@@ -18,6 +19,7 @@ pub mod openapi;
 pub mod pagination;
 pub mod services;
 pub mod sse;
+pub mod status;
 pub mod vip_index;
 pub mod vips;
 pub mod webhooks;
@@ -63,6 +65,8 @@ pub struct ApiState {
     pub vips: Arc<VipIndex>,
     /// The OpenAPI document as served (set by [`router`]).
     pub openapi: Bytes,
+    /// Per-scope health of the watch: `/readyz`, `/api/v1/status`, `X-Vipwatch-Last-Synced`.
+    pub watch: crate::watch::WatchHealth,
 }
 
 impl ApiState {
@@ -76,7 +80,13 @@ impl ApiState {
         cancel: CancellationToken,
     ) -> Self {
         let vips = VipIndex::new(store.clone());
-        Self { store, metrics, ready, committed, config, cancel, vips, openapi: Bytes::new() }
+        let watch = crate::watch::WatchHealth::new(metrics.clone(), config.kubernetes.stale_after);
+        Self { store, metrics, ready, committed, config, cancel, vips, openapi: Bytes::new(), watch }
+    }
+
+    /// This state reading `watch` (the tracker the Kubernetes client reports to) instead of an empty one.
+    pub fn with_watch_health(self, watch: crate::watch::WatchHealth) -> Self {
+        Self { watch, ..self }
     }
 
     /// The VIP index, rebuilt first if an event was committed since it was built.
@@ -108,6 +118,7 @@ pub fn router(mut state: ApiState) -> Router {
     }
     app.layer(middleware::from_fn_with_state(state.metrics.clone(), track))
         .layer(middleware::from_fn(error::problem_for_every_error))
+        .layer(middleware::from_fn_with_state(state.watch.clone(), status::last_synced_header))
         .with_state(state)
 }
 
