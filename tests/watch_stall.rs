@@ -46,7 +46,11 @@ impl BlackholeProxy {
 
 /// Copies `from` to `to` while the blackhole is off; while on, neither reads nor writes (what was
 /// read just before is held until it is off again).
-async fn pump(mut from: impl AsyncReadExt + Unpin, mut to: impl AsyncWriteExt + Unpin, mut hole: watch::Receiver<bool>) {
+async fn pump(
+    mut from: impl AsyncReadExt + Unpin,
+    mut to: impl AsyncWriteExt + Unpin,
+    mut hole: watch::Receiver<bool>,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         if hole.wait_for(|on| !*on).await.is_err() {
@@ -88,10 +92,8 @@ async fn a_blackholed_watch_is_counted_makes_readyz_fail_and_resumes_without_los
     proxy.blackhole(true);
     h.api.apply(lb_service("shop", "b", 81));
     // Nothing for watch_timeout + 5 s: the watchdog drops the stream.
-    wait_until("the stall is counted", || async {
-        (vw.metrics.watch_error_count("*", "stalled") == 1).then_some(())
-    })
-    .await;
+    wait_until("the stall is counted", || async { (vw.metrics.watch_error_count("*", "stalled") == 1).then_some(()) })
+        .await;
     let ready = api.get("/readyz").await;
     assert_eq!(ready.status, 503, "{}", ready.text);
     let detail = ready.body["detail"].as_str().unwrap();

@@ -2,10 +2,10 @@
 //! [`routes`] registers every handler with its documentation, [`document`] is what `/openapi.json`
 //! serves, `vipwatch openapi` prints and `openapi/openapi.json` holds.
 
-use utoipa::openapi::response::{Response, ResponseBuilder};
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::header::Header;
+use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, RefOr};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
@@ -102,7 +102,8 @@ pub fn finish(mut doc: Document) -> Document {
 }
 
 fn last_synced_header() -> Header {
-    let schema = ObjectBuilder::new().schema_type(Type::String).format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)));
+    let schema =
+        ObjectBuilder::new().schema_type(Type::String).format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)));
     let mut header = Header::new(schema);
     header.description = Some(
         "Up to when the served state is known current: the oldest `synced_at` over every watch scope \

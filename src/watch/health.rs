@@ -147,9 +147,15 @@ impl WatchHealth {
         let what = format!("HTTP {status} on {} {}", verb.as_str(), describe(spec));
         if auth {
             let (resource, scope) = (spec.resource.as_str(), spec.label());
-            error!(resource, scope, status, verb = verb.as_str(),
+            error!(
+                resource,
+                scope,
+                status,
+                verb = verb.as_str(),
                 "{what}: the service account may not `{}` `{resource}`{}; grant the RBAC verbs get, list and watch on it",
-                verb.as_str(), spec.namespace.as_ref().map_or(String::new(), |ns| format!(" in namespace `{ns}`")));
+                verb.as_str(),
+                spec.namespace.as_ref().map_or(String::new(), |ns| format!(" in namespace `{ns}`"))
+            );
         }
         self.update(spec, |s, now| {
             leave_watch(s, now);
@@ -176,10 +182,18 @@ impl WatchHealth {
     /// `vipwatch_watch_errors_total{kind="stalled"}`, and keeps the scope in sync only up to its last byte.
     pub(crate) fn stalled(&self, spec: &ScopeSpec, verb: Verb, silent: Duration) {
         let (resource, scope) = (spec.resource.as_str(), spec.label());
-        warn!(resource, scope, verb = verb.as_str(), silent_secs = silent.as_secs_f64(),
+        warn!(
+            resource,
+            scope,
+            verb = verb.as_str(),
+            silent_secs = silent.as_secs_f64(),
             "{} of {} stalled: nothing received for {}; dropping the connection and resuming",
-            verb.as_str(), describe(spec), humantime::format_duration(silent));
-        let labels = WatchErrorLabels { resource: resource.to_owned(), scope: scope.to_owned(), kind: "stalled".into() };
+            verb.as_str(),
+            describe(spec),
+            humantime::format_duration(silent)
+        );
+        let labels =
+            WatchErrorLabels { resource: resource.to_owned(), scope: scope.to_owned(), kind: "stalled".into() };
         self.metrics.watch_errors.get_or_create(&labels).inc();
         let what = format!("{} stalled: nothing received for {}", verb.as_str(), humantime::format_duration(silent));
         self.update(spec, |s, _| {
@@ -280,10 +294,7 @@ mod tests {
         h.refused(&spec, Verb::List, 403);
         assert_eq!(h.not_ready(), None);
         h.refused(&spec, Verb::List, 403);
-        assert_eq!(
-            h.not_ready().as_deref(),
-            Some("HTTP 403 on list services in all namespaces (3 times in a row)")
-        );
+        assert_eq!(h.not_ready().as_deref(), Some("HTTP 403 on list services in all namespaces (3 times in a row)"));
         h.opened(&spec, Verb::List);
         assert_eq!(h.not_ready(), None);
     }
