@@ -83,10 +83,13 @@ struct Scope {
     last_auth: String,
 }
 
+/// Scopes by (resource, namespace), each with its spec and health.
+type Scopes = BTreeMap<(String, Option<String>), (ScopeSpec, Scope)>;
+
 /// Shared, cheap to clone: the per-scope health of the watch.
 #[derive(Clone)]
 pub struct WatchHealth {
-    scopes: Arc<Mutex<BTreeMap<(String, Option<String>), (ScopeSpec, Scope)>>>,
+    scopes: Arc<Mutex<Scopes>>,
     metrics: Arc<Metrics>,
     stale_after: Duration,
 }
