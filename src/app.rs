@@ -98,8 +98,9 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let lock = WriterLock::acquire(&config.database.path)?;
     let store = Store::open(&config.database.path).await?;
     info!(path = %config.database.path.display(), "database open");
-    let client = watch::connect(&config.kubernetes).await?;
     let metrics = Metrics::new();
+    let watch_health = watch::WatchHealth::new(metrics.clone(), config.kubernetes.stale_after);
+    let client = watch::connect_watched(&config.kubernetes, &watch_health).await?;
     let (ready_tx, ready) = signal::channel(false);
     let (committed_tx, committed) = signal::channel(0);
     // Pulsed by the relay when an endpoint acknowledged a delivery: the publisher's status write-back
@@ -149,7 +150,8 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         Arc::new(config.clone()),
         cancel.clone(),
     )
-    .with_feedback(assign_tx);
+    .with_feedback(assign_tx)
+    .with_watch_health(watch_health);
     let api_task = fatal_on_error("api", cancel.clone(), serve_api(listener, api::router(state), cancel.clone()));
     info!(%addr, "API listening");
     Ok(Running {

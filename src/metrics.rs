@@ -35,7 +35,8 @@ pub struct WatchErrorLabels {
     pub resource: String,
     /// `*` or the namespace.
     pub scope: String,
-    /// `list`, `watch_start`, `gone` (410), `status`, `stream`, `decode`, `no_resource_version`.
+    /// `list`, `watch_start`, `gone` (410), `status`, `stream`, `decode`, `no_resource_version`,
+    /// `stalled` (a list or watch got no byte within its deadline and was dropped).
     pub kind: String,
 }
 

@@ -152,6 +152,12 @@ fn values_that_would_misbehave_at_run_time_are_rejected_up_front() {
             "invalid value for `kubernetes.watch_timeout`: must be at most 1h",
         ),
         ("[relay]\npoll_interval = \"0s\"\n", "invalid value for `relay.poll_interval`: must be at least 10ms"),
+        ("[kubernetes]\nstale_after = \"0s\"\n", "invalid value for `kubernetes.stale_after`: must be at least 1s"),
+        ("[kubernetes]\nlist_timeout = \"0s\"\n", "invalid value for `kubernetes.list_timeout`: must be at least 1s"),
+        (
+            "[kubernetes]\nconnect_timeout = \"500ms\"\n",
+            "invalid value for `kubernetes.connect_timeout`: must be at least 1s",
+        ),
     ];
     for (config, needle) in cases {
         let o = vipwatch(&["check-config"], &[], Some(config));

@@ -15,18 +15,34 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready: 200 only when the database is writable and the first full list of every watch scope has been
-/// stored; 503 `not_ready` otherwise.
+/// Ready: 200 only when every readiness check passes: the first full list of every watch scope is
+/// stored; no watch scope is out of sync for longer than `kubernetes.stale_after` nor refused 3 times
+/// in a row with 401/403; the database is writable. Otherwise 503 `not_ready`, the `detail` naming each
+/// failing check and its reason (`check: reason; check: reason`).
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses((status = 200, description = "Ready", body = String, content_type = "text/plain")))]
 pub async fn readyz(State(state): State<ApiState>) -> Result<&'static str, ApiError> {
+    let mut failing = Vec::new();
+    for (name, reason) in [("watch", watch_check(&state)), ("database", database_check(&state).await)] {
+        if let Some(reason) = reason {
+            failing.push(format!("{name}: {reason}"));
+        }
+    }
+    if failing.is_empty() { Ok("ready") } else { Err(ApiError::NotReadyBecause(failing.join("; "))) }
+}
+
+/// The watch checks: the first full list of every scope stored, then each scope's health
+/// ([`crate::watch::WatchHealth::not_ready`]). Answers from memory, at once.
+fn watch_check(state: &ApiState) -> Option<String> {
     if !*state.ready.borrow() {
-        return Err(ApiError::NotReady("waiting for the first full list"));
+        return Some("waiting for the first full list".to_owned());
     }
-    if !state.store.is_writable().await {
-        return Err(ApiError::NotReady("database not writable"));
-    }
-    Ok("ready")
+    state.watch.not_ready()
+}
+
+/// The database check: writable.
+async fn database_check(state: &ApiState) -> Option<String> {
+    (!state.store.is_writable().await).then(|| "database not writable".to_owned())
 }
 
 /// Every metric in the Prometheus text format (`vipwatch_` prefix). The outbox gauges are refreshed

@@ -5,7 +5,8 @@
 //!
 //! Layers, outermost first: every 4xx/5xx becomes `application/problem+json`
 //! ([`error::problem_for_every_error`]); HTTP metrics; CORS (only with `server.cors_origins`); request
-//! timeout; body limit; bearer-token auth ([`auth`]); the routes.
+//! timeout; body limit; bearer-token auth ([`auth`]); the routes. Around them all,
+//! `X-Vipwatch-Last-Synced` ([`status::last_synced_header`]).
 
 pub mod auth;
 pub mod deletions;
@@ -19,6 +20,7 @@ pub mod openapi;
 pub mod pagination;
 pub mod services;
 pub mod sse;
+pub mod status;
 pub mod vip_index;
 pub mod vips;
 pub mod webhooks;
@@ -67,6 +69,8 @@ pub struct ApiState {
     /// To the recorder: `POST /api/v1/deletions/held/release` ([`ApiState::with_feedback`]; `None`
     /// answers 503).
     pub feedback: Option<tokio::sync::mpsc::Sender<crate::model::Feedback>>,
+    /// Per-scope health of the watch: `/readyz`, `/api/v1/status`, `X-Vipwatch-Last-Synced`.
+    pub watch: crate::watch::WatchHealth,
 }
 
 impl ApiState {
@@ -80,13 +84,19 @@ impl ApiState {
         cancel: CancellationToken,
     ) -> Self {
         let vips = VipIndex::new(store.clone());
-        Self { store, metrics, ready, committed, config, cancel, vips, openapi: Bytes::new(), feedback: None }
+        let watch = crate::watch::WatchHealth::new(metrics.clone(), config.kubernetes.stale_after);
+        Self { store, metrics, ready, committed, config, cancel, vips, openapi: Bytes::new(), feedback: None, watch }
     }
 
     /// This state, passing operator requests (release held deletions) to the recorder through `tx`.
     pub fn with_feedback(mut self, tx: tokio::sync::mpsc::Sender<crate::model::Feedback>) -> Self {
         self.feedback = Some(tx);
         self
+    }
+
+    /// This state reading `watch` (the tracker the Kubernetes client reports to) instead of an empty one.
+    pub fn with_watch_health(self, watch: crate::watch::WatchHealth) -> Self {
+        Self { watch, ..self }
     }
 
     /// The VIP index, rebuilt first if an event was committed since it was built.
@@ -118,6 +128,7 @@ pub fn router(mut state: ApiState) -> Router {
     }
     app.layer(middleware::from_fn_with_state(state.metrics.clone(), track))
         .layer(middleware::from_fn(error::problem_for_every_error))
+        .layer(middleware::from_fn_with_state(state.watch.clone(), status::last_synced_header))
         .with_state(state)
 }
 

@@ -2,15 +2,17 @@
 //! [`routes`] registers every handler with its documentation, [`document`] is what `/openapi.json`
 //! serves, `vipwatch openapi` prints and `openapi/openapi.json` holds.
 
+use utoipa::openapi::header::Header;
 use utoipa::openapi::response::{Response, ResponseBuilder};
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref};
+use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, RefOr};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::error::{PROBLEM_JSON, Problem};
-use super::{ApiState, deletions, deliveries, events, health, nodes, services, sse, vips, webhooks};
+use super::{ApiState, deletions, deliveries, events, health, nodes, services, sse, status, vips, webhooks};
 use vipwatch_contract::WebhookPayload;
 
 #[derive(OpenApi)]
@@ -57,6 +59,7 @@ pub fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(deliveries::list_deliveries))
         .routes(routes!(deliveries::get_delivery))
         .routes(routes!(deliveries::retry))
+        .routes(routes!(status::get_status))
         .routes(routes!(health::healthz))
         .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))
@@ -90,9 +93,26 @@ pub fn finish(mut doc: Document) -> Document {
             }
             add("408", "The request took longer than `server.request_timeout` (`request_timeout`)");
             add("500", "Internal error; details are logged, not returned (`internal`)");
+            for response in op.responses.responses.values_mut() {
+                if let RefOr::T(response) = response {
+                    response.headers.insert(status::LAST_SYNCED.to_owned(), last_synced_header().into());
+                }
+            }
         }
     }
     doc
+}
+
+fn last_synced_header() -> Header {
+    let schema =
+        ObjectBuilder::new().schema_type(Type::String).format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)));
+    let mut header = Header::new(schema);
+    header.description = Some(
+        "Up to when the served state is known current: the oldest `synced_at` over every watch scope \
+        (RFC 3339). Absent until every scope has synced once."
+            .to_owned(),
+    );
+    header
 }
 
 fn problem(description: &str) -> Response {

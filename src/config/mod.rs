@@ -120,6 +120,18 @@ pub struct KubernetesConfig {
     /// client dropped, a proxy that swallowed an event) is found and recorded with cause `relist`.
     #[serde(with = "humantime_serde")]
     pub relist_interval: Duration,
+    /// Longest wait for a list response, e.g. `"60s"`: for its head, between two of its chunks and for
+    /// the whole body. Past it the list is dropped as stalled and retried with backoff.
+    #[serde(with = "humantime_serde")]
+    pub list_timeout: Duration,
+    /// TCP connect timeout towards the apiserver, e.g. `"10s"`.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// `/readyz` answers 503 once a scope has not been in sync for this long, e.g. `"30s"`: counted from
+    /// the end of its last healthy watch (or the last byte of a stalled one) while it is not watching.
+    /// A healthy open watch is never stale, however quiet (the stall deadline covers it).
+    #[serde(with = "humantime_serde")]
+    pub stale_after: Duration,
     /// Write `status.loadBalancer.ingress` of the Services whose VIPs vipwatch assigns, once every
     /// subscribed endpoint acknowledged the change carrying them.
     pub write_status: bool,
@@ -140,6 +152,9 @@ impl Default for KubernetesConfig {
             manage_classless: true,
             watch_timeout: Duration::from_secs(290),
             relist_interval: crate::watch::DEFAULT_RELIST_INTERVAL,
+            list_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+            stale_after: Duration::from_secs(30),
             write_status: true,
             finalizer: true,
         }
@@ -280,6 +295,15 @@ impl Config {
         }
         if k.watch_timeout.as_secs() == 0 {
             return Err(ConfigError::Value { key: "kubernetes.watch_timeout", reason: "must be at least 1s".into() });
+        }
+        for (key, value) in [
+            ("kubernetes.list_timeout", k.list_timeout),
+            ("kubernetes.connect_timeout", k.connect_timeout),
+            ("kubernetes.stale_after", k.stale_after),
+        ] {
+            if value < Duration::from_secs(1) {
+                return Err(ConfigError::Value { key, reason: "must be at least 1s".into() });
+            }
         }
         Ok(())
     }

@@ -6,16 +6,20 @@
 //! and writes events + state in batched transactions.
 
 mod client;
+mod health;
 mod members;
 mod ownership;
 mod recorder;
 mod stream;
+mod watchdog;
 mod writer;
 
-pub use client::connect;
+pub use client::{connect, connect_watched};
+pub use health::{AUTH_FAILURES_NOT_READY, ScopeState, ScopeStatus, Verb, WatchHealth, rfc3339};
 pub use ownership::Ownership;
 pub use recorder::Recorder;
 pub use stream::{Change, Observation, Resource, ScopeSpec};
+pub use watchdog::{Stalled, WATCH_SLACK, Watchdog, is_stall};
 pub use writer::Signals;
 
 use std::sync::Arc;

@@ -239,7 +239,7 @@ impl<K: Kind> ScopeTask<K> {
         for family in [&m.relists, &m.watch_restarts, &m.watch_gone] {
             drop(family.get_or_create(&self.labels()));
         }
-        for kind in ["list", "watch_start", "gone", "status", "stream", "decode", "no_resource_version"] {
+        for kind in ["list", "watch_start", "gone", "status", "stream", "decode", "no_resource_version", "stalled"] {
             drop(m.watch_errors.get_or_create(&self.error_labels(kind)));
         }
     }
@@ -324,6 +324,11 @@ impl<K: Kind> ScopeTask<K> {
     /// list recovers it.
     fn on_error(&self, err: &watcher::Error) -> bool {
         let (resource, scope) = (self.spec.resource.as_str(), self.spec.label());
+        if super::watchdog::is_stall(err) {
+            // Logged and counted (`kind="stalled"`) by the watchdog, which knows how long it was silent.
+            debug!(resource, scope, error = %err, "stalled request dropped; resuming");
+            return false;
+        }
         let (kind, restart) = classify(err);
         self.metrics.watch_errors.get_or_create(&self.error_labels(kind)).inc();
         match kind {

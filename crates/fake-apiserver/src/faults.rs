@@ -2,7 +2,7 @@
 //! runs; "open watches" means the watch streams open at the time of the call, of every resource, and
 //! "requests" means requests to any path.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicUsize, Ordering};
 
 use tokio::sync::watch;
 
@@ -17,6 +17,8 @@ pub struct Faults {
     refuse: AtomicBool,
     expire_continue: AtomicBool,
     fail_next: AtomicUsize,
+    /// HTTP status of the injected failures (500 unless set by [`Faults::fail_requests_with`]).
+    fail_status: AtomicU16,
 }
 
 impl Faults {
@@ -28,6 +30,7 @@ impl Faults {
             refuse: AtomicBool::new(false),
             expire_continue: AtomicBool::new(false),
             fail_next: AtomicUsize::new(0),
+            fail_status: AtomicU16::new(500),
         }
     }
 
@@ -99,6 +102,15 @@ impl Faults {
     /// The next `n` requests (any path, any method) answer HTTP 500 with a `Status` body
     /// (`reason: "InternalError"`). Replaces any remaining count.
     pub fn fail_requests(&self, n: usize) {
+        self.fail_requests_with(500, n);
+    }
+
+    /// The next `n` requests (any path, any method) answer HTTP `status` with a `Status` body whose
+    /// `reason` is the Kubernetes one for it (`Unauthorized` for 401, `Forbidden` for 403, `NotFound`,
+    /// `TooManyRequests`, `ServiceUnavailable`, else `InternalError`), as an apiserver denying a
+    /// service account or shedding load answers. Replaces any remaining count and status.
+    pub fn fail_requests_with(&self, status: u16, n: usize) {
+        self.fail_status.store(status, Ordering::SeqCst);
         self.fail_next.store(n, Ordering::SeqCst);
     }
 
@@ -116,9 +128,10 @@ impl Faults {
         self.expire_continue.load(Ordering::SeqCst)
     }
 
-    /// Consume one injected failure; `true` if this request must fail.
-    pub(crate) fn take_failure(&self) -> bool {
-        self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+    /// Consume one injected failure; the HTTP status to answer if this request must fail.
+    pub(crate) fn take_failure(&self) -> Option<u16> {
+        let failing = self.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        failing.then(|| self.fail_status.load(Ordering::SeqCst))
     }
 
     /// A receiver that changes whenever every open connection must be dropped.

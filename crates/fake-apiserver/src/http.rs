@@ -183,17 +183,31 @@ async fn read_body(req: Request) -> Result<Bytes, Response> {
         .map_err(|_| status(413, "RequestEntityTooLarge", "the request body is too large (limit 16 MiB)"))
 }
 
+/// The answer of an injected failure with HTTP `code`.
+fn injected(code: u16, method: &axum::http::Method, path: &str) -> Response {
+    let reason = match code {
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        _ => "InternalError",
+    };
+    let message = match code {
+        401 => "Unauthorized (fault injected)".to_owned(),
+        403 => format!("{method} {path} is forbidden (fault injected): the user may not access this resource"),
+        _ => "an error on the server (fault injected) has prevented the request from succeeding".to_owned(),
+    };
+    status(code, reason, message)
+}
+
 async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
     shared.record(RecordedRequest { method: method.to_string(), path: path.clone(), query: query.clone() });
-    if shared.faults.take_failure() {
-        return status(
-            500,
-            "InternalError",
-            "an error on the server (fault injected) has prevented the request from succeeding",
-        );
+    if let Some(code) = shared.faults.take_failure() {
+        return injected(code, &method, &path);
     }
     let params = Params::parse(&query);
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();

@@ -1,0 +1,54 @@
+//! `GET /api/v1/status`: how current the served state is, per watch scope; and the middleware that
+//! puts `X-Vipwatch-Last-Synced` on every API response. The API keeps serving the last known state
+//! through an apiserver outage; these say how stale it is.
+
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::http::HeaderValue;
+use axum::middleware::Next;
+use axum::response::Response;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::ApiState;
+use crate::watch::{ScopeStatus, WatchHealth, rfc3339};
+
+/// The header on every API response: the oldest `synced_at` over every watch scope (RFC 3339, UTC,
+/// ms). Absent until every scope has synced once.
+pub const LAST_SYNCED: &str = "x-vipwatch-last-synced";
+
+/// The answer of `GET /api/v1/status`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StatusDto {
+    /// The oldest `synced_at` over every scope (the `X-Vipwatch-Last-Synced` header); `null` until
+    /// every scope has synced once.
+    #[schema(format = DateTime)]
+    pub last_synced_at: Option<String>,
+    /// Why `/readyz` reports the watch not ready, `null` when it is ready as far as the watch goes.
+    pub not_ready: Option<String>,
+    /// Every list/watch scope, ordered by resource then namespace.
+    pub scopes: Vec<ScopeStatus>,
+}
+
+/// How current the served state is: per watch scope, its state (`listing`, `watching`, `stalled`,
+/// `failing`), when the apiserver last sent something, up to when its data is known current, and its
+/// last error.
+#[utoipa::path(get, path = "/api/v1/status", tag = "operations",
+    responses((status = 200, description = "The watch's health per scope", body = StatusDto)))]
+pub async fn get_status(State(state): State<ApiState>) -> Json<StatusDto> {
+    let health = &state.watch;
+    Json(StatusDto {
+        last_synced_at: health.last_synced_ms().map(rfc3339),
+        not_ready: health.not_ready(),
+        scopes: health.statuses(),
+    })
+}
+
+/// Middleware: sets [`LAST_SYNCED`] on every response (errors included).
+pub async fn last_synced_header(State(health): State<WatchHealth>, request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    if let Some(value) = health.last_synced_ms().and_then(|ms| HeaderValue::from_str(&rfc3339(ms)).ok()) {
+        response.headers_mut().insert(LAST_SYNCED, value);
+    }
+    response
+}
