@@ -61,6 +61,8 @@ pub struct ApiState {
     pub cancel: CancellationToken,
     /// The VIP index behind `/api/v1/vips`.
     pub vips: Arc<VipIndex>,
+    /// Each endpoint's circuit breaker, as its dispatcher publishes it (all closed when none runs).
+    pub circuits: crate::relay::Circuits,
     /// The OpenAPI document as served (set by [`router`]).
     pub openapi: Bytes,
 }
@@ -76,7 +78,8 @@ impl ApiState {
         cancel: CancellationToken,
     ) -> Self {
         let vips = VipIndex::new(store.clone());
-        Self { store, metrics, ready, committed, config, cancel, vips, openapi: Bytes::new() }
+        let circuits = crate::relay::Circuits::default();
+        Self { store, metrics, ready, committed, config, cancel, vips, circuits, openapi: Bytes::new() }
     }
 
     /// The VIP index, rebuilt first if an event was committed since it was built.
