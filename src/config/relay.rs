@@ -217,11 +217,8 @@ pub fn forbidden_address(ip: IpAddr) -> Option<&'static str> {
         IpAddr::V6(v6) if v6 == AWS_METADATA_V6 => return Some("a cloud instance-metadata address"),
         IpAddr::V6(v6) if LINK_LOCAL_V6.contains(&v6) => return Some("an IPv6 link-local address (fe80::/10)"),
         IpAddr::V6(v6) if NAT64.contains(&v6) => Ipv4Addr::from_bits(v6.to_bits() as u32),
-        IpAddr::V6(v6) => match v6.to_ipv4() {
-            // `to_ipv4` also turns `::1` into 0.0.0.1: harmless, that is no forbidden address.
-            Some(v4) => v4,
-            None => return None,
-        },
+        // `to_ipv4` also turns `::1` into 0.0.0.1: harmless, that is no forbidden address.
+        IpAddr::V6(v6) => v6.to_ipv4()?,
     };
     if v4 == ALIBABA_METADATA {
         Some("a cloud instance-metadata address")
