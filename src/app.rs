@@ -114,10 +114,12 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let addr = listener.local_addr()?;
     let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&config, store.log_id())?);
     let (assign_tx, assign_rx) = tokio::sync::mpsc::channel(ASSIGNMENT_QUEUE);
+    let circuits = relay::Circuits::default();
     let mut relay_tasks = relay::start(
         &config,
         store.clone(),
         metrics.clone(),
+        circuits.clone(),
         committed.clone(),
         acked_tx,
         assign_tx.clone(),
@@ -142,7 +144,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let prune_task = tokio::spawn(prune_loop(store.clone(), config.database.event_retention, cancel.clone()));
     let modes = resync_switched_modes(store.clone(), config.clone(), ready.clone(), cancel.clone());
     let modes_task = fatal_on_error("relay", cancel.clone(), modes);
-    let state = ApiState::new(
+    let mut state = ApiState::new(
         store.clone(),
         metrics.clone(),
         ready.clone(),
@@ -152,6 +154,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     )
     .with_feedback(assign_tx)
     .with_watch_health(watch_health);
+    state.circuits = circuits;
     let api_task = fatal_on_error("api", cancel.clone(), serve_api(listener, api::router(state), cancel.clone()));
     info!(%addr, "API listening");
     Ok(Running {

@@ -56,6 +56,15 @@ pub struct WebhookLabels {
     pub webhook: String,
 }
 
+/// Labels of `vipwatch_webhook_circuit_transitions_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CircuitLabels {
+    /// Endpoint name.
+    pub webhook: String,
+    /// The state entered: `open`, `half_open` (a probe went out) or `closed`.
+    pub to: String,
+}
+
 /// Labels of `vipwatch_http_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
@@ -182,6 +191,13 @@ pub struct Metrics {
     pub http_requests: Family<HttpLabels, Counter>,
     /// `vipwatch_http_request_duration_seconds{route,method}`: time to the response head.
     pub http_latency: Family<RouteLabels, Histogram>,
+    /// `vipwatch_webhook_circuit_open{webhook}`: 1 while the endpoint's circuit is open or half-open
+    /// (one probe at a time), 0 while closed.
+    pub circuit_open: Family<WebhookLabels, Gauge>,
+    /// `vipwatch_webhook_circuit_transitions_total{webhook,to}`: circuit state changes by the state
+    /// entered: `open` (the first opening and each failed probe), `half_open` (a probe went out),
+    /// `closed`.
+    pub circuit_transitions: Family<CircuitLabels, Counter>,
 }
 
 fn http_histogram() -> Histogram {
@@ -221,6 +237,8 @@ impl Metrics {
             held_released: Family::default(),
             http_requests: Family::default(),
             http_latency: Family::new_with_constructor(http_histogram),
+            circuit_open: Family::default(),
+            circuit_transitions: Family::default(),
         };
         let registry = &mut m.registry;
         registry.register("events", "Events recorded in the event log", m.events.clone());
@@ -271,7 +289,28 @@ impl Metrics {
             "API request latency to the response head",
             m.http_latency.clone(),
         );
+        registry.register(
+            "webhook_circuit_open",
+            "1 while the endpoint's circuit breaker is open or half-open",
+            m.circuit_open.clone(),
+        );
+        registry.register(
+            "webhook_circuit_transitions",
+            "Circuit breaker state changes by endpoint and state entered",
+            m.circuit_transitions.clone(),
+        );
         Arc::new(m)
+    }
+
+    /// Sets `webhook`'s circuit gauge for `state` (`closed`, `open`, `half_open`) and, when
+    /// `transition`, counts the change into `state`.
+    pub fn circuit(&self, webhook: &str, state: &str, transition: bool) {
+        let open = i64::from(state != "closed");
+        self.circuit_open.get_or_create(&WebhookLabels { webhook: webhook.to_owned() }).set(open);
+        if transition {
+            let labels = CircuitLabels { webhook: webhook.to_owned(), to: state.to_owned() };
+            self.circuit_transitions.get_or_create(&labels).inc();
+        }
     }
 
     /// Counts one recorded event.

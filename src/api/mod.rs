@@ -64,6 +64,8 @@ pub struct ApiState {
     pub cancel: CancellationToken,
     /// The VIP index behind `/api/v1/vips`.
     pub vips: Arc<VipIndex>,
+    /// Each endpoint's circuit breaker, as its dispatcher publishes it (all closed when none runs).
+    pub circuits: crate::relay::Circuits,
     /// The OpenAPI document as served (set by [`router`]).
     pub openapi: Bytes,
     /// To the recorder: `POST /api/v1/deletions/held/release` ([`ApiState::with_feedback`]; `None`
@@ -85,7 +87,20 @@ impl ApiState {
     ) -> Self {
         let vips = VipIndex::new(store.clone());
         let watch = crate::watch::WatchHealth::new(metrics.clone(), config.kubernetes.stale_after);
-        Self { store, metrics, ready, committed, config, cancel, vips, openapi: Bytes::new(), feedback: None, watch }
+        let circuits = crate::relay::Circuits::default();
+        Self {
+            store,
+            metrics,
+            ready,
+            committed,
+            config,
+            cancel,
+            vips,
+            circuits,
+            openapi: Bytes::new(),
+            feedback: None,
+            watch,
+        }
     }
 
     /// This state, passing operator requests (release held deletions) to the recorder through `tx`.

@@ -14,7 +14,7 @@ use super::error::{ApiError, Problem};
 use super::extract::{Path, Query};
 use super::pagination::{self, page, rfc3339};
 use crate::config::{WebhookConfig, redact_url};
-use crate::relay::{self, RelayError};
+use crate::relay::{self, CircuitState, RelayError};
 use crate::store::now_ms;
 
 /// What replaces every secret value.
@@ -54,6 +54,40 @@ pub struct WebhookDto {
     /// Start of the newest failed attempt (RFC 3339).
     #[schema(format = DateTime)]
     pub last_failure_at: Option<String>,
+    /// The circuit breaker: `closed` (deliveries go out), `open` (the endpoint is down: deliveries
+    /// wait, one probe goes out at `next_probe_at`) or `half_open` (the probe is in flight).
+    pub circuit: CircuitDto,
+    /// Attempts in a row that found the endpoint down (no answer, redirect, 5xx, 401, 403, 408, 429);
+    /// `relay.circuit_failures` of them open the circuit. Reset by any other answer.
+    pub consecutive_failures: u32,
+    /// When the circuit opened (RFC 3339; `null` while closed).
+    #[schema(format = DateTime)]
+    pub open_since: Option<String>,
+    /// When the next probe may go out (RFC 3339; `null` while closed or while the probe is in flight).
+    #[schema(format = DateTime)]
+    pub next_probe_at: Option<String>,
+}
+
+/// State of an endpoint's circuit breaker.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CircuitDto {
+    /// Deliveries go out as usual.
+    Closed,
+    /// The endpoint is down: deliveries wait; one probe goes out at `next_probe_at`.
+    Open,
+    /// The probe is in flight; nothing else goes out.
+    HalfOpen,
+}
+
+impl From<CircuitState> for CircuitDto {
+    fn from(s: CircuitState) -> Self {
+        match s {
+            CircuitState::Closed => Self::Closed,
+            CircuitState::Open => Self::Open,
+            CircuitState::HalfOpen => Self::HalfOpen,
+        }
+    }
 }
 
 page!(WebhookPage, WebhookDto, "A page of endpoints, by name.");
@@ -74,6 +108,7 @@ async fn health(state: &ApiState, w: &WebhookConfig) -> Result<WebhookDto, ApiEr
     let depth = state.store.outbox_depth().await?.into_iter().find(|(name, _, _)| *name == w.name);
     let activity = state.store.webhook_activity(&w.name).await?;
     let now = now_ms();
+    let circuit = state.circuits.get(&w.name);
     Ok(WebhookDto {
         name: w.name.clone(),
         url: redact_url(&w.url),
@@ -93,6 +128,10 @@ async fn health(state: &ApiState, w: &WebhookConfig) -> Result<WebhookDto, ApiEr
         oldest_pending_age_seconds: depth.map(|d| (now - d.2).max(0) as f64 / 1000.0),
         last_success_at: activity.last_success_at.map(rfc3339),
         last_failure_at: activity.last_failure_at.map(rfc3339),
+        circuit: circuit.state.into(),
+        consecutive_failures: circuit.consecutive_failures,
+        open_since: circuit.open_since.map(rfc3339),
+        next_probe_at: circuit.next_probe_at.map(rfc3339),
     })
 }
 

@@ -21,7 +21,7 @@ mod relay;
 pub use backends::BackendsConfig;
 pub use guard::GuardConfig;
 pub use pool::PoolConfig;
-pub use relay::{RelayConfig, RetryConfig, Secret, TlsConfig, WebhookConfig, redact_url};
+pub use relay::{RelayConfig, RetryConfig, Secret, TlsConfig, WebhookConfig, forbidden_address, redact_url};
 
 /// The file read when `--config` is not given, if it exists (otherwise built-in defaults apply).
 pub const DEFAULT_CONFIG_FILE: &str = "vipwatch.toml";

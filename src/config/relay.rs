@@ -5,8 +5,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize, Serializer};
-use url::Url;
+use url::{Host, Url};
 
 use super::ConfigError;
 
@@ -71,6 +74,10 @@ pub struct RelayConfig {
     /// Fallback poll period for work enqueued by another process (`vipwatch resync`).
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
+    /// Consecutive attempts that find an endpoint down (no answer, redirect, 5xx, 401, 403, 408,
+    /// 429) after which its circuit opens: one probe at a time on the retry schedule until it
+    /// answers. 0 disables the breaker. Per endpoint: `webhooks.circuit_failures`.
+    pub circuit_failures: u32,
 }
 
 impl Default for RelayConfig {
@@ -80,6 +87,7 @@ impl Default for RelayConfig {
             lease: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
             poll_interval: Duration::from_secs(1),
+            circuit_failures: 5,
         }
     }
 }
@@ -181,6 +189,44 @@ pub struct WebhookConfig {
     /// for an appliance API with a rate limit. 1 to 4096.
     #[serde(default)]
     pub concurrency: Option<usize>,
+    /// This endpoint's `relay.circuit_failures` (0 disables its breaker).
+    #[serde(default)]
+    pub circuit_failures: Option<u32>,
+    /// Allow a URL or a resolved address in the link-local / cloud-metadata ranges (see
+    /// [`forbidden_address`]); refused by default.
+    #[serde(default)]
+    pub allow_link_local: bool,
+}
+
+/// Why `ip` is refused as a webhook target, or `None` when it is allowed (issue 12, item 7: a URL
+/// must not reach a node's link-local services or a cloud's instance-metadata service, which hands
+/// out credentials). Refused: IPv4 link-local `169.254.0.0/16` (AWS, GCP, Azure, OpenStack and
+/// Oracle metadata at `169.254.169.254`, the ECS task endpoint at `169.254.170.2`), IPv6 link-local
+/// `fe80::/10`, AWS's IPv6 metadata `fd00:ec2::254` and Alibaba Cloud's metadata `100.100.100.200`.
+/// An IPv6 address embedding an IPv4 one — mapped `::ffff:a.b.c.d`, compatible `::a.b.c.d`, NAT64
+/// `64:ff9b::/96` — is judged by the IPv4 address. Decimal, hex and octal IPv4 spellings
+/// (`2852039166`, `0xa9fea9fe`, `0251.0376.0251.0376`) are normalised by the URL parser before this.
+pub fn forbidden_address(ip: IpAddr) -> Option<&'static str> {
+    const LINK_LOCAL_V4: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(169, 254, 0, 0), 16);
+    const LINK_LOCAL_V6: Ipv6Net = Ipv6Net::new_assert(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10);
+    const NAT64: Ipv6Net = Ipv6Net::new_assert(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96);
+    const AWS_METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
+    const ALIBABA_METADATA: Ipv4Addr = Ipv4Addr::new(100, 100, 100, 200);
+    let v4 = match ip {
+        IpAddr::V4(v4) => v4,
+        IpAddr::V6(v6) if v6 == AWS_METADATA_V6 => return Some("a cloud instance-metadata address"),
+        IpAddr::V6(v6) if LINK_LOCAL_V6.contains(&v6) => return Some("an IPv6 link-local address (fe80::/10)"),
+        IpAddr::V6(v6) if NAT64.contains(&v6) => Ipv4Addr::from_bits(v6.to_bits() as u32),
+        // `to_ipv4` also turns `::1` into 0.0.0.1: harmless, that is no forbidden address.
+        IpAddr::V6(v6) => v6.to_ipv4()?,
+    };
+    if v4 == ALIBABA_METADATA {
+        Some("a cloud instance-metadata address")
+    } else if LINK_LOCAL_V4.contains(&v4) {
+        Some("an IPv4 link-local / instance-metadata address (169.254.0.0/16)")
+    } else {
+        None
+    }
 }
 
 fn all_events() -> Vec<String> {
@@ -263,6 +309,21 @@ impl WebhookConfig {
         if !matches!(self.url.scheme(), "http" | "https") {
             return Err(self.invalid("url", format!("scheme `{}` is not http or https", self.url.scheme())));
         }
+        let ip = match self.url.host() {
+            Some(Host::Ipv4(v4)) => Some(IpAddr::V4(v4)),
+            Some(Host::Ipv6(v6)) => Some(IpAddr::V6(v6)),
+            Some(Host::Domain(_)) | None => None,
+        };
+        if let Some(why) = ip.and_then(forbidden_address)
+            && !self.allow_link_local
+        {
+            let reason = format!(
+                "{} points at {} ({why}); set allow_link_local = true if that is really the appliance",
+                redact_url(&self.url),
+                ip.map(|ip| ip.to_string()).unwrap_or_default()
+            );
+            return Err(self.invalid("url", reason));
+        }
         if let Some(bad) = self.events.iter().find(|e| !["ADDED", "MODIFIED", "DELETED"].contains(&e.as_str())) {
             return Err(self.invalid("events", format!("`{bad}` is not ADDED, MODIFIED or DELETED")));
         }
@@ -293,5 +354,23 @@ impl WebhookConfig {
         crate::model::LabelSelector::parse(&self.label_selector)
             .map_err(|e| self.invalid("label_selector", e.to_string()))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forbidden_addresses_cover_link_local_metadata_and_embedded_ipv4() {
+        let refused = ["169.254.169.254", "169.254.0.1", "fe80::1", "febf::1", "fd00:ec2::254", "100.100.100.200"];
+        let refused_embedded = ["::ffff:169.254.169.254", "::169.254.1.1", "64:ff9b::169.254.169.254"];
+        for ip in refused.iter().chain(&refused_embedded) {
+            assert!(forbidden_address(ip.parse().unwrap()).is_some(), "{ip}");
+        }
+        let allowed = ["127.0.0.1", "::1", "10.0.0.1", "100.100.100.201", "fec0::1", "fd00:ec2::253", "2001:db8::1"];
+        for ip in allowed {
+            assert_eq!(forbidden_address(ip.parse().unwrap()), None, "{ip}");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! One endpoint's dispatcher: claims due queue heads (one per Service, so per-Service order holds),
-//! sends them concurrently, records each attempt, and retries per the policy. Stops claiming on
+//! sends them concurrently, records each attempt, and retries per the policy. While the endpoint's
+//! circuit is open (see [`super::circuit`]) it sends one probe at a time instead. Stops claiming on
 //! shutdown and lets in-flight attempts finish within `relay.shutdown_grace`.
 
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::assign::assignment;
+use super::circuit::{Circuit, Circuits, Transition, endpoint_down};
 use super::policy::{Verdict, after_failure, already_gone};
 use super::sender::{AttemptResult, Sender};
 use crate::config::{RelayConfig, RetryConfig};
@@ -31,6 +33,19 @@ pub(super) struct Dispatcher {
     pub assignments: Option<mpsc::Sender<Feedback>>,
     /// Pulsed after attempts succeeded: the publisher writes statuses and removes finalizers then.
     pub acked: watch::Sender<u64>,
+    /// Consecutive down attempts that open the circuit (0: never).
+    pub circuit_failures: u32,
+    /// Where the circuit's state is published for the API.
+    pub circuits: Circuits,
+}
+
+/// The endpoint's health as the loop tracks it.
+struct Health {
+    /// An attempt failed since the last success (logged once; a success then makes waiting
+    /// deliveries due at once).
+    failing: bool,
+    /// The circuit breaker.
+    circuit: Circuit,
 }
 
 type InFlight = JoinSet<(Claimed, AttemptResult)>;
@@ -40,16 +55,18 @@ impl Dispatcher {
     /// retry is due, and every `relay.poll_interval` (work enqueued by another process).
     pub async fn run(self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
         let mut in_flight = InFlight::new();
-        let mut failing = false;
+        let mut health = Health { failing: false, circuit: Circuit::new(self.circuit_failures, self.retry.clone()) };
+        self.publish(&health.circuit, None);
         let mut committed_open = true;
         loop {
             let disabled = self.is_disabled().await;
             if !disabled {
-                self.fill(&mut in_flight).await;
+                self.fill(&mut in_flight, &mut health.circuit).await;
             }
             // With attempts in flight, their completion wakes us; the next-due query (a scan of the
             // queue heads) is only needed when idle.
-            let nap = if in_flight.is_empty() { self.nap(disabled).await } else { self.relay.poll_interval };
+            let nap =
+                if in_flight.is_empty() { self.nap(disabled, &health.circuit).await } else { self.relay.poll_interval };
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
@@ -57,13 +74,13 @@ impl Dispatcher {
                     while let Some(more) = in_flight.try_join_next() {
                         done.push(more);
                     }
-                    self.finish(done.into_iter().filter_map(Result::ok).collect(), &mut failing).await;
+                    self.finish(done.into_iter().filter_map(Result::ok).collect(), &mut health).await;
                 }
                 changed = committed.changed(), if committed_open => committed_open = changed.is_ok(),
                 _ = tokio::time::sleep(nap) => {}
             }
         }
-        self.drain(in_flight, &mut failing).await;
+        self.drain(in_flight, &mut health).await;
     }
 
     async fn is_disabled(&self) -> bool {
@@ -72,14 +89,20 @@ impl Dispatcher {
 
     /// Claims as many due heads as there are free slots and starts their attempts. Claims in batches
     /// (when at least half the slots are free, or none is busy): each claim scans the queue heads.
-    async fn fill(&self, in_flight: &mut InFlight) {
-        let free = self.relay.concurrency.saturating_sub(in_flight.len());
+    /// While the circuit is open: one probe when it is due and nothing is in flight, else nothing.
+    async fn fill(&self, in_flight: &mut InFlight, circuit: &mut Circuit) {
+        let now = now_ms();
+        let free = circuit.allowance(now, in_flight.len(), self.relay.concurrency);
         if free == 0 || (!in_flight.is_empty() && free < self.relay.concurrency.div_ceil(2)) {
             return;
         }
         let lease = i64::try_from(self.relay.lease.as_millis()).unwrap_or(i64::MAX);
-        match self.store.claim(&self.name, now_ms(), lease, free).await {
+        match self.store.claim(&self.name, now, lease, free).await {
             Ok(claimed) => {
+                if !claimed.is_empty() {
+                    let probing = circuit.probe_started();
+                    self.publish(circuit, probing);
+                }
                 for c in claimed {
                     let sender = self.sender.clone();
                     in_flight.spawn(async move {
@@ -92,33 +115,66 @@ impl Dispatcher {
         }
     }
 
-    /// How long to wait when nothing else wakes us: until the next retry is due, at most `poll_interval`.
-    async fn nap(&self, disabled: bool) -> Duration {
+    /// How long to wait when nothing else wakes us: until the next retry is due (or, while the
+    /// circuit is open, the next probe), at most `poll_interval`.
+    async fn nap(&self, disabled: bool, circuit: &Circuit) -> Duration {
         let poll = self.relay.poll_interval;
         if disabled {
             return poll;
         }
+        let until = |at: i64| Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0)).min(poll);
+        let probe_at = circuit.wake_at();
+        if let Some(at) = probe_at
+            && at > now_ms()
+        {
+            return until(at);
+        }
+        // Closed, or a probe is allowed but nothing was due: until a delivery becomes due.
         match self.store.next_due(&self.name).await {
-            Ok(Some(at)) => Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0)).min(poll),
+            Ok(Some(at)) => until(at.max(probe_at.unwrap_or(at))),
             _ => poll,
         }
     }
 
+    /// Publishes the circuit's view (API, gauge) and logs and counts `transition`, once per change.
+    fn publish(&self, circuit: &Circuit, transition: Option<Transition>) {
+        let view = circuit.view();
+        self.circuits.set(&self.name, view);
+        self.metrics.circuit(&self.name, view.state.as_str(), transition.is_some());
+        match transition {
+            Some(Transition::Opened) => {
+                let retry_in_ms = view.next_probe_at.map(|at| at - now_ms());
+                warn!(webhook = %self.name, url = %self.url, consecutive_failures = view.consecutive_failures, ?retry_in_ms, "circuit open: endpoint down; one probe at a time on the backoff schedule, other deliveries wait");
+            }
+            Some(Transition::Closed) => {
+                info!(webhook = %self.name, url = %self.url, "circuit closed: the endpoint answered a probe; waiting deliveries go out")
+            }
+            Some(Transition::Probing | Transition::Reopened) | None => {}
+        }
+    }
+
     /// Records finished attempts in one transaction and applies their consequences.
-    async fn finish(&self, done: Vec<(Claimed, AttemptResult)>, failing: &mut bool) {
+    async fn finish(&self, done: Vec<(Claimed, AttemptResult)>, health: &mut Health) {
         let now = now_ms();
         let mut completions = Vec::with_capacity(done.len());
         let mut recovered = false;
         for (claimed, result) in &done {
             let outcome = self.outcome(claimed, result, now).await;
             self.observe(claimed, result, outcome, now);
+            let retry_after = match result.verdict {
+                Verdict::Retry { retry_after } => retry_after,
+                Verdict::Success | Verdict::Gone => None,
+            };
+            let transition = health.circuit.record(endpoint_down(result), retry_after, now);
+            recovered |= transition == Some(Transition::Closed);
+            self.publish(&health.circuit, transition);
             match outcome {
                 Outcome::Succeeded => {
-                    recovered |= std::mem::replace(failing, false);
+                    recovered |= std::mem::replace(&mut health.failing, false);
                     self.assigned(claimed, result).await;
                 }
                 _ => {
-                    if !std::mem::replace(failing, true) {
+                    if !std::mem::replace(&mut health.failing, true) {
                         let r = &result.record;
                         let error = r.error.clone().unwrap_or_else(|| format!("HTTP {:?}", r.status_code));
                         warn!(webhook = %self.name, url = %self.url, error = %error, "endpoint failing; retrying with backoff (each failed attempt is in the delivery log)");
@@ -213,7 +269,7 @@ impl Dispatcher {
 
     /// Graceful stop: waits up to `shutdown_grace` for attempts in flight, records them, abandons the
     /// rest (their leases are cleared at the next start, so they are sent again).
-    async fn drain(&self, mut in_flight: InFlight, failing: &mut bool) {
+    async fn drain(&self, mut in_flight: InFlight, health: &mut Health) {
         if in_flight.is_empty() {
             return;
         }
@@ -227,6 +283,6 @@ impl Dispatcher {
             warn!(webhook = %self.name, abandoned = in_flight.len(), "shutdown grace over; unfinished deliveries stay pending");
             in_flight.abort_all();
         }
-        self.finish(done, failing).await;
+        self.finish(done, health).await;
     }
 }

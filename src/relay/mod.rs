@@ -9,9 +9,11 @@
 //! DELETED and `service.synced` are never superseded, so a run of MODIFIEDs never swallows them.
 
 mod assign;
+pub mod circuit;
 mod dispatcher;
 pub mod payload;
 pub mod policy;
+pub mod resolve;
 mod router;
 pub mod sender;
 
@@ -22,6 +24,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+pub use circuit::{CircuitState, CircuitView, Circuits};
 pub use router::Router;
 use vipwatch_contract::SyncMarker;
 
@@ -119,13 +122,16 @@ pub async fn resync_switched_modes(store: &Store, config: &Config) -> Result<Vec
 }
 
 /// Starts one dispatcher per enabled endpoint; those with `assigns_vip` send the addresses in their
-/// responses to `assignments`. Clears leases first (after a crash, what was in flight
-/// is sent again) and re-enables endpoints disabled by a 410 whose configured URL changed since.
+/// responses to `assignments`; each publishes its circuit breaker's state in `circuits`. Clears
+/// leases first (after a crash, what was in flight is sent again) and re-enables endpoints
+/// disabled by a 410 whose configured URL changed since.
 /// Errors: [`RelayError`] when an endpoint's client cannot be built or the database fails.
+#[allow(clippy::too_many_arguments)]
 pub async fn start(
     config: &Config,
     store: Store,
     metrics: Arc<Metrics>,
+    circuits: Circuits,
     committed: watch::Receiver<i64>,
     acked: watch::Sender<u64>,
     assignments: mpsc::Sender<Feedback>,
@@ -156,6 +162,8 @@ pub async fn start(
             metrics: metrics.clone(),
             assignments: w.assigns_vip.then(|| assignments.clone()),
             acked: acked.clone(),
+            circuit_failures: w.circuit_failures.unwrap_or(config.relay.circuit_failures),
+            circuits: circuits.clone(),
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));
     }

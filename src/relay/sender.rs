@@ -1,5 +1,6 @@
-//! One endpoint's HTTP side: a reqwest client with the endpoint's timeouts, TLS material and no
-//! redirects, and one signed attempt (Standard Webhooks headers over the exact bytes sent).
+//! One endpoint's HTTP side: a reqwest client with the endpoint's timeouts, TLS material, no
+//! redirects and a resolver that refuses link-local / metadata addresses, and one signed attempt
+//! (Standard Webhooks headers over the exact bytes sent).
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -8,6 +9,7 @@ use url::Url;
 
 use super::RelayError;
 use super::policy::{Verdict, parse_retry_after};
+use super::resolve::{ForbiddenAddress, GuardedResolver, Lookup, system_lookup};
 use crate::config::WebhookConfig;
 use crate::store::{AttemptRecord, now_ms};
 
@@ -40,9 +42,16 @@ pub struct Sender {
 }
 
 impl Sender {
-    /// Builds the client from the endpoint's config. Errors: [`RelayError::Endpoint`] for unreadable or
-    /// invalid TLS material, a bad header value, or an invalid secret.
+    /// Builds the client from the endpoint's config, resolving names with the system resolver.
+    /// Errors: [`RelayError::Endpoint`] for unreadable or invalid TLS material, a bad header value,
+    /// or an invalid secret.
     pub fn new(cfg: &WebhookConfig) -> Result<Self, RelayError> {
+        Self::with_lookup(cfg, system_lookup())
+    }
+
+    /// [`Sender::new`] resolving names with `lookup` (a test's fixed answers); forbidden addresses
+    /// are dropped all the same. Errors: as [`Sender::new`].
+    pub fn with_lookup(cfg: &WebhookConfig, lookup: Lookup) -> Result<Self, RelayError> {
         install_crypto_provider();
         let err = |what: String| RelayError::Endpoint { name: cfg.name.clone(), reason: what };
         let secret = cfg.resolve_secret().map_err(|e| err(e.to_string()))?;
@@ -51,6 +60,7 @@ impl Sender {
             .redirect(reqwest::redirect::Policy::none())
             .timeout(cfg.timeout)
             .connect_timeout(cfg.connect_timeout)
+            .dns_resolver(GuardedResolver { lookup, allow_link_local: cfg.allow_link_local })
             .user_agent(USER_AGENT);
         if let Some(path) = &cfg.tls.ca_file {
             let pem = std::fs::read(path).map_err(|e| err(format!("tls.ca_file {}: {e}", path.display())))?;
@@ -174,29 +184,32 @@ fn failure(class: &'static str, error: String) -> AttemptResult {
     AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new() }
 }
 
-/// `timeout`, `tls` or `connect` for a transport error.
+/// `timeout`, `forbidden_address`, `tls` or `connect` for a transport error.
 fn classify(e: &reqwest::Error) -> &'static str {
     if e.is_timeout() {
         "timeout"
-    } else if is_tls(e) {
+    } else if in_chain::<ForbiddenAddress>(e) {
+        "forbidden_address"
+    } else if in_chain::<rustls::Error>(e) {
         "tls"
     } else {
         "connect"
     }
 }
 
-fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether some error in `e`'s source chain is a `T`. An `io::Error` wrapping another error is
+/// looked into (its `source()` skips the wrapped error itself): hyper-util reports a rustls
+/// certificate error as `io::Error(Other, io::Error(InvalidData, rustls::Error))`.
+fn in_chain<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
-        if err.downcast_ref::<rustls::Error>().is_some() {
+        if err.downcast_ref::<T>().is_some() {
             return true;
         }
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && io.get_ref().is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-        {
-            return true;
-        }
-        cur = err.source();
+        cur = match err.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            Some(inner) => Some(inner),
+            None => err.source(),
+        };
     }
     false
 }

@@ -1,0 +1,259 @@
+//! The circuit breaker of one endpoint (issue 12, item 5): after `circuit_failures` consecutive
+//! attempts that say the endpoint is down, the circuit opens and only one probe attempt at a time
+//! goes out, on the endpoint's backoff schedule; the first probe the endpoint answers closes it.
+//! Pure state; the dispatcher drives it and [`Circuits`] shares its view with the API.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::policy::backoff;
+use super::sender::AttemptResult;
+use crate::config::RetryConfig;
+
+/// The breaker's state, as the API shows it (`closed`, `open`, `half_open`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CircuitState {
+    /// Deliveries go out as usual (up to the endpoint's concurrency).
+    #[default]
+    Closed,
+    /// Nothing goes out until `next_probe_at`; then one probe.
+    Open,
+    /// The probe is in flight; nothing else goes out.
+    HalfOpen,
+}
+
+impl CircuitState {
+    /// `closed`, `open` or `half_open`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// A snapshot of one endpoint's breaker for the API. Times are Unix milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CircuitView {
+    /// Current state.
+    pub state: CircuitState,
+    /// Attempts in a row that said the endpoint is down (reset by any answer that says it is up).
+    pub consecutive_failures: u32,
+    /// When the circuit opened (`None` while closed).
+    pub open_since: Option<i64>,
+    /// When the next probe may go out (`None` while closed or while the probe is in flight).
+    pub next_probe_at: Option<i64>,
+}
+
+/// Every endpoint's breaker view, by endpoint name: written by the dispatchers, read by the API.
+/// Cheap to clone (shared). An endpoint without a running dispatcher reads as closed.
+#[derive(Debug, Clone, Default)]
+pub struct Circuits(Arc<Mutex<HashMap<String, CircuitView>>>);
+
+impl Circuits {
+    /// The view of endpoint `name` (closed with no failures when unknown).
+    pub fn get(&self, name: &str) -> CircuitView {
+        self.0.lock().map(|m| m.get(name).copied().unwrap_or_default()).unwrap_or_default()
+    }
+
+    pub(super) fn set(&self, name: &str, view: CircuitView) {
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(name.to_owned(), view);
+        }
+    }
+}
+
+/// Whether an attempt's result says the endpoint itself is down (counts toward opening the circuit):
+/// no HTTP answer (connect, timeout, TLS, forbidden address), a redirect, a 5xx, or 401, 403, 408,
+/// 429 (every delivery would get them). Any other answer — 2xx, 410, or a 4xx refusing this one
+/// delivery (400, 404, 409, 422, ...) — shows the endpoint up.
+pub fn endpoint_down(result: &AttemptResult) -> bool {
+    match result.record.status_code {
+        None => true,
+        Some(s) => (300..400).contains(&s) || s >= 500 || matches!(s, 401 | 403 | 408 | 429),
+    }
+}
+
+/// A state change worth logging and counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// Closed → open (threshold reached).
+    Opened,
+    /// Open → half-open (a probe went out).
+    Probing,
+    /// Half-open → open (the probe failed; the next one is scheduled).
+    Reopened,
+    /// Open or half-open → closed (the endpoint answered).
+    Closed,
+}
+
+/// One endpoint's breaker. `threshold` 0 disables it (the circuit never opens).
+#[derive(Debug, Clone)]
+pub struct Circuit {
+    threshold: u32,
+    retry: RetryConfig,
+    view: CircuitView,
+    /// Failed probes since the circuit opened: the backoff step of the next probe.
+    failed_probes: u32,
+}
+
+impl Circuit {
+    /// A closed breaker that opens after `threshold` consecutive down attempts and then probes on
+    /// `retry`'s schedule (`initial_delay` doubling to `max_delay`, with jitter).
+    pub fn new(threshold: u32, retry: RetryConfig) -> Self {
+        Self { threshold, retry, view: CircuitView::default(), failed_probes: 0 }
+    }
+
+    /// The current view.
+    pub fn view(&self) -> CircuitView {
+        self.view
+    }
+
+    /// How many attempts may start now, given `in_flight` attempts and the `concurrency` limit:
+    /// all free slots while closed; while open, 1 once `next_probe_at` has come and nothing is in
+    /// flight (attempts started before the circuit opened finish first); 0 while half-open.
+    pub fn allowance(&self, now: i64, in_flight: usize, concurrency: usize) -> usize {
+        match self.view.state {
+            CircuitState::Closed => concurrency.saturating_sub(in_flight),
+            CircuitState::Open if in_flight == 0 && self.view.next_probe_at.is_none_or(|at| now >= at) => 1,
+            CircuitState::Open | CircuitState::HalfOpen => 0,
+        }
+    }
+
+    /// When the dispatcher should look again while the circuit blocks sending (`None` when closed
+    /// or half-open: then due deliveries and finished attempts wake it).
+    pub fn wake_at(&self) -> Option<i64> {
+        (self.view.state == CircuitState::Open).then_some(self.view.next_probe_at).flatten()
+    }
+
+    /// A probe was started (call after claiming while open).
+    pub fn probe_started(&mut self) -> Option<Transition> {
+        (self.view.state == CircuitState::Open).then(|| {
+            self.view.state = CircuitState::HalfOpen;
+            self.view.next_probe_at = None;
+            Transition::Probing
+        })
+    }
+
+    /// Records one finished attempt at `now` (Unix ms): `down` per [`endpoint_down`], with the
+    /// receiver's `Retry-After` if any (clamped to `max_delay`, it replaces the backoff step).
+    pub fn record(&mut self, down: bool, retry_after: Option<Duration>, now: i64) -> Option<Transition> {
+        if !down {
+            self.view.consecutive_failures = 0;
+            if self.view.state == CircuitState::Closed {
+                return None;
+            }
+            self.view = CircuitView::default();
+            self.failed_probes = 0;
+            return Some(Transition::Closed);
+        }
+        self.view.consecutive_failures = self.view.consecutive_failures.saturating_add(1);
+        match self.view.state {
+            CircuitState::Closed if self.threshold > 0 && self.view.consecutive_failures >= self.threshold => {
+                self.view.state = CircuitState::Open;
+                self.view.open_since = Some(now);
+                self.schedule_probe(retry_after, now);
+                Some(Transition::Opened)
+            }
+            CircuitState::HalfOpen => {
+                self.failed_probes = self.failed_probes.saturating_add(1);
+                self.view.state = CircuitState::Open;
+                self.schedule_probe(retry_after, now);
+                Some(Transition::Reopened)
+            }
+            // An attempt started before the circuit opened, or a closed circuit below the threshold.
+            CircuitState::Closed | CircuitState::Open => None,
+        }
+    }
+
+    fn schedule_probe(&mut self, retry_after: Option<Duration>, now: i64) {
+        let delay = retry_after
+            .map(|d| d.min(self.retry.max_delay))
+            .unwrap_or_else(|| backoff(&self.retry, self.failed_probes.saturating_add(1)));
+        self.view.next_probe_at = Some(now.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::policy::Verdict;
+    use crate::store::AttemptRecord;
+
+    fn retry() -> RetryConfig {
+        RetryConfig {
+            max_attempts: 100,
+            max_age: Duration::from_secs(3600),
+            initial_delay: Duration::from_millis(200),
+            max_delay: Duration::from_millis(400),
+        }
+    }
+
+    fn answered(status: Option<u16>) -> AttemptResult {
+        let record = AttemptRecord { status_code: status, ..AttemptRecord::default() };
+        AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new() }
+    }
+
+    #[test]
+    fn opens_at_the_threshold_and_then_lets_one_probe_out_on_the_backoff_schedule() {
+        let mut c = Circuit::new(3, retry());
+        assert_eq!(c.record(true, None, 1000), None);
+        assert_eq!(c.record(true, None, 1000), None);
+        assert_eq!(c.allowance(1000, 0, 8), 8);
+        assert_eq!(c.record(true, None, 1000), Some(Transition::Opened));
+        let v = c.view();
+        assert_eq!((v.state, v.consecutive_failures, v.open_since), (CircuitState::Open, 3, Some(1000)));
+        let first = v.next_probe_at.unwrap();
+        assert!((1200..=1400).contains(&first), "first probe 200..400 ms after opening: {first}");
+        assert_eq!(c.allowance(first - 1, 0, 8), 0, "not before the probe is due");
+        assert_eq!(c.allowance(first, 2, 8), 0, "not while older attempts are in flight");
+        assert_eq!(c.allowance(first, 0, 8), 1);
+        assert_eq!(c.probe_started(), Some(Transition::Probing));
+        assert_eq!(c.allowance(first, 1, 8), 0);
+        assert_eq!(c.record(true, None, 2000), Some(Transition::Reopened));
+        let second = c.view().next_probe_at.unwrap();
+        assert_eq!(second, 2400, "400 ms: 200 doubled, capped at max_delay (jitter is capped too)");
+        assert_eq!(c.view().open_since, Some(1000), "open since the first opening");
+    }
+
+    #[test]
+    fn retry_after_replaces_the_step_clamped_to_max_delay_and_an_answer_closes_it() {
+        let mut c = Circuit::new(1, retry());
+        assert_eq!(c.record(true, Some(Duration::from_millis(300)), 0), Some(Transition::Opened));
+        assert_eq!(c.view().next_probe_at, Some(300));
+        c.probe_started();
+        assert_eq!(c.record(true, Some(Duration::from_secs(60)), 500), Some(Transition::Reopened));
+        assert_eq!(c.view().next_probe_at, Some(900));
+        c.probe_started();
+        assert_eq!(c.record(false, None, 900), Some(Transition::Closed));
+        assert_eq!(c.view(), CircuitView::default());
+        assert_eq!(c.allowance(900, 0, 8), 8);
+    }
+
+    #[test]
+    fn threshold_zero_never_opens_and_an_answer_resets_the_count() {
+        let mut c = Circuit::new(0, retry());
+        for _ in 0..50 {
+            assert_eq!(c.record(true, None, 0), None);
+        }
+        assert_eq!(c.view().state, CircuitState::Closed);
+        let mut c = Circuit::new(3, retry());
+        c.record(true, None, 0);
+        c.record(true, None, 0);
+        c.record(false, None, 0);
+        assert_eq!(c.record(true, None, 0), None);
+        assert_eq!(c.view().consecutive_failures, 1);
+    }
+
+    #[test]
+    fn per_delivery_refusals_show_the_endpoint_up() {
+        let down: Vec<bool> =
+            [None, Some(500), Some(503), Some(429), Some(401), Some(308), Some(422), Some(404), Some(410), Some(204)]
+                .into_iter()
+                .map(|s| endpoint_down(&answered(s)))
+                .collect();
+        assert_eq!(down, [true, true, true, true, true, true, false, false, false, false]);
+    }
+}
