@@ -96,10 +96,11 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     relay::sender::install_crypto_provider();
     warn_blind_endpoints(&config);
     let lock = WriterLock::acquire(&config.database.path)?;
-    let store = Store::open(&config.database.path).await?;
+    let metrics = Metrics::new();
+    let store =
+        Store::open(&config.database.path).await?.monitored(metrics.clone(), config.database.write_retry_max_delay);
     info!(path = %config.database.path.display(), "database open");
     let client = watch::connect(&config.kubernetes).await?;
-    let metrics = Metrics::new();
     let (ready_tx, ready) = signal::channel(false);
     let (committed_tx, committed) = signal::channel(0);
     // Pulsed by the relay when an endpoint acknowledged a delivery: the publisher's status write-back

@@ -39,6 +39,13 @@ pub struct WatchErrorLabels {
     pub kind: String,
 }
 
+/// Labels of `vipwatch_store_write_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreErrorLabels {
+    /// `full`, `io`, `busy`, `locked`, `readonly`, `timeout` or `other` (see `store::FaultKind`).
+    pub kind: String,
+}
+
 /// Labels of `vipwatch_deliveries_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeliveryLabels {
@@ -156,6 +163,11 @@ pub struct Metrics {
     pub http_requests: Family<HttpLabels, Counter>,
     /// `vipwatch_http_request_duration_seconds{route,method}`: time to the response head.
     pub http_latency: Family<RouteLabels, Histogram>,
+    /// `vipwatch_store_write_errors_total{kind}`: database writes (and `/readyz` write probes) that
+    /// failed with a storage fault; every retry counts again.
+    pub store_write_errors: Family<StoreErrorLabels, Counter>,
+    /// `vipwatch_store_writable`: 1 while the last write (or probe) succeeded, 0 while writes fail.
+    pub store_writable: Gauge,
 }
 
 fn http_histogram() -> Histogram {
@@ -191,6 +203,8 @@ impl Metrics {
             outbox_oldest_age: Family::default(),
             http_requests: Family::default(),
             http_latency: Family::new_with_constructor(http_histogram),
+            store_write_errors: Family::default(),
+            store_writable: Gauge::default(),
         };
         let registry = &mut m.registry;
         registry.register("events", "Events recorded in the event log", m.events.clone());
@@ -229,7 +243,18 @@ impl Metrics {
             "API request latency to the response head",
             m.http_latency.clone(),
         );
+        registry.register(
+            "store_write_errors",
+            "Database writes that failed with a storage fault, by kind (each retry counts)",
+            m.store_write_errors.clone(),
+        );
+        registry.register("store_writable", "1 while the database can be written, 0 while writes fail", m.store_writable.clone());
         Arc::new(m)
+    }
+
+    /// Counts one failed database write of `kind` (a `store::FaultKind` label).
+    pub fn store_write_error(&self, kind: &str) {
+        self.store_write_errors.get_or_create(&StoreErrorLabels { kind: kind.to_owned() }).inc();
     }
 
     /// Counts one recorded event.

@@ -60,7 +60,7 @@ pub enum ApiError {
     Store(#[from] StoreError),
     /// Not ready: first list pending or database not writable (503 `not_ready`).
     #[error("not ready: {0}")]
-    NotReady(&'static str),
+    NotReady(std::borrow::Cow<'static, str>),
     /// Any other status produced below the handlers (`code` derived from the status).
     #[error("{1}")]
     Other(StatusCode, &'static str),
