@@ -248,7 +248,11 @@ impl Metrics {
             "Database writes that failed with a storage fault, by kind (each retry counts)",
             m.store_write_errors.clone(),
         );
-        registry.register("store_writable", "1 while the database can be written, 0 while writes fail", m.store_writable.clone());
+        registry.register(
+            "store_writable",
+            "1 while the database can be written, 0 while writes fail",
+            m.store_writable.clone(),
+        );
         Arc::new(m)
     }
 

@@ -152,6 +152,10 @@ fn values_that_would_misbehave_at_run_time_are_rejected_up_front() {
             "invalid value for `kubernetes.watch_timeout`: must be at most 1h",
         ),
         ("[relay]\npoll_interval = \"0s\"\n", "invalid value for `relay.poll_interval`: must be at least 10ms"),
+        (
+            "[database]\nwrite_retry_max_delay = \"10ms\"\n",
+            "invalid value for `database.write_retry_max_delay`: must be between 100ms and 5m",
+        ),
     ];
     for (config, needle) in cases {
         let o = vipwatch(&["check-config"], &[], Some(config));

@@ -76,7 +76,8 @@ fn config(h: &Harness, db: PathBuf, rx: &Receiver) -> Config {
 /// GET /readyz with a hard 3 s bound: returns the answer and how long it took.
 async fn readyz(api: &Api) -> (StatusCode, String, Duration) {
     let started = Instant::now();
-    let answer = tokio::time::timeout(Duration::from_secs(3), api.get("/readyz")).await.expect("/readyz answers within 3 s");
+    let answer =
+        tokio::time::timeout(Duration::from_secs(3), api.get("/readyz")).await.expect("/readyz answers within 3 s");
     (answer.status, answer.body["detail"].as_str().map_or(answer.text.clone(), str::to_owned), started.elapsed())
 }
 

@@ -5,7 +5,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use super::ApiState;
-use super::error::ApiError;
+use super::error::{ApiError, Problem};
 use crate::store::now_ms;
 
 /// Process alive: always 200 `ok`.
@@ -15,13 +15,15 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready: 200 only when every readiness check passes — the first full list of every watch scope has
-/// been stored, and the database can be written; 503 `not_ready` otherwise, the `detail` naming the first
-/// failing check's reason (e.g. `not ready: database not writable: database or disk is full (since 12 s)`).
-/// Answers within about a second in every state: the database check never waits on a lock longer
-/// than `store::PROBE_TIMEOUT`.
+/// Ready: 200 when every readiness check passes, else 503 `not_ready` naming the first failing one.
+///
+/// The checks, in order: the first full list of every watch scope has been stored; the database can
+/// be written (`detail` e.g. `not ready: database not writable: database or disk is full (since 12 s)`).
+/// Answers within about a second in every state: the database probe never waits on a lock longer
+/// than 800 ms.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
-    responses((status = 200, description = "Ready", body = String, content_type = "text/plain")))]
+    responses((status = 200, description = "Ready", body = String, content_type = "text/plain"),
+        (status = 503, description = "Not ready; `detail` says why", body = Problem, content_type = "application/problem+json")))]
 pub async fn readyz(State(state): State<ApiState>) -> Result<&'static str, ApiError> {
     for (_name, check) in READINESS_CHECKS {
         if let Some(reason) = check(&state).await {

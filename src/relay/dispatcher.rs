@@ -90,12 +90,13 @@ impl Dispatcher {
             }
             // With attempts in flight, their completion wakes us; the next-due query (a scan of the
             // queue heads) is only needed when idle. While the database fails, only the backoff does.
-            let nap = match store.until {
-                Some(until) => until.saturating_duration_since(tokio::time::Instant::now()),
+            let now = tokio::time::Instant::now();
+            let nap = match store.until.filter(|until| *until > now) {
+                Some(until) => until - now,
                 None if in_flight.is_empty() => self.nap(disabled).await,
                 None => self.relay.poll_interval,
             };
-            let backing_off = store.until.is_some();
+            let backing_off = store.waiting();
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {

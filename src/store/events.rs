@@ -103,7 +103,8 @@ impl Store {
         let mut conn = self.writer().await?;
         let result = async {
             let mut tx = conn.begin().await?;
-            let done = sqlx::query("DELETE FROM events WHERE observed_at < ?").bind(cutoff_ms).execute(&mut *tx).await?;
+            let done =
+                sqlx::query("DELETE FROM events WHERE observed_at < ?").bind(cutoff_ms).execute(&mut *tx).await?;
             let finished = "DELETE FROM deliveries WHERE state <> 'pending' AND finished_at < ?";
             sqlx::query(finished).bind(cutoff_ms).execute(&mut *tx).await?;
             tx.commit().await?;

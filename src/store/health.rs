@@ -169,7 +169,11 @@ impl std::fmt::Debug for Health {
 
 impl Default for Health {
     fn default() -> Self {
-        Self { failure: Mutex::new(None), metrics: OnceLock::new(), retry_max_delay: Mutex::new(Duration::from_secs(5)) }
+        Self {
+            failure: Mutex::new(None),
+            metrics: OnceLock::new(),
+            retry_max_delay: Mutex::new(Duration::from_secs(5)),
+        }
     }
 }
 
@@ -276,7 +280,8 @@ impl Store {
                 if let Some(m) = self.health.metrics.get() {
                     m.store_write_error(FaultKind::Timeout.as_str());
                 }
-                let reason = format!("write lock not obtained within {} ms (database is locked)", PROBE_TIMEOUT.as_millis());
+                let reason =
+                    format!("write lock not obtained within {} ms (database is locked)", PROBE_TIMEOUT.as_millis());
                 self.health.unwritable(FaultKind::Timeout, reason);
             }
         }
@@ -317,7 +322,11 @@ impl Store {
     /// Ends a write on `conn` with its `result`: success marks the database writable; failure is
     /// recorded and closes the connection, so no transaction SQLite left active (or sqlx's bookkeeping
     /// of it) outlives the failed write — closing rolls back whatever was not committed.
-    pub(super) fn settle<T>(&self, mut conn: PoolConnection<Sqlite>, result: Result<T, StoreError>) -> Result<T, StoreError> {
+    pub(super) fn settle<T>(
+        &self,
+        mut conn: PoolConnection<Sqlite>,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         match &result {
             Ok(_) => self.health.succeeded(),
             Err(e) => {
@@ -326,5 +335,44 @@ impl Store {
             }
         }
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_kinds_are_the_storage_faults_and_other_is_not() {
+        let kinds = [
+            FaultKind::Full,
+            FaultKind::Io,
+            FaultKind::Busy,
+            FaultKind::Locked,
+            FaultKind::ReadOnly,
+            FaultKind::Timeout,
+        ];
+        assert!(kinds.iter().all(|k| k.is_transient()));
+        assert!(!FaultKind::Other.is_transient());
+        let labels: Vec<_> = kinds.iter().map(|k| k.as_str()).collect();
+        assert_eq!(labels, ["full", "io", "busy", "locked", "readonly", "timeout"]);
+    }
+
+    #[test]
+    fn a_pool_timeout_is_a_timeout_and_a_missing_row_is_no_fault() {
+        assert_eq!(StoreError::Sqlx(sqlx::Error::PoolTimedOut).fault(), Some(FaultKind::Timeout));
+        assert_eq!(StoreError::Sqlx(sqlx::Error::RowNotFound).fault(), None);
+        let io = std::io::Error::from_raw_os_error(28);
+        assert_eq!(StoreError::Sqlx(sqlx::Error::Io(io)).fault(), Some(FaultKind::Io));
+    }
+
+    #[test]
+    fn unwritable_reads_as_readyz_reports_it() {
+        let u = Unwritable {
+            kind: FaultKind::Full,
+            reason: "database or disk is full".into(),
+            since: Duration::from_millis(12_400),
+        };
+        assert_eq!(u.to_string(), "database not writable: database or disk is full (since 12 s)");
     }
 }

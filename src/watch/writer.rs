@@ -93,7 +93,9 @@ impl Writer {
         let progress: Vec<WatchProgress> = plan.progress.values().cloned().collect();
         let backoff = self.store.write_backoff();
         let write = || self.store.apply(&plan.changes, &progress, self.outbox.as_ref());
-        let notify = |e: &StoreError, wait: Duration| error!(error = %e, retry_in = ?wait, "cannot store changes");
+        let notify = |e: &StoreError, wait: Duration| {
+            error!(error = %e, reason = %e.reason(), retry_in = ?wait, "cannot store changes; retrying (nothing recorded yet)");
+        };
         match write.retry(backoff).notify(notify).await {
             Ok(ids) => self.after_commit(&plan, ids.last().copied()),
             Err(e) => error!(error = %e, "giving up storing changes"),
