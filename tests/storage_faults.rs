@@ -222,3 +222,39 @@ async fn a_database_locked_by_another_process_makes_readyz_answer_503_at_once_an
     assert_eq!(rx.accepted().len(), 2, "nothing sent twice");
     vw.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_accepted_delivery_whose_outcome_cannot_be_recorded_is_not_sent_again() {
+    let h = Harness::new().await;
+    let fs = Tmpfs::mount("8m");
+    // The appliance takes 0.7 s to accept (under the 1 s webhook timeout): the disk fills meanwhile.
+    let rx = Receiver::start(|_, _| receiver::Reply::After(Duration::from_millis(700), 200)).await;
+    let vw = h.start(config(&h, fs.path().join("vipwatch.db"), &rx)).await;
+    let api = Api::new(&vw);
+    h.api.apply(lb_service("shop", "a", 80));
+    wait_until("the attempt in flight", || async { (!rx.hits().is_empty()).then_some(()) }).await;
+    let ballast = fs.path().join("ballast");
+    fill(&ballast);
+
+    wait_accepted(&rx, 1).await;
+    // Recording the outcome fails, again and again (backed off); the delivery is not sent again.
+    wait_until("three failed writes after the acceptance", || async {
+        (metric(&api, "vipwatch_store_write_errors_total{kind=\"full\"}").await >= 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(rx.hits().len(), 1, "not re-sent while its outcome waits for the database");
+    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    assert_eq!((rows[0].state.as_str(), rows[0].attempts), ("pending", 0), "nothing recorded yet");
+
+    std::fs::remove_file(&ballast).unwrap();
+    wait_until("the outcome recorded", || async {
+        let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+        (rows[0].state == "succeeded").then_some(())
+    })
+    .await;
+    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    assert_eq!((rows.len(), rows[0].attempts), (1, 1));
+    assert_eq!(vw.store.attempts(rows[0].id).await.unwrap().len(), 1);
+    assert_eq!(rx.hits().len(), 1, "sent exactly once");
+    vw.stop().await.unwrap();
+}
