@@ -96,9 +96,10 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     relay::sender::install_crypto_provider();
     warn_blind_endpoints(&config);
     let lock = WriterLock::acquire(&config.database.path)?;
-    let store = Store::open(&config.database.path).await?;
-    info!(path = %config.database.path.display(), "database open");
     let metrics = Metrics::new();
+    let store =
+        Store::open(&config.database.path).await?.monitored(metrics.clone(), config.database.write_retry_max_delay);
+    info!(path = %config.database.path.display(), "database open");
     let watch_health = watch::WatchHealth::new(metrics.clone(), config.kubernetes.stale_after);
     let client = watch::connect_watched(&config.kubernetes, &watch_health).await?;
     let (ready_tx, ready) = signal::channel(false);

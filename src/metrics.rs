@@ -40,6 +40,13 @@ pub struct WatchErrorLabels {
     pub kind: String,
 }
 
+/// Labels of `vipwatch_store_write_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreErrorLabels {
+    /// `full`, `io`, `busy`, `locked`, `readonly`, `timeout` or `other` (see `store::FaultKind`).
+    pub kind: String,
+}
+
 /// Labels of `vipwatch_deliveries_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeliveryLabels {
@@ -198,6 +205,11 @@ pub struct Metrics {
     /// entered: `open` (the first opening and each failed probe), `half_open` (a probe went out),
     /// `closed`.
     pub circuit_transitions: Family<CircuitLabels, Counter>,
+    /// `vipwatch_store_write_errors_total{kind}`: database writes (and `/readyz` write probes) that
+    /// failed with a storage fault; every retry counts again.
+    pub store_write_errors: Family<StoreErrorLabels, Counter>,
+    /// `vipwatch_store_writable`: 1 while the last write (or probe) succeeded, 0 while writes fail.
+    pub store_writable: Gauge,
 }
 
 fn http_histogram() -> Histogram {
@@ -239,6 +251,8 @@ impl Metrics {
             http_latency: Family::new_with_constructor(http_histogram),
             circuit_open: Family::default(),
             circuit_transitions: Family::default(),
+            store_write_errors: Family::default(),
+            store_writable: Gauge::default(),
         };
         let registry = &mut m.registry;
         registry.register("events", "Events recorded in the event log", m.events.clone());
@@ -299,6 +313,16 @@ impl Metrics {
             "Circuit breaker state changes by endpoint and state entered",
             m.circuit_transitions.clone(),
         );
+        registry.register(
+            "store_write_errors",
+            "Database writes that failed with a storage fault, by kind (each retry counts)",
+            m.store_write_errors.clone(),
+        );
+        registry.register(
+            "store_writable",
+            "1 while the database can be written, 0 while writes fail",
+            m.store_writable.clone(),
+        );
         Arc::new(m)
     }
 
@@ -311,6 +335,11 @@ impl Metrics {
             let labels = CircuitLabels { webhook: webhook.to_owned(), to: state.to_owned() };
             self.circuit_transitions.get_or_create(&labels).inc();
         }
+    }
+
+    /// Counts one failed database write of `kind` (a `store::FaultKind` label).
+    pub fn store_write_error(&self, kind: &str) {
+        self.store_write_errors.get_or_create(&StoreErrorLabels { kind: kind.to_owned() }).inc();
     }
 
     /// Counts one recorded event.

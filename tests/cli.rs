@@ -158,6 +158,10 @@ fn values_that_would_misbehave_at_run_time_are_rejected_up_front() {
             "[kubernetes]\nconnect_timeout = \"500ms\"\n",
             "invalid value for `kubernetes.connect_timeout`: must be at least 1s",
         ),
+        (
+            "[database]\nwrite_retry_max_delay = \"10ms\"\n",
+            "invalid value for `database.write_retry_max_delay`: must be between 100ms and 5m",
+        ),
     ];
     for (config, needle) in cases {
         let o = vipwatch(&["check-config"], &[], Some(config));

@@ -104,7 +104,7 @@ pub struct Releasing {
         (status = 503, description = "The watch is not running (`not_ready`)", body = Problem, content_type = "application/problem+json")))]
 pub async fn release_held(State(state): State<ApiState>) -> Result<(StatusCode, Json<Releasing>), ApiError> {
     let releasing = state.store.held_deletions().await?.len() as u64;
-    let tx = state.feedback.as_ref().ok_or(ApiError::NotReady("the watch is not running"))?;
-    tx.send(Feedback::ReleaseHeld).await.map_err(|_| ApiError::NotReady("the watch is not running"))?;
+    let tx = state.feedback.as_ref().ok_or(ApiError::NotReady("the watch is not running".into()))?;
+    tx.send(Feedback::ReleaseHeld).await.map_err(|_| ApiError::NotReady("the watch is not running".into()))?;
     Ok((StatusCode::ACCEPTED, Json(Releasing { releasing })))
 }

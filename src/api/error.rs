@@ -58,12 +58,9 @@ pub enum ApiError {
     /// The database failed (500 `internal`); the detail is logged, not returned.
     #[error("internal error")]
     Store(#[from] StoreError),
-    /// Not ready: first list pending or database not writable (503 `not_ready`).
+    /// Not ready: each failing readiness check and its reason (503 `not_ready`).
     #[error("not ready: {0}")]
-    NotReady(&'static str),
-    /// Not ready, with reasons built at run time, e.g. the watch checks of `/readyz` (503 `not_ready`).
-    #[error("not ready: {0}")]
-    NotReadyBecause(String),
+    NotReady(std::borrow::Cow<'static, str>),
     /// Any other status produced below the handlers (`code` derived from the status).
     #[error("{1}")]
     Other(StatusCode, &'static str),
@@ -100,7 +97,7 @@ impl ApiError {
             Self::WebhookDisabled(_) => StatusCode::CONFLICT,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::NotReady(_) | Self::NotReadyBecause(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Other(status, _) => *status,
         }
     }
@@ -121,7 +118,7 @@ impl ApiError {
             Self::WebhookDisabled(_) => "webhook_disabled",
             Self::PayloadTooLarge => "payload_too_large",
             Self::Store(_) => "internal",
-            Self::NotReady(_) | Self::NotReadyBecause(_) => "not_ready",
+            Self::NotReady(_) => "not_ready",
             Self::Other(status, _) if status.is_server_error() => "internal",
             Self::Other(..) => "bad_request",
         }

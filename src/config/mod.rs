@@ -181,11 +181,19 @@ pub struct DatabaseConfig {
     /// How long events are kept, e.g. `"30d"` (humantime syntax).
     #[serde(with = "humantime_serde")]
     pub event_retention: Duration,
+    /// Longest wait between retries of a write that failed with a storage fault (disk full, I/O
+    /// error, database locked), e.g. `"5s"`; retries start at 100 ms and double up to it. 100ms–5m.
+    #[serde(with = "humantime_serde")]
+    pub write_retry_max_delay: Duration,
 }
 
 impl Default for DatabaseConfig {
     fn default() -> Self {
-        Self { path: PathBuf::from("vipwatch.db"), event_retention: Duration::from_secs(30 * 86_400) }
+        Self {
+            path: PathBuf::from("vipwatch.db"),
+            event_retention: Duration::from_secs(30 * 86_400),
+            write_retry_max_delay: Duration::from_secs(5),
+        }
     }
 }
 
@@ -269,6 +277,11 @@ impl Config {
         if self.database.event_retention < Duration::from_secs(60) {
             let reason = "must be at least 1m (a shorter retention would empty the event log)".into();
             return Err(ConfigError::Value { key: "database.event_retention", reason });
+        }
+        let retry = self.database.write_retry_max_delay;
+        if !(Duration::from_millis(100)..=Duration::from_secs(300)).contains(&retry) {
+            let reason = "must be between 100ms and 5m".into();
+            return Err(ConfigError::Value { key: "database.write_retry_max_delay", reason });
         }
         if k.watch_timeout > Duration::from_secs(3600) {
             return Err(ConfigError::Value { key: "kubernetes.watch_timeout", reason: "must be at most 1h".into() });

@@ -96,7 +96,8 @@ impl Publisher {
 
     /// Runs passes until `cancel`: after every commit of the watch (`committed`), after every
     /// acknowledged delivery (`acked`, pulsed by the relay), and every `relay.poll_interval` (work
-    /// another process enqueued).
+    /// another process enqueued). While the database cannot be written, passes are spaced by the
+    /// store's backoff ([`Store::write_backoff`]) instead.
     pub async fn run(
         mut self,
         mut committed: watch::Receiver<i64>,
@@ -104,11 +105,25 @@ impl Publisher {
         cancel: CancellationToken,
     ) {
         let mut acked_open = true;
+        let mut backoff: Option<backon::ExponentialBackoff> = None;
         loop {
             match self.pass().await {
                 // A full batch of finalizers: more Services wait, go on at once.
-                Ok(true) => continue,
-                Ok(false) => {}
+                Ok(true) => {
+                    backoff = None;
+                    continue;
+                }
+                Ok(false) => backoff = None,
+                Err(PublishError::Store(e)) if e.is_transient() => {
+                    use backon::BackoffBuilder;
+                    let delay = backoff.get_or_insert_with(|| self.store.write_backoff().build()).next();
+                    let delay = delay.unwrap_or(self.poll);
+                    warn!(error = %e, reason = %e.reason(), retry_in = ?delay, "database failing; write-back paused");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => continue,
+                    }
+                }
                 Err(e) => warn!(error = %e, "writing back to Kubernetes failed; retrying"),
             }
             tokio::select! {

@@ -2,6 +2,12 @@
 //! sends them concurrently, records each attempt, and retries per the policy. While the endpoint's
 //! circuit is open (see [`super::circuit`]) it sends one probe at a time instead. Stops claiming on
 //! shutdown and lets in-flight attempts finish within `relay.shutdown_grace`.
+//!
+//! When the database cannot be written (disk full, locked), the dispatcher backs off
+//! ([`Store::write_backoff`]) instead of claiming again at once, and keeps the outcomes it could not
+//! record in memory, recording them before it claims anything else: an attempt that succeeded is not
+//! sent again just because recording it failed (only a restart before it is recorded re-sends it,
+//! with the same `webhook-id`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +56,37 @@ struct Health {
 
 type InFlight = JoinSet<(Claimed, AttemptResult)>;
 
+/// Writes the dispatcher could not make yet, and when to try the database again.
+#[derive(Default)]
+struct StoreRetry {
+    /// Finished attempts not recorded yet (oldest first).
+    unrecorded: Vec<Completion>,
+    /// The backoff since the first failed write; `None` while writes succeed.
+    backoff: Option<backon::ExponentialBackoff>,
+    /// No database write before this.
+    until: Option<tokio::time::Instant>,
+}
+
+impl StoreRetry {
+    /// A write failed: waits the next backoff delay before the next one.
+    fn failed(&mut self, store: &Store) -> Duration {
+        use backon::BackoffBuilder;
+        let delay = self.backoff.get_or_insert_with(|| store.write_backoff().build()).next().unwrap_or_default();
+        self.until = Some(tokio::time::Instant::now() + delay);
+        delay
+    }
+
+    fn succeeded(&mut self) {
+        self.backoff = None;
+        self.until = None;
+    }
+
+    /// True while the backoff says to leave the database alone.
+    fn waiting(&self) -> bool {
+        self.until.is_some_and(|u| u > tokio::time::Instant::now())
+    }
+}
+
 impl Dispatcher {
     /// Runs until `cancel`; wakes on every commit (`committed`), on finished attempts, when the next
     /// retry is due, and every `relay.poll_interval` (work enqueued by another process).
@@ -58,15 +95,24 @@ impl Dispatcher {
         let mut health = Health { failing: false, circuit: Circuit::new(self.circuit_failures, self.retry.clone()) };
         self.publish(&health.circuit, None);
         let mut committed_open = true;
+        let mut store = StoreRetry::default();
         loop {
+            if !store.waiting() {
+                self.record(&mut store).await;
+            }
             let disabled = self.is_disabled().await;
-            if !disabled {
-                self.fill(&mut in_flight, &mut health.circuit).await;
+            if !disabled && !store.waiting() && store.unrecorded.is_empty() {
+                self.fill(&mut in_flight, &mut health.circuit, &mut store).await;
             }
             // With attempts in flight, their completion wakes us; the next-due query (a scan of the
-            // queue heads) is only needed when idle.
-            let nap =
-                if in_flight.is_empty() { self.nap(disabled, &health.circuit).await } else { self.relay.poll_interval };
+            // queue heads) is only needed when idle. While the database fails, only the backoff does.
+            let now = tokio::time::Instant::now();
+            let nap = match store.until.filter(|until| *until > now) {
+                Some(until) => until - now,
+                None if in_flight.is_empty() => self.nap(disabled, &health.circuit).await,
+                None => self.relay.poll_interval,
+            };
+            let backing_off = store.waiting();
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
@@ -74,13 +120,33 @@ impl Dispatcher {
                     while let Some(more) = in_flight.try_join_next() {
                         done.push(more);
                     }
-                    self.finish(done.into_iter().filter_map(Result::ok).collect(), &mut health).await;
+                    self.finish(done.into_iter().filter_map(Result::ok).collect(), &mut health, &mut store).await;
                 }
-                changed = committed.changed(), if committed_open => committed_open = changed.is_ok(),
+                changed = committed.changed(), if committed_open && !backing_off => committed_open = changed.is_ok(),
                 _ = tokio::time::sleep(nap) => {}
             }
         }
-        self.drain(in_flight, &mut health).await;
+        self.drain(in_flight, &mut health, &mut store).await;
+    }
+
+    /// Records the outcomes kept in memory because the database refused them earlier.
+    async fn record(&self, store: &mut StoreRetry) {
+        if store.unrecorded.is_empty() {
+            return;
+        }
+        match self.store.complete(&store.unrecorded).await {
+            Ok(()) => {
+                info!(webhook = %self.name, attempts = store.unrecorded.len(), "recorded attempts the database refused earlier");
+                store.succeeded();
+                if std::mem::take(&mut store.unrecorded).iter().any(|c| c.outcome == Outcome::Succeeded) {
+                    self.acked.send_modify(|n| *n = n.wrapping_add(1));
+                }
+            }
+            Err(e) => {
+                let retry_in = store.failed(&self.store);
+                warn!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, attempts = store.unrecorded.len(), "still cannot record attempts; kept in memory, not sent again");
+            }
+        }
     }
 
     async fn is_disabled(&self) -> bool {
@@ -90,7 +156,7 @@ impl Dispatcher {
     /// Claims as many due heads as there are free slots and starts their attempts. Claims in batches
     /// (when at least half the slots are free, or none is busy): each claim scans the queue heads.
     /// While the circuit is open: one probe when it is due and nothing is in flight, else nothing.
-    async fn fill(&self, in_flight: &mut InFlight, circuit: &mut Circuit) {
+    async fn fill(&self, in_flight: &mut InFlight, circuit: &mut Circuit, store: &mut StoreRetry) {
         let now = now_ms();
         let free = circuit.allowance(now, in_flight.len(), self.relay.concurrency);
         if free == 0 || (!in_flight.is_empty() && free < self.relay.concurrency.div_ceil(2)) {
@@ -99,6 +165,7 @@ impl Dispatcher {
         let lease = i64::try_from(self.relay.lease.as_millis()).unwrap_or(i64::MAX);
         match self.store.claim(&self.name, now, lease, free).await {
             Ok(claimed) => {
+                store.succeeded();
                 if !claimed.is_empty() {
                     let probing = circuit.probe_started();
                     self.publish(circuit, probing);
@@ -111,7 +178,10 @@ impl Dispatcher {
                     });
                 }
             }
-            Err(e) => error!(webhook = %self.name, error = %e, "cannot claim deliveries"),
+            Err(e) => {
+                let retry_in = store.failed(&self.store);
+                error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, "cannot claim deliveries; backing off");
+            }
         }
     }
 
@@ -154,7 +224,7 @@ impl Dispatcher {
     }
 
     /// Records finished attempts in one transaction and applies their consequences.
-    async fn finish(&self, done: Vec<(Claimed, AttemptResult)>, health: &mut Health) {
+    async fn finish(&self, done: Vec<(Claimed, AttemptResult)>, health: &mut Health, store: &mut StoreRetry) {
         let now = now_ms();
         let mut completions = Vec::with_capacity(done.len());
         let mut recovered = false;
@@ -183,10 +253,19 @@ impl Dispatcher {
             }
             completions.push(Completion { delivery_id: claimed.id, attempt: result.record.clone(), outcome });
         }
-        if let Err(e) = self.store.complete(&completions).await {
-            error!(webhook = %self.name, error = %e, "cannot record attempts; their leases will expire and they will be sent again");
-        } else if completions.iter().any(|c| c.outcome == Outcome::Succeeded) {
-            self.acked.send_modify(|n| *n = n.wrapping_add(1));
+        if !store.unrecorded.is_empty() || store.waiting() {
+            // Earlier outcomes still wait for the database, or it is backed off: keep the order and
+            // record them together later.
+            store.unrecorded.extend(completions);
+        } else if let Err(e) = self.store.complete(&completions).await {
+            let retry_in = store.failed(&self.store);
+            error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, attempts = completions.len(), "cannot record attempts; kept in memory and recorded when the database takes writes again (not sent again)");
+            store.unrecorded = completions;
+        } else {
+            store.succeeded();
+            if completions.iter().any(|c| c.outcome == Outcome::Succeeded) {
+                self.acked.send_modify(|n| *n = n.wrapping_add(1));
+            }
         }
         if recovered {
             self.catch_up(now).await;
@@ -268,9 +347,13 @@ impl Dispatcher {
     }
 
     /// Graceful stop: waits up to `shutdown_grace` for attempts in flight, records them, abandons the
-    /// rest (their leases are cleared at the next start, so they are sent again).
-    async fn drain(&self, mut in_flight: InFlight, health: &mut Health) {
+    /// rest (their leases are cleared at the next start, so they are sent again). Outcomes the database
+    /// still refuses are lost with the process: those deliveries are sent again after the restart, with
+    /// the same `webhook-id`.
+    async fn drain(&self, mut in_flight: InFlight, health: &mut Health, store: &mut StoreRetry) {
+        self.record(store).await;
         if in_flight.is_empty() {
+            self.warn_unrecorded(store);
             return;
         }
         info!(webhook = %self.name, in_flight = in_flight.len(), "waiting for attempts in flight");
@@ -283,6 +366,13 @@ impl Dispatcher {
             warn!(webhook = %self.name, abandoned = in_flight.len(), "shutdown grace over; unfinished deliveries stay pending");
             in_flight.abort_all();
         }
-        self.finish(done, health).await;
+        self.finish(done, health, store).await;
+        self.warn_unrecorded(store);
+    }
+
+    fn warn_unrecorded(&self, store: &StoreRetry) {
+        if !store.unrecorded.is_empty() {
+            warn!(webhook = %self.name, attempts = store.unrecorded.len(), "stopping with attempts the database did not take; those deliveries are sent again after the restart (same webhook-id)");
+        }
     }
 }

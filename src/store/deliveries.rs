@@ -2,6 +2,7 @@
 //! log queries.
 
 use serde::Serialize;
+use sqlx::Connection as _;
 use sqlx::{QueryBuilder, Row, Sqlite};
 use std::collections::BTreeMap;
 
@@ -123,47 +124,52 @@ impl Store {
     /// MODIFIED with a DELETED or SYNCED queued behind it is superseded by that.
     pub async fn complete(&self, done: &[Completion]) -> Result<(), StoreError> {
         let now = now_ms();
-        let mut tx = self.write.begin().await?;
-        let mut retried = Vec::new();
-        for c in done {
-            let a = &c.attempt;
-            let sql = "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, error, \
-                       location, response_body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
-            sqlx::query(sql)
-                .bind(c.delivery_id)
-                .bind(a.started_at)
-                .bind(a.duration_ms)
-                .bind(a.status_code.map(i64::from))
-                .bind(a.error_class)
-                .bind(&a.error)
-                .bind(&a.location)
-                .bind(&a.response_body)
-                .execute(&mut *tx)
-                .await?;
-            let (state, next, finished) = match c.outcome {
-                Outcome::Succeeded => ("succeeded", None, Some(now)),
-                Outcome::Retry(at) => {
-                    retried.push(c.delivery_id);
-                    ("pending", Some(at), None)
-                }
-                Outcome::Failed => ("failed", None, Some(now)),
-            };
-            let sql = "UPDATE deliveries SET state = ?, attempts = attempts + 1, claimed_until = NULL, \
-                       next_attempt_at = COALESCE(?, next_attempt_at), finished_at = ?, last_status = ?, last_error = ? \
-                       WHERE id = ?";
-            sqlx::query(sql)
-                .bind(state)
-                .bind(next)
-                .bind(finished)
-                .bind(a.status_code.map(i64::from))
-                .bind(&a.error)
-                .bind(c.delivery_id)
-                .execute(&mut *tx)
-                .await?;
+        let mut conn = self.writer().await?;
+        let result = async {
+            let mut tx = conn.begin().await?;
+            let mut retried = Vec::new();
+            for c in done {
+                let a = &c.attempt;
+                let sql = "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, error, \
+                           location, response_body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
+                sqlx::query(sql)
+                    .bind(c.delivery_id)
+                    .bind(a.started_at)
+                    .bind(a.duration_ms)
+                    .bind(a.status_code.map(i64::from))
+                    .bind(a.error_class)
+                    .bind(&a.error)
+                    .bind(&a.location)
+                    .bind(&a.response_body)
+                    .execute(&mut *tx)
+                    .await?;
+                let (state, next, finished) = match c.outcome {
+                    Outcome::Succeeded => ("succeeded", None, Some(now)),
+                    Outcome::Retry(at) => {
+                        retried.push(c.delivery_id);
+                        ("pending", Some(at), None)
+                    }
+                    Outcome::Failed => ("failed", None, Some(now)),
+                };
+                let sql = "UPDATE deliveries SET state = ?, attempts = attempts + 1, claimed_until = NULL, \
+                           next_attempt_at = COALESCE(?, next_attempt_at), finished_at = ?, last_status = ?, last_error = ? \
+                           WHERE id = ?";
+                sqlx::query(sql)
+                    .bind(state)
+                    .bind(next)
+                    .bind(finished)
+                    .bind(a.status_code.map(i64::from))
+                    .bind(&a.error)
+                    .bind(c.delivery_id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            super::outbox::supersede_retried(&mut tx, now, &retried).await?;
+            tx.commit().await?;
+            Ok(())
         }
-        super::outbox::supersede_retried(&mut tx, now, &retried).await?;
-        tx.commit().await?;
-        Ok(())
+        .await;
+        self.settle(conn, result)
     }
 
     /// Replays delivery `id` (any state): enqueues a copy with the same body at the END of its
@@ -174,17 +180,24 @@ impl Store {
                    next_attempt_at) SELECT webhook, event_id, namespace, name, kind, ?2, payload, ?3, ?3 \
                    FROM deliveries WHERE id = ?1 RETURNING id";
         let now = now_ms();
-        Ok(sqlx::query_scalar(sql).bind(id).bind(new_msg_id).bind(now).fetch_optional(&self.write).await?)
+        let mut conn = self.writer().await?;
+        let result = sqlx::query_scalar(sql).bind(id).bind(new_msg_id).bind(now).fetch_optional(&mut *conn).await;
+        self.settle(conn, result.map_err(StoreError::from))
     }
 
     /// Enqueues a resync's deliveries (each on the queue of its Service key), in one transaction.
     /// Returns how many were enqueued.
     pub async fn enqueue_synced(&self, deliveries: Vec<(NewDelivery, ServiceKey)>) -> Result<usize, StoreError> {
         let rows: Vec<DeliveryInsert<'_>> = deliveries.iter().map(|(d, key)| (d.clone(), None, key, false)).collect();
-        let mut tx = self.write.begin().await?;
-        insert_deliveries(&mut tx, now_ms(), &rows).await?;
-        tx.commit().await?;
-        Ok(rows.len())
+        let mut conn = self.writer().await?;
+        let result = async {
+            let mut tx = conn.begin().await?;
+            insert_deliveries(&mut tx, now_ms(), &rows).await?;
+            tx.commit().await?;
+            Ok(rows.len())
+        }
+        .await;
+        self.settle(conn, result)
     }
 
     /// Deliveries matching `filter`, by id ascending.
@@ -228,14 +241,16 @@ impl Store {
         let sql = "INSERT INTO webhook_state (name, disabled_reason, disabled_at, disabled_url) VALUES (?, ?, ?, ?) \
                    ON CONFLICT (name) DO UPDATE SET disabled_reason = excluded.disabled_reason, \
                    disabled_at = excluded.disabled_at, disabled_url = excluded.disabled_url";
-        sqlx::query(sql).bind(webhook).bind(reason).bind(now_ms()).bind(url).execute(&self.write).await?;
-        Ok(())
+        let mut conn = self.writer().await?;
+        let result = sqlx::query(sql).bind(webhook).bind(reason).bind(now_ms()).bind(url).execute(&mut *conn).await;
+        self.settle(conn, result.map(drop).map_err(StoreError::from))
     }
 
     /// Re-enables `webhook`; returns whether it was disabled.
     pub async fn enable_webhook(&self, webhook: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM webhook_state WHERE name = ?").bind(webhook).execute(&self.write).await?;
-        Ok(done.rows_affected() > 0)
+        let mut conn = self.writer().await?;
+        let result = sqlx::query("DELETE FROM webhook_state WHERE name = ?").bind(webhook).execute(&mut *conn).await;
+        self.settle(conn, result.map(|done| done.rows_affected() > 0).map_err(StoreError::from))
     }
 
     /// Records `modes` (endpoint name → its default backend mode) as the ones in effect and returns
@@ -245,22 +260,27 @@ impl Store {
         &self,
         modes: &BTreeMap<String, String>,
     ) -> Result<Vec<(String, String)>, StoreError> {
-        let mut tx = self.write.begin().await?;
-        let rows = sqlx::query("SELECT name, mode FROM endpoint_modes").fetch_all(&mut *tx).await?;
-        let before: BTreeMap<String, String> = rows.iter().map(|r| (r.get("name"), r.get("mode"))).collect();
-        let switched = modes
-            .iter()
-            .filter_map(|(name, mode)| {
-                before.get(name).filter(|old| *old != mode).map(|old| (name.clone(), old.clone()))
-            })
-            .collect();
-        for (name, mode) in modes {
-            let sql = "INSERT INTO endpoint_modes (name, mode) VALUES (?, ?) \
-                       ON CONFLICT (name) DO UPDATE SET mode = excluded.mode";
-            sqlx::query(sql).bind(name).bind(mode).execute(&mut *tx).await?;
+        let mut conn = self.writer().await?;
+        let result = async {
+            let mut tx = conn.begin().await?;
+            let rows = sqlx::query("SELECT name, mode FROM endpoint_modes").fetch_all(&mut *tx).await?;
+            let before: BTreeMap<String, String> = rows.iter().map(|r| (r.get("name"), r.get("mode"))).collect();
+            let switched = modes
+                .iter()
+                .filter_map(|(name, mode)| {
+                    before.get(name).filter(|old| *old != mode).map(|old| (name.clone(), old.clone()))
+                })
+                .collect();
+            for (name, mode) in modes {
+                let sql = "INSERT INTO endpoint_modes (name, mode) VALUES (?, ?) \
+                           ON CONFLICT (name) DO UPDATE SET mode = excluded.mode";
+                sqlx::query(sql).bind(name).bind(mode).execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            Ok(switched)
         }
-        tx.commit().await?;
-        Ok(switched)
+        .await;
+        self.settle(conn, result)
     }
 
     /// The stored state of `webhook` (`None` when enabled and never disabled).

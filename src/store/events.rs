@@ -1,6 +1,7 @@
 //! Reading the event log, and pruning it by age.
 
 use serde::Serialize;
+use sqlx::Connection as _;
 use sqlx::{QueryBuilder, Row, Sqlite};
 
 use std::collections::BTreeMap;
@@ -99,12 +100,18 @@ impl Store {
     /// superseded, failed) that finished before it, with their attempts; pending deliveries are never
     /// pruned. Returns how many events were deleted.
     pub async fn prune_events(&self, cutoff_ms: i64) -> Result<u64, StoreError> {
-        let mut tx = self.write.begin().await?;
-        let done = sqlx::query("DELETE FROM events WHERE observed_at < ?").bind(cutoff_ms).execute(&mut *tx).await?;
-        let finished = "DELETE FROM deliveries WHERE state <> 'pending' AND finished_at < ?";
-        sqlx::query(finished).bind(cutoff_ms).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        let mut conn = self.writer().await?;
+        let result = async {
+            let mut tx = conn.begin().await?;
+            let done =
+                sqlx::query("DELETE FROM events WHERE observed_at < ?").bind(cutoff_ms).execute(&mut *tx).await?;
+            let finished = "DELETE FROM deliveries WHERE state <> 'pending' AND finished_at < ?";
+            sqlx::query(finished).bind(cutoff_ms).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(done.rows_affected())
+        }
+        .await;
+        self.settle(conn, result)
     }
 }
 

@@ -4,6 +4,7 @@
 mod deliveries;
 mod error;
 mod events;
+mod health;
 mod held;
 mod nodes;
 mod open;
@@ -16,6 +17,7 @@ mod state;
 pub use deliveries::{AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, Outcome, WebhookState};
 pub use error::StoreError;
 pub use events::{EventFilter, EventRow};
+pub use health::{FaultKind, PROBE_TIMEOUT, Unwritable};
 pub use held::HeldDeletion;
 pub use nodes::NodeRow;
 pub use open::WriterLock;
@@ -29,12 +31,15 @@ use sqlx::SqlitePool;
 
 /// Handle on the SQLite database. Cheap to clone. Reads use a pool of connections; every write goes
 /// through one dedicated connection, so writers queue in-process instead of meeting SQLite's busy
-/// handler (which sleeps in steps of up to 100 ms and made delivery latency spiky).
+/// handler (which sleeps in steps of up to 100 ms and made delivery latency spiky). A failed write
+/// closes that connection and marks the database unwritable until a write succeeds again
+/// ([`Store::unwritable`], [`Store::check_writable`]).
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: SqlitePool,
     write: SqlitePool,
     log_id: std::sync::Arc<str>,
+    health: std::sync::Arc<health::Health>,
 }
 
 /// Current time as Unix milliseconds (UTC), the unit of every `*_at` column.

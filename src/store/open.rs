@@ -31,22 +31,13 @@ impl Store {
         sqlx::migrate!("./migrations").run(&write).await?;
         let log_id = log_id(&write).await?;
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
-        Ok(Self { pool, write, log_id })
+        Ok(Self { pool, write, log_id, health: Default::default() })
     }
 
     /// The identity of this database's event log (`data.log_id` of every delivery): a UUID made
     /// when the database was created. Event ids compare only within one log.
     pub fn log_id(&self) -> &str {
         &self.log_id
-    }
-
-    /// True when the write lock of the main database can be taken (`BEGIN IMMEDIATE`, then rolled
-    /// back) within the busy timeout: what `/readyz` reports as "database writable".
-    pub async fn is_writable(&self) -> bool {
-        match self.write.begin_with("BEGIN IMMEDIATE").await {
-            Ok(tx) => tx.rollback().await.is_ok(),
-            Err(_) => false,
-        }
     }
 
     /// Closes every connection (waits for running statements).

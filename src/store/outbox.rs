@@ -221,13 +221,15 @@ impl Store {
         lease_ms: i64,
         limit: usize,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let rows = sqlx::query(CLAIM)
+        let mut conn = self.writer().await?;
+        let result = sqlx::query(CLAIM)
             .bind(webhook)
             .bind(now)
             .bind(now + lease_ms)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.write)
-            .await?;
+            .fetch_all(&mut *conn)
+            .await;
+        let rows = self.settle(conn, result.map_err(StoreError::from))?;
         let mut claimed: Vec<Claimed> = rows
             .iter()
             .map(|r| Claimed {
@@ -253,13 +255,17 @@ impl Store {
     /// Clears every lease: after a crash the attempts that were in flight are due again at once.
     pub async fn release_leases(&self) -> Result<u64, StoreError> {
         let sql = "UPDATE deliveries SET claimed_until = NULL WHERE state = 'pending' AND claimed_until IS NOT NULL";
-        Ok(sqlx::query(sql).execute(&self.write).await?.rows_affected())
+        let mut conn = self.writer().await?;
+        let result = sqlx::query(sql).execute(&mut *conn).await;
+        self.settle(conn, result.map(|done| done.rows_affected()).map_err(StoreError::from))
     }
 
     /// Makes every pending delivery of `webhook` due at `now` (the endpoint recovered).
     pub async fn make_due(&self, webhook: &str, now: i64) -> Result<u64, StoreError> {
         let sql = "UPDATE deliveries SET next_attempt_at = ?2 WHERE webhook = ?1 AND state = 'pending' AND next_attempt_at > ?2";
-        Ok(sqlx::query(sql).bind(webhook).bind(now).execute(&self.write).await?.rows_affected())
+        let mut conn = self.writer().await?;
+        let result = sqlx::query(sql).bind(webhook).bind(now).execute(&mut *conn).await;
+        self.settle(conn, result.map(|done| done.rows_affected()).map_err(StoreError::from))
     }
 
     /// Pending deliveries per endpoint: `(webhook, count, oldest created_at)`.

@@ -91,7 +91,9 @@ impl Store {
                    AND (namespace, name) IN (SELECT j.value->>0, j.value->>1 FROM json_each(?1) AS j)";
         let pairs: Vec<(&str, &str)> = keys.iter().map(|k| (k.namespace.as_str(), k.name.as_str())).collect();
         let q = sqlx::query(sql).bind(serde_json::to_string(&pairs)?).bind(now_ms());
-        Ok(q.execute(&self.write).await?.rows_affected())
+        let mut conn = self.writer().await?;
+        let result = q.execute(&mut *conn).await;
+        self.settle(conn, result.map(|done| done.rows_affected()).map_err(StoreError::from))
     }
 
     /// Every Service whose status vipwatch must write (see `services.publish`), by namespace and name.
@@ -174,14 +176,16 @@ impl Store {
 
     /// Marks a release done.
     pub async fn finish_release(&self, event_id: i64) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM releases WHERE event_id = ?1").bind(event_id).execute(&self.write).await?;
-        Ok(())
+        let mut conn = self.writer().await?;
+        let result = sqlx::query("DELETE FROM releases WHERE event_id = ?1").bind(event_id).execute(&mut *conn).await;
+        self.settle(conn, result.map(drop).map_err(StoreError::from))
     }
 
     /// Marks a cleanup done.
     pub async fn finish_cleanup(&self, event_id: i64) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM cleanups WHERE event_id = ?1").bind(event_id).execute(&self.write).await?;
-        Ok(())
+        let mut conn = self.writer().await?;
+        let result = sqlx::query("DELETE FROM cleanups WHERE event_id = ?1").bind(event_id).execute(&mut *conn).await;
+        self.settle(conn, result.map(drop).map_err(StoreError::from))
     }
 }
 

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
+use sqlx::Connection as _;
 use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 
 use super::outbox::{Outbox, RecordedEvent, enqueue};
@@ -152,29 +153,34 @@ impl Store {
         outbox: &dyn Outbox,
     ) -> Result<Vec<i64>, StoreError> {
         let now = now_ms();
-        let mut tx = self.write.begin().await?;
-        let ids = insert_events(&mut tx, now, changes).await?;
-        let recorded: Vec<(RecordedEvent<'_>, Option<i64>, bool)> = changes
-            .iter()
-            .filter_map(|c| match c {
-                StateChange::Event { key, cause, event, hold, .. } => Some((key, *cause, event.as_ref(), *hold)),
-                StateChange::Refresh { .. } | StateChange::Node { .. } | StateChange::Held { .. } => None,
-            })
-            .zip(&ids)
-            .map(|((key, cause, event, hold), id)| {
-                (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id), hold)
-            })
-            .collect();
-        enqueue(&mut tx, now, outbox, &recorded).await?;
-        insert_cleanups(&mut tx, now, changes, &ids).await?;
-        write_state(&mut tx, now, changes).await?;
-        super::nodes::write_nodes(&mut tx, now, changes).await?;
-        super::held::write_held(&mut tx, changes).await?;
-        for p in progress {
-            write_progress(&mut tx, now, p).await?;
+        let mut conn = self.writer().await?;
+        let result = async {
+            let mut tx = conn.begin().await?;
+            let ids = insert_events(&mut tx, now, changes).await?;
+            let recorded: Vec<(RecordedEvent<'_>, Option<i64>, bool)> = changes
+                .iter()
+                .filter_map(|c| match c {
+                    StateChange::Event { key, cause, event, hold, .. } => Some((key, *cause, event.as_ref(), *hold)),
+                    StateChange::Refresh { .. } | StateChange::Node { .. } | StateChange::Held { .. } => None,
+                })
+                .zip(&ids)
+                .map(|((key, cause, event, hold), id)| {
+                    (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id), hold)
+                })
+                .collect();
+            enqueue(&mut tx, now, outbox, &recorded).await?;
+            insert_cleanups(&mut tx, now, changes, &ids).await?;
+            write_state(&mut tx, now, changes).await?;
+            super::nodes::write_nodes(&mut tx, now, changes).await?;
+            super::held::write_held(&mut tx, changes).await?;
+            for p in progress {
+                write_progress(&mut tx, now, p).await?;
+            }
+            tx.commit().await?;
+            Ok(ids)
         }
-        tx.commit().await?;
-        Ok(ids)
+        .await;
+        self.settle(conn, result)
     }
 
     /// Every row of the current-state table, keyed by Service: what the recorder diffs against.

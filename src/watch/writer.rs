@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
@@ -88,20 +88,20 @@ impl Writer {
         (tx, task)
     }
 
-    /// Writes the plan, retrying with exponential backoff (0.1 s doubling to 30 s, jittered) until it
-    /// succeeds.
+    /// Writes the plan, retrying with the store's backoff ([`Store::write_backoff`]: 0.1 s doubling to
+    /// `database.write_retry_max_delay`, jittered) until it commits. Nothing is reported (metrics, log,
+    /// `committed`, readiness, Kubernetes Events) before the commit succeeded; a failed attempt left
+    /// nothing behind (the store rolls it back and drops the connection).
     async fn commit(&mut self, plan: Plan) {
         if plan.changes.is_empty() && plan.progress.is_empty() {
             return;
         }
         let progress: Vec<WatchProgress> = plan.progress.values().cloned().collect();
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_secs(30))
-            .with_jitter()
-            .without_max_times();
+        let backoff = self.store.write_backoff();
         let write = || self.store.apply(&plan.changes, &progress, self.outbox.as_ref());
-        let notify = |e: &StoreError, wait: Duration| error!(error = %e, retry_in = ?wait, "cannot store changes");
+        let notify = |e: &StoreError, wait: Duration| {
+            error!(error = %e, reason = %e.reason(), retry_in = ?wait, "cannot store changes; retrying (nothing recorded yet)");
+        };
         match write.retry(backoff).notify(notify).await {
             Ok(ids) => self.after_commit(&plan, ids.last().copied()),
             Err(e) => error!(error = %e, "giving up storing changes"),

@@ -1,0 +1,378 @@
+//! Write health: what kind of storage fault an error is, whether the database can be written right now
+//! (fed by the outcome of every write and by `/readyz`'s probe), and the backoff every writer uses while
+//! it cannot.
+//!
+//! Every write runs on the writer connection through [`Store::writer`] and ends in [`Store::settle`]:
+//! a failed write closes that connection (SQLite may leave a transaction active after a failed
+//! statement or COMMIT under `SQLITE_FULL`/`SQLITE_BUSY`, and sqlx's own transaction bookkeeping can
+//! then disagree with SQLite's, turning the next `BEGIN` into a savepoint that never commits), so a
+//! fresh connection serves the next write.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use backon::ExponentialBuilder;
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, Sqlite};
+use tracing::{error, info};
+
+use super::{Store, StoreError, now_ms};
+use crate::metrics::Metrics;
+
+/// Longest time `/readyz`'s database probe may take; past it the database counts as locked.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// How long a probe's answer is reused while the database is failing (a probe stuck on a lock
+/// occupies the writer connection until the busy timeout, so probes are not stacked).
+const PROBE_REUSE: Duration = Duration::from_secs(1);
+
+/// First delay of [`Store::write_backoff`].
+const RETRY_MIN_DELAY: Duration = Duration::from_millis(100);
+
+/// The kind of a storage fault: the `kind` label of `vipwatch_store_write_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// `SQLITE_FULL`: the filesystem (or a size limit) has no room.
+    Full,
+    /// `SQLITE_IOERR`/`SQLITE_CANTOPEN` or an OS I/O error.
+    Io,
+    /// `SQLITE_BUSY`: another connection holds the write lock past the busy timeout.
+    Busy,
+    /// `SQLITE_LOCKED`: a conflict inside a shared cache.
+    Locked,
+    /// `SQLITE_READONLY`: the file or its directory cannot be written.
+    ReadOnly,
+    /// No connection within the pool's acquire timeout, or the probe took longer than [`PROBE_TIMEOUT`].
+    Timeout,
+    /// Any other database failure (corruption, a crashed connection worker, a failed migration).
+    Other,
+}
+
+impl FaultKind {
+    /// The metric label: `full`, `io`, `busy`, `locked`, `readonly`, `timeout`, `other`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Io => "io",
+            Self::Busy => "busy",
+            Self::Locked => "locked",
+            Self::ReadOnly => "readonly",
+            Self::Timeout => "timeout",
+            Self::Other => "other",
+        }
+    }
+
+    /// True for faults that clear by themselves (space freed, lock released): worth retrying.
+    pub fn is_transient(self) -> bool {
+        self != Self::Other
+    }
+
+    /// True for faults about the write lock, which a lock probe (`BEGIN IMMEDIATE`) can see clear.
+    fn is_lock(self) -> bool {
+        matches!(self, Self::Busy | Self::Locked | Self::Timeout)
+    }
+}
+
+impl StoreError {
+    /// The storage fault behind this error; `None` for errors that are not the storage's fault
+    /// (a constraint violation, an undecodable row, a row not found).
+    pub fn fault(&self) -> Option<FaultKind> {
+        match self {
+            Self::Sqlx(e) => sqlx_fault(e),
+            Self::Open { source, .. } => source.fault().or(Some(FaultKind::Other)),
+            Self::Json(_) => None,
+            Self::Locked { .. } | Self::LockFile { .. } | Self::Migrate(_) => Some(FaultKind::Other),
+        }
+    }
+
+    /// True when retrying later may succeed ([`FaultKind::is_transient`]).
+    pub fn is_transient(&self) -> bool {
+        self.fault().is_some_and(FaultKind::is_transient)
+    }
+
+    /// The underlying reason in a few words, e.g. SQLite's `database or disk is full`.
+    pub fn reason(&self) -> String {
+        match self {
+            Self::Sqlx(sqlx::Error::Database(e)) => e.message().to_owned(),
+            Self::Sqlx(sqlx::Error::PoolTimedOut) => "no database connection within the acquire timeout".to_owned(),
+            Self::Sqlx(e) => e.to_string(),
+            Self::Open { source, .. } => source.reason(),
+            other => other.to_string(),
+        }
+    }
+}
+
+fn sqlx_fault(e: &sqlx::Error) -> Option<FaultKind> {
+    match e {
+        sqlx::Error::Database(db) => {
+            let code: i32 = db.code().and_then(|c| c.parse().ok()).unwrap_or(0);
+            // Primary result codes (the low byte of the extended code), from sqlite3.h.
+            match code & 0xff {
+                13 => Some(FaultKind::Full),
+                10 | 14 => Some(FaultKind::Io),
+                5 => Some(FaultKind::Busy),
+                6 => Some(FaultKind::Locked),
+                8 => Some(FaultKind::ReadOnly),
+                19 | 20 | 25 => None,
+                _ => Some(FaultKind::Other),
+            }
+        }
+        sqlx::Error::PoolTimedOut => Some(FaultKind::Timeout),
+        sqlx::Error::Io(_) => Some(FaultKind::Io),
+        sqlx::Error::RowNotFound
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+        | sqlx::Error::TypeNotFound { .. }
+        | sqlx::Error::Decode(_) => None,
+        _ => Some(FaultKind::Other),
+    }
+}
+
+/// Why the database cannot be written, as `/readyz` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unwritable {
+    /// The fault.
+    pub kind: FaultKind,
+    /// SQLite's words, e.g. `database or disk is full`.
+    pub reason: String,
+    /// How long writes have been failing.
+    pub since: Duration,
+}
+
+impl std::fmt::Display for Unwritable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not writable: {} (since {} s)", self.reason, self.since.as_secs())
+    }
+}
+
+#[derive(Debug)]
+struct Failure {
+    kind: FaultKind,
+    reason: String,
+    since: Instant,
+    last: Instant,
+}
+
+/// Shared write-health state of one [`Store`] (every clone shares it).
+pub(super) struct Health {
+    failure: Mutex<Option<Failure>>,
+    metrics: OnceLock<Arc<Metrics>>,
+    retry_max_delay: Mutex<Duration>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health").field("failure", &*self.failure()).finish_non_exhaustive()
+    }
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            failure: Mutex::new(None),
+            metrics: OnceLock::new(),
+            retry_max_delay: Mutex::new(Duration::from_secs(5)),
+        }
+    }
+}
+
+impl Health {
+    fn failure(&self) -> std::sync::MutexGuard<'_, Option<Failure>> {
+        self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A write succeeded: the database is writable.
+    fn succeeded(&self) {
+        if let Some(f) = self.failure().take() {
+            info!(after_s = f.since.elapsed().as_secs(), "database writable again");
+        }
+        if let Some(m) = self.metrics.get() {
+            m.store_writable.set(1);
+        }
+    }
+
+    /// A write failed with `e`: counted; a transient fault marks the database unwritable.
+    fn failed(&self, e: &StoreError) {
+        let Some(kind) = e.fault() else { return };
+        if let Some(m) = self.metrics.get() {
+            m.store_write_error(kind.as_str());
+        }
+        if kind.is_transient() {
+            self.unwritable(kind, e.reason());
+        }
+    }
+
+    fn unwritable(&self, kind: FaultKind, reason: String) {
+        let now = Instant::now();
+        let mut failure = self.failure();
+        match failure.as_mut() {
+            Some(f) => {
+                (f.kind, f.reason, f.last) = (kind, reason, now);
+            }
+            None => {
+                error!(kind = kind.as_str(), %reason, "database not writable; writes are retried with backoff");
+                *failure = Some(Failure { kind, reason, since: now, last: now });
+            }
+        }
+        if let Some(m) = self.metrics.get() {
+            m.store_writable.set(0);
+        }
+    }
+
+    fn report(&self) -> Option<Unwritable> {
+        self.failure().as_ref().map(|f| Unwritable { kind: f.kind, reason: f.reason.clone(), since: f.since.elapsed() })
+    }
+}
+
+impl Store {
+    /// Reports write faults to `metrics` (`vipwatch_store_write_errors_total`, `vipwatch_store_writable`)
+    /// and makes [`Store::write_backoff`] wait at most `retry_max_delay` (`database.write_retry_max_delay`).
+    pub fn monitored(self, metrics: Arc<Metrics>, retry_max_delay: Duration) -> Self {
+        metrics.store_writable.set(i64::from(self.health.report().is_none()));
+        let _ = self.health.metrics.set(metrics);
+        *self.health.retry_max_delay.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = retry_max_delay;
+        self
+    }
+
+    /// The backoff of every writer whose write failed: 100 ms doubling to `database.write_retry_max_delay`
+    /// (default 5 s), jittered, never giving up.
+    pub fn write_backoff(&self) -> ExponentialBuilder {
+        let max = *self.health.retry_max_delay.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        ExponentialBuilder::default()
+            .with_min_delay(RETRY_MIN_DELAY.min(max))
+            .with_max_delay(max)
+            .with_jitter()
+            .without_max_times()
+    }
+
+    /// Why the database cannot be written, as last seen by a write or a probe; `None` when the last
+    /// one succeeded. Never touches the database.
+    pub fn unwritable(&self) -> Option<Unwritable> {
+        self.health.report()
+    }
+
+    /// `/readyz`'s check: probes the database (at most [`PROBE_TIMEOUT`], never waiting on a lock
+    /// longer) and returns why it cannot be written, or `None`. The probe takes the write lock
+    /// (`BEGIN IMMEDIATE`, rolled back); while a disk fault is reported it also writes one small row,
+    /// so recovery is seen even when no other write runs.
+    pub async fn check_writable(&self) -> Option<Unwritable> {
+        let (write, recent) = match self.health.report() {
+            Some(u) => {
+                let last = self.health.failure().as_ref().map(|f| f.last.elapsed());
+                (!u.kind.is_lock(), last.is_some_and(|l| l < PROBE_REUSE))
+            }
+            None => (false, false),
+        };
+        if recent {
+            return self.health.report();
+        }
+        match tokio::time::timeout(PROBE_TIMEOUT, self.probe(write)).await {
+            Ok(Ok(())) => {
+                // A lock probe proves nothing about disk space: it clears lock faults only.
+                let clears = write || self.health.report().is_none_or(|u| u.kind.is_lock());
+                if clears {
+                    self.health.succeeded();
+                }
+            }
+            Ok(Err(e)) => self.health.failed(&e),
+            Err(_) => {
+                if let Some(m) = self.health.metrics.get() {
+                    m.store_write_error(FaultKind::Timeout.as_str());
+                }
+                let reason =
+                    format!("write lock not obtained within {} ms (database is locked)", PROBE_TIMEOUT.as_millis());
+                self.health.unwritable(FaultKind::Timeout, reason);
+            }
+        }
+        self.health.report()
+    }
+
+    async fn probe(&self, write: bool) -> Result<(), StoreError> {
+        let mut conn = self.write.acquire().await?;
+        let result: Result<(), StoreError> = async {
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            if write {
+                let sql = "INSERT INTO meta (key, value) VALUES ('write_probe', ?) \
+                           ON CONFLICT (key) DO UPDATE SET value = excluded.value";
+                sqlx::query(sql).bind(now_ms().to_string()).execute(&mut *tx).await?;
+                tx.commit().await?;
+            } else {
+                tx.rollback().await?;
+            }
+            Ok(())
+        }
+        .await;
+        if result.is_err() {
+            conn.close_on_drop();
+        }
+        result
+    }
+
+    /// The writer connection, for one write (in-process writers queue for it). Errors: [`StoreError`]
+    /// when no connection comes (recorded as a write fault).
+    pub(super) async fn writer(&self) -> Result<PoolConnection<Sqlite>, StoreError> {
+        self.write.acquire().await.map_err(|e| {
+            let e = StoreError::from(e);
+            self.health.failed(&e);
+            e
+        })
+    }
+
+    /// Ends a write on `conn` with its `result`: success marks the database writable; failure is
+    /// recorded and closes the connection, so no transaction SQLite left active (or sqlx's bookkeeping
+    /// of it) outlives the failed write — closing rolls back whatever was not committed.
+    pub(super) fn settle<T>(
+        &self,
+        mut conn: PoolConnection<Sqlite>,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        match &result {
+            Ok(_) => self.health.succeeded(),
+            Err(e) => {
+                self.health.failed(e);
+                conn.close_on_drop();
+            }
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_kinds_are_the_storage_faults_and_other_is_not() {
+        let kinds = [
+            FaultKind::Full,
+            FaultKind::Io,
+            FaultKind::Busy,
+            FaultKind::Locked,
+            FaultKind::ReadOnly,
+            FaultKind::Timeout,
+        ];
+        assert!(kinds.iter().all(|k| k.is_transient()));
+        assert!(!FaultKind::Other.is_transient());
+        let labels: Vec<_> = kinds.iter().map(|k| k.as_str()).collect();
+        assert_eq!(labels, ["full", "io", "busy", "locked", "readonly", "timeout"]);
+    }
+
+    #[test]
+    fn a_pool_timeout_is_a_timeout_and_a_missing_row_is_no_fault() {
+        assert_eq!(StoreError::Sqlx(sqlx::Error::PoolTimedOut).fault(), Some(FaultKind::Timeout));
+        assert_eq!(StoreError::Sqlx(sqlx::Error::RowNotFound).fault(), None);
+        let io = std::io::Error::from_raw_os_error(28);
+        assert_eq!(StoreError::Sqlx(sqlx::Error::Io(io)).fault(), Some(FaultKind::Io));
+    }
+
+    #[test]
+    fn unwritable_reads_as_readyz_reports_it() {
+        let u = Unwritable {
+            kind: FaultKind::Full,
+            reason: "database or disk is full".into(),
+            since: Duration::from_millis(12_400),
+        };
+        assert_eq!(u.to_string(), "not writable: database or disk is full (since 12 s)");
+    }
+}

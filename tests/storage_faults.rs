@@ -1,0 +1,260 @@
+//! Storage faults for real: the database on a small tmpfs that a ballast file fills (SQLITE_FULL), and a
+//! second SQLite connection (the `sqlite3` CLI) holding `BEGIN EXCLUSIVE` (SQLITE_BUSY). Nothing is
+//! recorded or signalled while the database refuses writes, `/readyz` says why within about a second,
+//! and once the fault clears every change is recorded exactly once and delivered, without a restart.
+//!
+//! The tmpfs test needs `mount` (the tests run as root here); it panics with a clear message otherwise.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::api::Api;
+use common::receiver::Receiver;
+use common::*;
+use reqwest::StatusCode;
+use vipwatch::config::Config;
+use vipwatch::store::DeliveryFilter;
+
+/// A tmpfs of `size` mounted on a temp directory; unmounted (lazily, so a panic while files are
+/// open still cleans up) when dropped.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "mount -t tmpfs failed (this test needs root): {status}");
+        Self { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+/// Fills the filesystem of `path`'s directory with one file until ENOSPC; returns its size.
+fn fill(path: &Path) -> u64 {
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 4096];
+    let mut written = 0u64;
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(n) => written += n as u64,
+            Err(e) if e.raw_os_error() == Some(28) => break,
+            Err(e) => panic!("ballast: {e}"),
+        }
+    }
+    let _ = f.sync_all();
+    written
+}
+
+/// A config over `db` with one endpoint and fast retries of failed writes.
+fn config(h: &Harness, db: PathBuf, rx: &Receiver) -> Config {
+    let mut config = h.config_with(vec![webhook("lab", &rx.url)]);
+    config.database.path = db;
+    config.database.write_retry_max_delay = Duration::from_millis(300);
+    config
+}
+
+/// GET /readyz with a hard 3 s bound: returns the answer and how long it took.
+async fn readyz(api: &Api) -> (StatusCode, String, Duration) {
+    let started = Instant::now();
+    let answer =
+        tokio::time::timeout(Duration::from_secs(3), api.get("/readyz")).await.expect("/readyz answers within 3 s");
+    (answer.status, answer.body["detail"].as_str().map_or(answer.text.clone(), str::to_owned), started.elapsed())
+}
+
+async fn wait_accepted(rx: &Receiver, n: usize) -> Vec<receiver::Hit> {
+    wait_until(&format!("{n} accepted deliveries"), || async { (rx.accepted().len() >= n).then(|| rx.accepted()) })
+        .await
+}
+
+/// Reads one Prometheus sample (`name{labels} value`) from `/metrics`; 0 when absent.
+async fn metric(api: &Api, sample: &str) -> f64 {
+    let text = api.get("/metrics").await.text;
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_full_disk_records_nothing_says_so_in_readyz_and_loses_nothing_once_space_is_back() {
+    let h = Harness::new().await;
+    let fs = Tmpfs::mount("8m");
+    let rx = Receiver::ok().await;
+    let vw = h.start(config(&h, fs.path().join("vipwatch.db"), &rx)).await;
+    let api = Api::new(&vw);
+    h.api.apply(lb_service("shop", "a", 80));
+    wait_accepted(&rx, 1).await;
+    assert_eq!(wait_events(&vw.store, 1).await.len(), 1);
+    assert_eq!(readyz(&api).await.0, StatusCode::OK);
+    let committed_before = *vw.committed().borrow();
+
+    let ballast = fs.path().join("ballast");
+    assert!(fill(&ballast) > 0);
+    h.api.apply(lb_service("shop", "b", 81));
+    h.api.apply(lb_service("shop", "c", 82));
+
+    let detail = wait_until("/readyz 503 naming the full disk", || async {
+        let (status, detail, took) = readyz(&api).await;
+        assert!(took < Duration::from_secs(2), "/readyz took {took:?}");
+        (status == StatusCode::SERVICE_UNAVAILABLE).then_some(detail)
+    })
+    .await;
+    assert!(
+        detail.starts_with("not ready: database: not writable: database or disk is full (since "),
+        "detail: {detail}"
+    );
+    // Retries happen meanwhile (each counted); none of them reported anything.
+    wait_until("a second failed write", || async {
+        (metric(&api, "vipwatch_store_write_errors_total{kind=\"full\"}").await >= 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(metric(&api, "vipwatch_store_writable").await, 0.0);
+    assert_eq!(*vw.committed().borrow(), committed_before, "no commit signalled while the disk is full");
+    assert_eq!(events(&vw.store).await.len(), 1, "nothing recorded while the disk is full");
+    assert_eq!(metric(&api, "vipwatch_events_total{type=\"ADDED\",cause=\"watch\"}").await, 1.0);
+    assert_eq!(rx.accepted().len(), 1);
+    assert_eq!(api.get("/healthz").await.status, StatusCode::OK, "/healthz is about the process");
+
+    std::fs::remove_file(&ballast).unwrap();
+    let rows = wait_events(&vw.store, 3).await;
+    let added = |name: &str| (s("ADDED"), s("watch"), format!("shop/{name}"));
+    assert_eq!(summary(&rows), vec![added("a"), added("b"), added("c")], "each change recorded exactly once");
+    let hits = wait_accepted(&rx, 3).await;
+    let mut delivered: Vec<_> = hits.iter().map(|hit| hit.json()["data"]["service"]["name"].clone()).collect();
+    delivered.sort_by_key(ToString::to_string);
+    assert_eq!(delivered, vec!["a", "b", "c"], "each change delivered once");
+    wait_until("/readyz 200 again", || async { (readyz(&api).await.0 == StatusCode::OK).then_some(()) }).await;
+    assert_eq!(metric(&api, "vipwatch_store_writable").await, 1.0);
+    let deliveries = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    let states: Vec<_> = deliveries.iter().map(|d| (d.event_id, d.state.as_str(), d.attempts)).collect();
+    assert_eq!(states, vec![(Some(1), "succeeded", 1), (Some(2), "succeeded", 1), (Some(3), "succeeded", 1)]);
+    assert_eq!(rx.accepted().len(), 3, "nothing sent twice");
+    vw.stop().await.unwrap();
+}
+
+/// The `sqlite3` CLI holding `BEGIN EXCLUSIVE` on a database until released or dropped.
+struct ExclusiveLock {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl ExclusiveLock {
+    fn take(db: &Path) -> Self {
+        let mut child = Command::new("sqlite3")
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the sqlite3 CLI is installed");
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, ".timeout 5000\nBEGIN EXCLUSIVE;\nSELECT 'locked';").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "locked", "sqlite3 took the exclusive lock");
+        Self { child, stdin: Some(stdin) }
+    }
+
+    fn release(mut self) {
+        let mut stdin = self.stdin.take().unwrap();
+        writeln!(stdin, "COMMIT;\n.quit").unwrap();
+        drop(stdin);
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+impl Drop for ExclusiveLock {
+    fn drop(&mut self) {
+        if self.stdin.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_database_locked_by_another_process_makes_readyz_answer_503_at_once_and_changes_wait_for_the_lock() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let vw = h.start(config(&h, h.db_path(), &rx)).await;
+    let api = Api::new(&vw);
+    h.api.apply(lb_service("shop", "a", 80));
+    wait_accepted(&rx, 1).await;
+    assert_eq!(readyz(&api).await.0, StatusCode::OK);
+
+    let lock = ExclusiveLock::take(&h.db_path());
+    h.api.apply(lb_service("shop", "b", 81));
+    let (status, detail, took) = readyz(&api).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{detail}");
+    assert!(took < Duration::from_millis(1500), "/readyz took {took:?}");
+    assert!(detail.starts_with("not ready: database: not writable: "), "detail: {detail}");
+    assert!(detail.contains("locked"), "detail: {detail}");
+    // Asked again while the lock is held: still 503, still fast.
+    let (status, _, took) = readyz(&api).await;
+    assert_eq!((status, took < Duration::from_millis(1500)), (StatusCode::SERVICE_UNAVAILABLE, true), "{took:?}");
+    assert_eq!(events(&vw.store).await.len(), 1, "nothing recorded while the lock is held");
+
+    lock.release();
+    let rows = wait_events(&vw.store, 2).await;
+    let added = |name: &str| (s("ADDED"), s("watch"), format!("shop/{name}"));
+    assert_eq!(summary(&rows), vec![added("a"), added("b")], "the change made meanwhile is recorded once");
+    assert_eq!(wait_accepted(&rx, 2).await.len(), 2);
+    wait_until("/readyz 200 again", || async { (readyz(&api).await.0 == StatusCode::OK).then_some(()) }).await;
+    assert_eq!(rx.accepted().len(), 2, "nothing sent twice");
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_accepted_delivery_whose_outcome_cannot_be_recorded_is_not_sent_again() {
+    let h = Harness::new().await;
+    let fs = Tmpfs::mount("8m");
+    // The appliance takes 0.7 s to accept (under the 1 s webhook timeout): the disk fills meanwhile.
+    let rx = Receiver::start(|_, _| receiver::Reply::After(Duration::from_millis(700), 200)).await;
+    let vw = h.start(config(&h, fs.path().join("vipwatch.db"), &rx)).await;
+    let api = Api::new(&vw);
+    h.api.apply(lb_service("shop", "a", 80));
+    wait_until("the attempt in flight", || async { (!rx.hits().is_empty()).then_some(()) }).await;
+    let ballast = fs.path().join("ballast");
+    fill(&ballast);
+
+    wait_accepted(&rx, 1).await;
+    // Recording the outcome fails, again and again (backed off); the delivery is not sent again.
+    wait_until("three failed writes after the acceptance", || async {
+        (metric(&api, "vipwatch_store_write_errors_total{kind=\"full\"}").await >= 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(rx.hits().len(), 1, "not re-sent while its outcome waits for the database");
+    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    assert_eq!((rows[0].state.as_str(), rows[0].attempts), ("pending", 0), "nothing recorded yet");
+
+    std::fs::remove_file(&ballast).unwrap();
+    wait_until("the outcome recorded", || async {
+        let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+        (rows[0].state == "succeeded").then_some(())
+    })
+    .await;
+    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    assert_eq!((rows.len(), rows[0].attempts), (1, 1));
+    assert_eq!(vw.store.attempts(rows[0].id).await.unwrap().len(), 1);
+    assert_eq!(rx.hits().len(), 1, "sent exactly once");
+    vw.stop().await.unwrap();
+}
