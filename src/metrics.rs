@@ -210,6 +210,10 @@ pub struct Metrics {
     pub store_write_errors: Family<StoreErrorLabels, Counter>,
     /// `vipwatch_store_writable`: 1 while the last write (or probe) succeeded, 0 while writes fail.
     pub store_writable: Gauge,
+    /// `vipwatch_watch_synced_timestamp_seconds{resource,scope}`: up to when the scope's data is known
+    /// current (Unix seconds; now while its watch is healthy), refreshed on every scrape. What the
+    /// `VipwatchNotSynced` alert watches.
+    pub watch_synced: Family<ScopeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 fn http_histogram() -> Histogram {
@@ -253,6 +257,7 @@ impl Metrics {
             circuit_transitions: Family::default(),
             store_write_errors: Family::default(),
             store_writable: Gauge::default(),
+            watch_synced: Family::default(),
         };
         let registry = &mut m.registry;
         registry.register("events", "Events recorded in the event log", m.events.clone());
@@ -322,6 +327,11 @@ impl Metrics {
             "store_writable",
             "1 while the database can be written, 0 while writes fail",
             m.store_writable.clone(),
+        );
+        registry.register(
+            "watch_synced_timestamp_seconds",
+            "Up to when each watch scope's data is known current (Unix seconds), refreshed on every scrape",
+            m.watch_synced.clone(),
         );
         Arc::new(m)
     }

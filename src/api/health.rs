@@ -57,7 +57,7 @@ async fn database_writable(state: &ApiState) -> Option<String> {
 }
 
 /// Every metric in the Prometheus text format (`vipwatch_` prefix). The outbox gauges are refreshed
-/// from the database on each scrape.
+/// from the database and the watch's sync times from memory on each scrape.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "OpenMetrics text exposition (Prometheus scrapes it natively)", body = String,
         content_type = "application/openmetrics-text")))]
@@ -72,6 +72,7 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         }
         Err(e) => tracing::warn!(error = %e, "cannot refresh the outbox gauges"),
     }
+    state.watch.refresh_metrics();
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.render())
 }
 

@@ -16,7 +16,7 @@ use tracing::{error, warn};
 use utoipa::ToSchema;
 
 use super::stream::{Resource, ScopeSpec};
-use crate::metrics::{Metrics, WatchErrorLabels};
+use crate::metrics::{Metrics, ScopeLabels, WatchErrorLabels};
 use crate::store::now_ms;
 
 /// Consecutive 401/403 answers on a scope after which `/readyz` answers 503 at once.
@@ -223,6 +223,20 @@ impl WatchHealth {
                 last_error: s.last_error.clone(),
             })
             .collect()
+    }
+
+    /// Sets `vipwatch_watch_synced_timestamp_seconds` of every scope that has synced (called on each
+    /// scrape, so a healthy watch reads "now").
+    pub fn refresh_metrics(&self) {
+        let now = now_ms();
+        let scopes = self.scopes.lock().expect("watch health lock");
+        for (spec, s) in scopes.values() {
+            if let Some(ms) = synced(s, now) {
+                let labels =
+                    ScopeLabels { resource: spec.resource.as_str().to_owned(), scope: spec.label().to_owned() };
+                self.metrics.watch_synced.get_or_create(&labels).set(ms as f64 / 1000.0);
+            }
+        }
     }
 
     /// The oldest sync time over every scope (ms since the epoch), `None` before any scope synced.
