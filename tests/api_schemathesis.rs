@@ -21,6 +21,7 @@ fn config(dir: &std::path::Path) -> std::path::PathBuf {
         ("/api/v1/deliveries", encode_cursor("deliveries", &1i64)),
         ("/api/v1/webhooks", encode_cursor("webhooks", &"a")),
         ("/api/v1/nodes", encode_cursor("nodes", &"w1")),
+        ("/api/v1/deletions/held", encode_cursor("held", &("shop", "db"))),
     ];
     // Dependency analysis links `deliveries[].event_id` to `/api/v1/events/{id}`, but that field is
     // `null` for `service.synced` deliveries and schemathesis then requests `/api/v1/events/None` and
