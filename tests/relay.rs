@@ -423,3 +423,45 @@ async fn a_resync_is_not_held_back_by_a_delivery_the_receiver_refuses() {
     assert_eq!(added.state, "superseded", "the SYNCED carries the whole state the ADDED had");
     vw.stop().await.unwrap();
 }
+
+/// Every error class the relay can give an attempt is one the database accepts: a class the schema
+/// refuses would leave the outcome unrecordable and the endpoint stuck behind it (found by a trial with a
+/// webhook host resolving to 169.254.169.254: `forbidden_address` broke the CHECK constraint).
+#[tokio::test]
+async fn every_attempt_error_class_is_recorded() {
+    use vipwatch::store::{AttemptRecord, Completion, ERROR_CLASSES, Outcome, now_ms};
+    let h = Harness::new().await;
+    let rx = Receiver::start(|_, _| Reply::Status(503)).await;
+    let vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    let delivery = wait_until("a pending delivery", || async {
+        let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+        rows.first().map(|d| d.id)
+    })
+    .await;
+    let done: Vec<Completion> = ERROR_CLASSES
+        .iter()
+        .map(|class| Completion {
+            delivery_id: delivery,
+            attempt: AttemptRecord {
+                started_at: now_ms(),
+                error_class: Some(class),
+                error: Some(format!("class test {class}")),
+                ..AttemptRecord::default()
+            },
+            outcome: Outcome::Retry(now_ms() + 60_000),
+        })
+        .collect();
+    vw.store.complete(&done).await.expect("every class is accepted");
+    let recorded: Vec<String> = vw
+        .store
+        .attempts(delivery)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.error.as_deref().is_some_and(|e| e.starts_with("class test ")))
+        .filter_map(|a| a.error_class)
+        .collect();
+    assert_eq!(recorded, ERROR_CLASSES);
+    vw.stop().await.unwrap();
+}

@@ -73,6 +73,11 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         Err(e) => tracing::warn!(error = %e, "cannot refresh the outbox gauges"),
     }
     state.watch.refresh_metrics();
+    if state.store.unwritable().is_some() {
+        // Probes the faulted database, so `vipwatch_store_writable` recovers even when nothing else
+        // writes and nobody polls /readyz.
+        state.store.check_writable().await;
+    }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.render())
 }
 

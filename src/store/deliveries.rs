@@ -19,7 +19,7 @@ pub struct AttemptRecord {
     pub duration_ms: i64,
     /// HTTP status, when a response arrived.
     pub status_code: Option<u16>,
-    /// `timeout`, `connect`, `tls`, `redirect` or `http` (non-2xx); `None` on success.
+    /// One of [`ERROR_CLASSES`]; `None` on success.
     pub error_class: Option<&'static str>,
     /// Human-readable error.
     pub error: Option<String>,
@@ -28,6 +28,12 @@ pub struct AttemptRecord {
     /// At most 4 KiB of the response body (UTF-8, lossy).
     pub response_body: Option<String>,
 }
+
+/// Every attempt error class the relay records (the `attempts.error_class` CHECK constraint, migration
+/// 0008, allows exactly these; README "Delivery guarantees" documents each): `timeout`, `connect`,
+/// `tls`, `forbidden_address` (the host resolved only to refused addresses), `redirect` (3xx, not
+/// followed), `http` (any other non-2xx).
+pub const ERROR_CLASSES: [&str; 6] = ["timeout", "connect", "tls", "forbidden_address", "redirect", "http"];
 
 /// The delivery's state after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

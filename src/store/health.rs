@@ -29,6 +29,10 @@ const PROBE_REUSE: Duration = Duration::from_secs(1);
 /// First delay of [`Store::write_backoff`].
 const RETRY_MIN_DELAY: Duration = Duration::from_millis(100);
 
+/// Added to `database.write_retry_max_delay`: how long no write may have failed before a success
+/// clears a fault (see `Health::succeeded`).
+const QUIET_MARGIN: Duration = Duration::from_secs(1);
+
 /// The kind of a storage fault: the `kind` label of `vipwatch_store_write_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultKind {
@@ -182,11 +186,22 @@ impl Health {
         self.failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A write succeeded: the database is writable.
+    /// A write succeeded: the database is writable again — once no write has failed for the longest
+    /// retry delay plus a second. A small write (a claim, the probe's one row) can succeed in the space a
+    /// full disk still has while the bigger batches keep failing; every failing writer retries within
+    /// `database.write_retry_max_delay`, so a quiet window that long means they succeed too. Without it
+    /// readiness and `vipwatch_store_writable` flapped, and an alert on `== 0 for 1m` never fired.
     fn succeeded(&self) {
-        if let Some(f) = self.failure().take() {
+        let quiet = *self.retry_max_delay.lock().unwrap_or_else(std::sync::PoisonError::into_inner) + QUIET_MARGIN;
+        let mut failure = self.failure();
+        if let Some(f) = failure.as_ref() {
+            if f.last.elapsed() < quiet {
+                return;
+            }
             info!(after_s = f.since.elapsed().as_secs(), "database writable again");
+            *failure = None;
         }
+        drop(failure);
         if let Some(m) = self.metrics.get() {
             m.store_writable.set(1);
         }
@@ -374,5 +389,17 @@ mod tests {
             since: Duration::from_millis(12_400),
         };
         assert_eq!(u.to_string(), "not writable: database or disk is full (since 12 s)");
+    }
+
+    #[test]
+    fn a_success_clears_a_fault_only_after_a_quiet_window() {
+        let health = Health::default();
+        health.unwritable(FaultKind::Full, "database or disk is full".into());
+        health.succeeded();
+        assert!(health.report().is_some(), "a small write right after a failed batch proves nothing");
+        let past = Instant::now() - Duration::from_secs(7);
+        health.failure().as_mut().unwrap().last = past;
+        health.succeeded();
+        assert!(health.report().is_none(), "no failure for 5 s + 1 s: writable again");
     }
 }

@@ -14,7 +14,9 @@ mod publish;
 mod queries;
 mod state;
 
-pub use deliveries::{AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, Outcome, WebhookState};
+pub use deliveries::{
+    AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, ERROR_CLASSES, Outcome, WebhookState,
+};
 pub use error::StoreError;
 pub use events::{EventFilter, EventRow};
 pub use health::{FaultKind, PROBE_TIMEOUT, Unwritable};
