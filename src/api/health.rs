@@ -44,7 +44,7 @@ const READINESS_CHECKS: &[(&str, ReadinessCheck)] =
 
 /// The watch checks: the first full list of every scope stored, then each scope's health
 /// ([`crate::watch::WatchHealth::not_ready`]). Answers from memory, at once.
-async fn watch_healthy(state: &ApiState) -> Option<String> {
+pub(super) async fn watch_healthy(state: &ApiState) -> Option<String> {
     if !*state.ready.borrow() {
         return Some("waiting for the first full list".to_owned());
     }

@@ -39,7 +39,7 @@ pub async fn get_status(State(state): State<ApiState>) -> Json<StatusDto> {
     let health = &state.watch;
     Json(StatusDto {
         last_synced_at: health.last_synced_ms().map(rfc3339),
-        not_ready: health.not_ready(),
+        not_ready: super::health::watch_healthy(&state).await,
         scopes: health.statuses(),
     })
 }
