@@ -250,10 +250,11 @@ impl Store {
         self
     }
 
-    /// The backoff of every writer whose write failed: 100 ms doubling to `database.write_retry_max_delay`
-    /// (default 5 s), jittered, never giving up.
+    /// The backoff of every writer whose write failed: 100 ms doubling, never giving up, each wait at
+    /// most `database.write_retry_max_delay` (default 5 s). backon's jitter adds up to the step itself,
+    /// so the steps stop at half the maximum (a trial saw 9.9 s waits with a 5 s maximum).
     pub fn write_backoff(&self) -> ExponentialBuilder {
-        let max = *self.health.retry_max_delay.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let max = *self.health.retry_max_delay.lock().unwrap_or_else(std::sync::PoisonError::into_inner) / 2;
         ExponentialBuilder::default()
             .with_min_delay(RETRY_MIN_DELAY.min(max))
             .with_max_delay(max)
