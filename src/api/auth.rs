@@ -39,7 +39,12 @@ impl AuthPolicy {
     /// is configured, [`ApiError::Unauthorized`] when the header is absent or the token differs.
     fn check(&self, authorization: Option<&[u8]>) -> Result<(), ApiError> {
         let expected = self.token_digest.as_ref().ok_or(ApiError::WritesDisabled)?;
-        let given = authorization.and_then(|h| h.strip_prefix(b"Bearer ")).ok_or(ApiError::Unauthorized)?;
+        // The scheme is case-insensitive (RFC 9110 §11.1): `bearer`, `BEARER` and `Bearer` all count.
+        let given = authorization
+            .and_then(|h| h.split_at_checked(7))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case(b"Bearer "))
+            .map(|(_, token)| token)
+            .ok_or(ApiError::Unauthorized)?;
         // Comparing fixed-length digests keeps the time independent of the token's length too.
         if bool::from(digest(given).ct_eq(expected)) { Ok(()) } else { Err(ApiError::Unauthorized) }
     }
@@ -78,8 +83,10 @@ mod tests {
     fn tokens_are_checked_exactly() {
         let p = policy(Some("s3cret"), false);
         assert!(p.check(Some(b"Bearer s3cret")).is_ok());
+        assert!(p.check(Some(b"bearer s3cret")).is_ok(), "the scheme is case-insensitive");
+        assert!(matches!(p.check(Some(b"Basic s3cret")), Err(ApiError::Unauthorized)));
+        assert!(matches!(p.check(Some(b"Bear")), Err(ApiError::Unauthorized)));
         assert!(matches!(p.check(Some(b"Bearer s3cre")), Err(ApiError::Unauthorized)));
-        assert!(matches!(p.check(Some(b"bearer s3cret")), Err(ApiError::Unauthorized)));
         assert!(matches!(p.check(None), Err(ApiError::Unauthorized)));
         assert!(matches!(policy(None, false).check(Some(b"Bearer x")), Err(ApiError::WritesDisabled)));
     }
