@@ -83,13 +83,18 @@ fn refused(rx: &Receiver, event: &str, name: &str) -> usize {
     all - ok
 }
 
-/// Waits until `b`'s ADDED (without an address: the pool is full) was accepted and the refused
-/// withdrawal of `a` was retried once more after it, then checks that `b` got nothing meanwhile.
-async fn b_waits_while_refused(h: &Harness, rx: &Receiver, event: &str) {
+/// Waits until the receiver accepted `b`'s ADDED.
+async fn wait_b_added(rx: &Receiver) {
     wait_until("b's ADDED accepted", || async {
         rx.accepted().iter().any(|h| what(h) == ("ADDED".to_owned(), "b".to_owned())).then_some(())
     })
     .await;
+}
+
+/// Waits until `b`'s ADDED (without an address: the pool is full) was accepted and the refused
+/// withdrawal of `a` was retried once more after it, then checks that `b` got nothing meanwhile.
+async fn b_waits_while_refused(h: &Harness, rx: &Receiver, event: &str) {
+    wait_b_added(rx).await;
     let attempts = refused(rx, event, "a");
     wait_until("another refused attempt after b's ADDED", || async {
         (refused(rx, event, "a") > attempts).then_some(())
@@ -170,10 +175,7 @@ async fn a_type_change_away_from_load_balancer_frees_the_address_only_after_the_
     let running = h.start(c).await;
     wait_ingress(&h.api, "a", vip(X)).await;
     h.api.apply(lb_service("ns", "b", 80));
-    wait_until("b's ADDED accepted", || async {
-        rx.accepted().iter().any(|h| what(h) == ("ADDED".to_owned(), "b".to_owned())).then_some(())
-    })
-    .await;
+    wait_b_added(&rx).await;
     h.api.update("ns", "a", |s| s["spec"]["type"] = json!("NodePort")).unwrap();
     wait_until("a refused MODIFIED", || async { (refused(&rx, "MODIFIED", "a") > 0).then_some(()) }).await;
     b_waits_while_refused(&h, &rx, "MODIFIED").await;
@@ -196,10 +198,7 @@ async fn a_changed_address_request_frees_the_old_address_only_after_the_applianc
     let running = h.start(config(&h, &rx, pools)).await;
     wait_ingress(&h.api, "a", vip(X)).await;
     h.api.apply(lb_service("ns", "b", 80));
-    wait_until("b's ADDED accepted", || async {
-        rx.accepted().iter().any(|h| what(h) == ("ADDED".to_owned(), "b".to_owned())).then_some(())
-    })
-    .await;
+    wait_b_added(&rx).await;
     h.api
         .update("ns", "a", |s| {
             s["metadata"]["annotations"] = json!({"vipwatch.io/loadBalancerIPs": "198.51.100.1"});
@@ -231,10 +230,7 @@ async fn a_withdrawal_superseded_by_a_later_change_frees_the_address_once_that_c
     let running = h.start(config(&h, &rx, pools)).await;
     wait_ingress(&h.api, "a", vip(X)).await;
     h.api.apply(lb_service("ns", "b", 80));
-    wait_until("b's ADDED accepted", || async {
-        rx.accepted().iter().any(|h| what(h) == ("ADDED".to_owned(), "b".to_owned())).then_some(())
-    })
-    .await;
+    wait_b_added(&rx).await;
     // A label change sits refused at the head of a's queue; the withdrawal of X queues behind it and
     // is superseded by the next change: the appliance only ever gets the label changes' views.
     h.api.update("ns", "a", |s| s["metadata"]["labels"]["rev"] = json!("1")).unwrap();
@@ -275,10 +271,7 @@ async fn a_service_replaced_under_the_same_name_keeps_the_old_objects_address_un
     let pools = vec![pool("one", &[X], true), pool("manual", &["198.51.100.1"], false)];
     let running = h.start(config(&h, &rx, pools.clone())).await;
     wait_ingress(&h.api, "a", vip(X)).await;
-    wait_until("b's ADDED accepted", || async {
-        rx.accepted().iter().any(|h| what(h) == ("ADDED".to_owned(), "b".to_owned())).then_some(())
-    })
-    .await;
+    wait_b_added(&rx).await;
     running.stop().await.unwrap();
     // While vipwatch is down, a is deleted for good and a new object of that name asks for another
     // address: the start records the DELETED of the old object and the ADDED of the new one.
@@ -321,10 +314,7 @@ async fn a_pool_change_that_moves_a_service_frees_its_old_address_only_after_the
     h.api.apply(lb_service("other", "b", 80));
     let running = h.start(config(&h, &rx, vec![pool("one", &[X], true)])).await;
     wait_ingress(&h.api, "a", vip(X)).await;
-    wait_until("b's ADDED accepted", || async {
-        rx.accepted().iter().any(|h| what(h) == ("ADDED".to_owned(), "b".to_owned())).then_some(())
-    })
-    .await;
+    wait_b_added(&rx).await;
     running.stop().await.unwrap();
     // X moves to a pool only namespace `other` may use: a gets 192.0.2.9 at start, b may have X —
     // once the appliance acknowledged a's MODIFIED.

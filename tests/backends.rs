@@ -230,10 +230,7 @@ async fn an_added_waits_for_its_first_endpoints_instead_of_announcing_an_empty_p
     let vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
     h.api.apply(pod_service("web", 80));
     // The EndpointSlice controller writes the slice a moment after the Service.
-    h.api.apply_resource(
-        Resource::EndpointSlices,
-        slice("web", "web-1", "IPv4", 8080, vec![endpoint("10.244.1.1", true, true, false)]),
-    );
+    one_pod_slice(&h.api);
     wait_until("the ADDED", || async { (!rx.accepted().is_empty()).then_some(()) }).await;
     assert_eq!(deliveries_of(&rx, "web"), vec![(s("ADDED"), vec![])]);
     assert_eq!(members(&last_backends(&rx, "web")), ["10.244.1.1:8080/active"]);
@@ -358,13 +355,7 @@ async fn without_node_ports_a_service_has_no_members_and_says_why() {
 
 #[tokio::test]
 async fn an_endpoint_in_pod_mode_gets_pod_members_while_another_gets_node_ports() {
-    let h = Harness::new().await;
-    seed_nodes(&h.api, 1);
-    h.api.apply(lb_service("shop", "web", 80));
-    h.api.apply_resource(
-        Resource::EndpointSlices,
-        slice("web", "web-1", "IPv4", 8080, vec![endpoint("10.244.1.1", true, true, false)]),
-    );
+    let h = web_with_one_pod().await;
     let (pods, nodes) = (Receiver::ok().await, Receiver::ok().await);
     let mut f5 = webhook("f5", &pods.url);
     f5.backend_mode = Some(vipwatch::model::backends::ModeSetting::Pod);
@@ -390,13 +381,7 @@ async fn an_endpoint_in_pod_mode_gets_pod_members_while_another_gets_node_ports(
 
 #[tokio::test]
 async fn an_annotation_switching_the_mode_sends_the_new_members_as_a_diff_from_the_old_ones() {
-    let h = Harness::new().await;
-    seed_nodes(&h.api, 1);
-    h.api.apply(lb_service("shop", "web", 80));
-    h.api.apply_resource(
-        Resource::EndpointSlices,
-        slice("web", "web-1", "IPv4", 8080, vec![endpoint("10.244.1.1", true, true, false)]),
-    );
+    let h = web_with_one_pod().await;
     let rx = Receiver::ok().await;
     let _vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
     wait_until("the ADDED", || async { (!rx.accepted().is_empty()).then_some(()) }).await;
@@ -436,13 +421,7 @@ async fn an_annotation_switching_the_mode_sends_the_new_members_as_a_diff_from_t
 
 #[tokio::test]
 async fn a_restart_with_another_backend_mode_resyncs_that_endpoint_only() {
-    let h = Harness::new().await;
-    seed_nodes(&h.api, 1);
-    h.api.apply(lb_service("shop", "web", 80));
-    h.api.apply_resource(
-        Resource::EndpointSlices,
-        slice("web", "web-1", "IPv4", 8080, vec![endpoint("10.244.1.1", true, true, false)]),
-    );
+    let h = web_with_one_pod().await;
     let (lab, other) = (Receiver::ok().await, Receiver::ok().await);
     let config = h.config_with(vec![webhook("lab", &lab.url), webhook("other", &other.url)]);
     let vw = h.start(config.clone()).await;
@@ -478,10 +457,7 @@ async fn a_restart_with_another_backend_mode_resyncs_that_endpoint_only() {
 async fn the_event_log_filters_member_changes_and_shows_what_each_event_carried() {
     let h = Harness::new().await;
     h.api.apply(pod_service("web", 80));
-    h.api.apply_resource(
-        Resource::EndpointSlices,
-        slice("web", "web-1", "IPv4", 8080, vec![endpoint("10.244.1.1", true, true, false)]),
-    );
+    one_pod_slice(&h.api);
     let rx = Receiver::ok().await;
     let mut config = h.config_with(vec![webhook("lab", &rx.url)]);
     config.kubernetes.finalizer = false; // no Service write that could carry the member change along
@@ -508,4 +484,21 @@ async fn the_event_log_filters_member_changes_and_shows_what_each_event_carried(
     assert_eq!(members(&added["backends"]["pod"]), ["10.244.1.1:8080/active"]);
     assert_eq!(added["backends_diff"], json!({}));
     vw.stop().await.unwrap();
+}
+
+/// `shop/web`'s EndpointSlice `web-1` with one ready Pod, 10.244.1.1:8080.
+fn one_pod_slice(api: &FakeApiServer) {
+    api.apply_resource(
+        Resource::EndpointSlices,
+        slice("web", "web-1", "IPv4", 8080, vec![endpoint("10.244.1.1", true, true, false)]),
+    );
+}
+
+/// One Node and the `LoadBalancer` Service `shop/web` with [`one_pod_slice`].
+async fn web_with_one_pod() -> Harness {
+    let h = Harness::new().await;
+    seed_nodes(&h.api, 1);
+    h.api.apply(lb_service("shop", "web", 80));
+    one_pod_slice(&h.api);
+    h
 }
