@@ -145,7 +145,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let prune_task = tokio::spawn(prune_loop(store.clone(), config.database.event_retention, cancel.clone()));
     let modes = resync_switched_modes(store.clone(), config.clone(), ready.clone(), cancel.clone());
     let modes_task = fatal_on_error("relay", cancel.clone(), modes);
-    let mut state = ApiState::new(
+    let state = ApiState::new(
         store.clone(),
         metrics.clone(),
         ready.clone(),
@@ -154,8 +154,8 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         cancel.clone(),
     )
     .with_feedback(assign_tx)
-    .with_watch_health(watch_health);
-    state.circuits = circuits;
+    .with_watch_health(watch_health)
+    .with_circuits(circuits);
     let api_task = fatal_on_error("api", cancel.clone(), serve_api(listener, api::router(state), cancel.clone()));
     info!(%addr, "API listening");
     Ok(Running {

@@ -109,6 +109,12 @@ impl ApiState {
         self
     }
 
+    /// This state showing the relay's circuit breakers (`circuits`, shared with the dispatchers) instead of
+    /// an empty set.
+    pub fn with_circuits(self, circuits: crate::relay::Circuits) -> Self {
+        Self { circuits, ..self }
+    }
+
     /// This state reading `watch` (the tracker the Kubernetes client reports to) instead of an empty one.
     pub fn with_watch_health(self, watch: crate::watch::WatchHealth) -> Self {
         Self { watch, ..self }
