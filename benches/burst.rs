@@ -1,0 +1,327 @@
+//! Burst benchmark (issue 13): the shape of the independent load test, against `vipwatch serve`
+//! running as its own process (so its CPU and peak RSS are its own), every figure next to a baseline
+//! from the same run.
+//!
+//! Run: `cargo bench --bench burst` (optional args: SERVICES HOT CHANGES RATE SECONDS, default
+//! 10000 1000 20000 500 20; `--no-finalizer` sets `kubernetes.finalizer = false`).
+//!
+//! Phases, each with vipwatch's own peak RSS (VmHWM, reset between phases through
+//! `/proc/<pid>/clear_refs`) next to the peak of the same binary started on an empty cluster:
+//! 1. initial sync: SERVICES Services exist before the start; start → `/readyz` 200 and start → the
+//!    receiver has every Service's ADDED (with the finalizer, each first delivery waits for vipwatch's
+//!    finalizer patch), next to a bare reqwest client POSTing as many bodies to the same receiver.
+//! 2. burst: CHANGES label changes over HOT Services, written through the apiserver's HTTP API by 8
+//!    writers as fast as it answers; per change, the time from the apiserver's answer to the receiver
+//!    getting that change or a newer one of the same Service (a newer MODIFIED may supersede an older
+//!    pending one, as documented); deliveries/s while the burst lasts. The baseline is a bare watch
+//!    client on the same apiserver: the same latency measured at the watch stream.
+//! 3. steady: RATE changes/s for SECONDS s, the same latency, and vipwatch's CPU time per change.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use common::{Process, cpu_time, pct, reset_peak_rss};
+use serde_json::{Value, json};
+use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const WRITERS: usize = 8;
+
+/// Service name → `(rev, arrival)` for every delivery or watch event seen, in arrival order.
+#[derive(Clone, Default)]
+struct Seen {
+    by_name: Arc<Mutex<HashMap<String, Vec<(u64, Instant)>>>>,
+    count: Arc<AtomicUsize>,
+}
+
+impl Seen {
+    fn note(&self, name: &str, rev: u64, at: Instant) {
+        self.by_name.lock().unwrap().entry(name.to_owned()).or_default().push((rev, at));
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn names(&self) -> usize {
+        self.by_name.lock().unwrap().len()
+    }
+
+    /// Per write `(name, rev, written at)`: milliseconds until `rev` or a newer one of the Service was
+    /// seen; `None` while some is still missing.
+    fn latencies(&self, written: &[(String, u64, Instant)]) -> Option<Vec<f64>> {
+        let seen = self.by_name.lock().unwrap();
+        let mut out = Vec::with_capacity(written.len());
+        for (name, rev, at) in written {
+            let first = seen.get(name)?.iter().filter(|(r, _)| r >= rev).map(|(_, t)| *t).min()?;
+            out.push(first.saturating_duration_since(*at).as_secs_f64() * 1000.0);
+        }
+        out.sort_by(f64::total_cmp);
+        Some(out)
+    }
+
+    /// When the last of `written` was first seen.
+    fn last_arrival(&self, written: &[(String, u64, Instant)]) -> Option<Instant> {
+        let seen = self.by_name.lock().unwrap();
+        written
+            .iter()
+            .filter_map(|(name, rev, _)| seen.get(name)?.iter().filter(|(r, _)| r >= rev).map(|(_, t)| *t).min())
+            .max()
+    }
+}
+
+fn rev_of(service: &Value) -> u64 {
+    service["labels"]["rev"].as_str().and_then(|r| r.parse().ok()).unwrap_or(0)
+}
+
+/// The receiver: 204 at once, noting each delivery's Service and `rev` label.
+async fn receiver(seen: Seen) -> String {
+    let app = Router::new()
+        .fallback(|State(seen): State<Seen>, body: Bytes| async move {
+            let now = Instant::now();
+            if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                let svc = &v["data"]["service"];
+                seen.note(svc["name"].as_str().unwrap_or(""), rev_of(svc), now);
+            }
+            StatusCode::NO_CONTENT
+        })
+        .with_state(seen);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// The baseline watcher: a bare watch on every Service from `rv`, noting each event like the receiver.
+async fn bare_watch(api: &FakeApiServer, rv: String, seen: Seen) {
+    let url = format!("{}/api/v1/services?watch=1&resourceVersion={rv}", api.url());
+    let mut response = reqwest::get(url).await.unwrap();
+    tokio::spawn(async move {
+        let mut buf = Vec::new();
+        while let Ok(Some(chunk)) = response.chunk().await {
+            let now = Instant::now();
+            buf.extend_from_slice(&chunk);
+            while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=end).collect();
+                if let Ok(ev) = serde_json::from_slice::<Value>(&line) {
+                    let meta = &ev["object"]["metadata"];
+                    seen.note(meta["name"].as_str().unwrap_or(""), rev_of(meta), now);
+                }
+            }
+        }
+    });
+}
+
+fn service(i: usize) -> Value {
+    json!({"metadata": {"name": name(i), "namespace": "bench", "labels": {"app": "bench", "rev": "0"}},
+           "spec": {"type": "LoadBalancer", "selector": {"app": "bench"},
+                    "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": 30000 + (i % 2000)}]}})
+}
+
+fn name(i: usize) -> String {
+    format!("svc-{i:05}")
+}
+
+fn vipwatch(dir: &std::path::Path, api: &FakeApiServer, url: &str, finalizer: bool) -> Process {
+    let config = format!(
+        "[kubernetes]\nurl = \"{}\"\nfinalizer = {finalizer}\n[database]\npath = \"{}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
+         [[webhooks]]\nname = \"sink\"\nurl = \"{url}\"\nsecret = \"{SECRET}\"\n",
+        api.url(),
+        dir.join("vipwatch.db").display()
+    );
+    let path = dir.join("vipwatch.toml");
+    std::fs::write(&path, config).unwrap();
+    Process::vipwatch(&path)
+}
+
+/// One label change through the apiserver's HTTP API (merge patch); returns when it answered.
+async fn write(client: &reqwest::Client, base: &str, service: &str, rev: u64) -> Instant {
+    let url = format!("{base}/api/v1/namespaces/bench/services/{service}");
+    let patch = json!({"metadata": {"labels": {"rev": rev.to_string()}}});
+    let r = client
+        .patch(url)
+        .header("content-type", "application/merge-patch+json")
+        .body(patch.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "patch answered {}", r.status());
+    Instant::now()
+}
+
+/// CHANGES writes over HOT Services by [`WRITERS`] writers as fast as the apiserver answers.
+async fn burst(api: &FakeApiServer, hot: usize, changes: usize, first_rev: u64) -> Vec<(String, u64, Instant)> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut writers = tokio::task::JoinSet::new();
+    for _ in 0..WRITERS {
+        let (next, base) = (next.clone(), api.url());
+        writers.spawn(async move {
+            let client = reqwest::Client::new();
+            let mut mine = Vec::new();
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= changes {
+                    return mine;
+                }
+                let (svc, rev) = (name(n % hot), first_rev + n as u64);
+                let at = write(&client, &base, &svc, rev).await;
+                mine.push((svc, rev, at));
+            }
+        });
+    }
+    writers.join_all().await.into_iter().flatten().collect()
+}
+
+/// RATE writes per second for SECONDS s, round-robin over HOT Services.
+async fn steady(api: &FakeApiServer, hot: usize, rate: usize, seconds: usize, first_rev: u64) -> Vec<(String, u64, Instant)> {
+    let client = reqwest::Client::new();
+    let start = Instant::now();
+    let mut written = Vec::with_capacity(rate * seconds);
+    for n in 0..rate * seconds {
+        tokio::time::sleep_until((start + Duration::from_secs_f64(n as f64 / rate as f64)).into()).await;
+        let (svc, rev) = (name((n * 7) % hot), first_rev + n as u64);
+        let at = write(&client, &api.url(), &svc, rev).await;
+        written.push((svc, rev, at));
+    }
+    written
+}
+
+/// Waits (at most 120 s) until every write was seen; returns the sorted latencies.
+async fn settle(seen: &Seen, written: &[(String, u64, Instant)]) -> Vec<f64> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(l) = seen.latencies(written) {
+            return l;
+        }
+        assert!(Instant::now() < deadline, "not every change arrived within 120 s");
+        tokio::time::sleep(Duration::from_millis(20)).await; // ok: benchmark polling, not a test
+    }
+}
+
+/// A bare reqwest client POSTing `n` bodies with concurrency 32 to `url`.
+async fn bare_posts(url: &str, n: usize) -> Duration {
+    let body = json!({"type": "service.added", "data": {"service": service(0)}}).to_string();
+    let client = reqwest::Client::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let (client, url, body, next) = (client.clone(), url.to_owned(), body.clone(), next.clone());
+        tasks.spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < n {
+                client.post(&url).body(body.clone()).send().await.unwrap();
+            }
+        });
+    }
+    tasks.join_all().await;
+    start.elapsed()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn latency_line(what: &str, got: &[f64], base: &[f64]) {
+    let (p50, p99, b50, b99) = (pct(got, 0.5), pct(got, 0.99), pct(base, 0.5), pct(base, 0.99));
+    println!(
+        "  {what}: latency p50 {p50:.1} ms, p99 {p99:.1} ms, max {:.1} ms (bare watch: p50 {b50:.1} ms, p99 {b99:.1} ms; p99 ratio {:.1})",
+        got.last().copied().unwrap_or(f64::NAN),
+        p99 / b99
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    vipwatch::relay::sender::install_crypto_provider();
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let arg = |i: usize, default: usize| args.get(i).copied().unwrap_or(default);
+    let (services, hot, changes, rate, seconds) =
+        (arg(0, 10_000), arg(1, 1_000), arg(2, 20_000), arg(3, 500), arg(4, 20));
+    let finalizer = !std::env::args().any(|a| a == "--no-finalizer");
+    println!(
+        "burst: {services} Services; {changes} changes over {hot} as fast as the apiserver answers; {rate}/s for {seconds} s; finalizer {finalizer}"
+    );
+    let seen = Seen::default();
+    let url = receiver(seen.clone()).await;
+
+    // The fixed cost: the same binary and config on an empty cluster.
+    let empty = FakeApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let vw = vipwatch(dir.path(), &empty, &url, finalizer);
+    vw.wait_ready().await;
+    let base_rss = vw.peak_rss_mib();
+    vw.stop();
+    println!("  baseline: peak RSS on an empty cluster {base_rss:.1} MiB");
+    let rss_line = |phase: &str, rss: f64| {
+        println!("  {phase}: peak RSS {rss:.1} MiB (ratio {:.2} to the empty cluster)", rss / base_rss)
+    };
+
+    let options =
+        FakeApiServerOptions { history_limit: services + 2 * (changes + rate * seconds), ..Default::default() };
+    let api = FakeApiServer::start_with(options).await.unwrap();
+    api.seed((0..services).map(service));
+    let base_posts = bare_posts(&url, services).await;
+    seen.by_name.lock().unwrap().clear();
+
+    // 1. Initial sync.
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let vw = vipwatch(dir.path(), &api, &url, finalizer);
+    vw.wait_ready().await;
+    let ready = start.elapsed();
+    while seen.names() < services {
+        tokio::time::sleep(Duration::from_millis(5)).await; // ok: benchmark polling, not a test
+    }
+    let delivered = start.elapsed();
+    println!(
+        "  initial sync: ready {:.2} s, all {services} delivered {:.2} s after start (bare POSTs of as many: {:.2} s; ratio {:.2})",
+        ready.as_secs_f64(),
+        delivered.as_secs_f64(),
+        base_posts.as_secs_f64(),
+        delivered.as_secs_f64() / base_posts.as_secs_f64()
+    );
+    rss_line("initial sync", vw.peak_rss_mib());
+
+    // 2. Burst.
+    reset_peak_rss(vw.pid());
+    let watched = Seen::default();
+    bare_watch(&api, api.resource_version(), watched.clone()).await;
+    let before = seen.count.load(Ordering::Relaxed);
+    let start = Instant::now();
+    let written = burst(&api, hot, changes, 1).await;
+    let wrote = start.elapsed();
+    let got = settle(&seen, &written).await;
+    let base = settle(&watched, &written).await;
+    let last = seen.last_arrival(&written).unwrap().duration_since(start);
+    let deliveries = seen.count.load(Ordering::Relaxed) - before;
+    println!(
+        "  burst: {changes} changes written in {:.2} s ({:.0}/s); {deliveries} deliveries in {:.2} s ({:.0}/s; the rest superseded)",
+        wrote.as_secs_f64(),
+        changes as f64 / wrote.as_secs_f64(),
+        last.as_secs_f64(),
+        deliveries as f64 / last.as_secs_f64()
+    );
+    latency_line("burst", &got, &base);
+    rss_line("burst", vw.peak_rss_mib());
+
+    // 3. Steady rate.
+    reset_peak_rss(vw.pid());
+    let cpu = cpu_time(vw.pid());
+    let written = steady(&api, hot, rate, seconds, 1 + changes as u64).await;
+    let got = settle(&seen, &written).await;
+    let base = settle(&watched, &written).await;
+    let used = cpu_time(vw.pid()) - cpu;
+    latency_line(&format!("steady {rate}/s"), &got, &base);
+    println!(
+        "  steady {rate}/s: vipwatch CPU {:.2} s over {seconds} s, {:.3} ms per change",
+        used.as_secs_f64(),
+        ms(used) / written.len() as f64
+    );
+    rss_line(&format!("steady {rate}/s"), vw.peak_rss_mib());
+    vw.stop();
+}

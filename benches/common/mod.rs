@@ -1,0 +1,109 @@
+//! What the benchmarks share: a child process (`vipwatch serve`, the HAProxy agent) found by the
+//! address it logs, its peak RSS (VmHWM) and CPU time from `/proc`, and percentiles.
+//!
+//! Linux only: `/proc/<pid>/status`, `/proc/<pid>/stat` and `/proc/<pid>/clear_refs` (writing `5`
+//! resets VmHWM to the current RSS, Linux ≥ 4.0, which is how a phase gets its own peak).
+
+#![allow(dead_code)] // each benchmark uses its own part of this module
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Peak resident set size (VmHWM) of `pid` since it started or since [`reset_peak_rss`], in MiB
+/// (0 when the process is gone).
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    status_kib(pid, "VmHWM:") / 1024.0
+}
+
+/// Resident set size now (VmRSS) of `pid`, in MiB.
+pub fn rss_mib(pid: u32) -> f64 {
+    status_kib(pid, "VmRSS:") / 1024.0
+}
+
+fn status_kib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Resets `pid`'s VmHWM to its current RSS, so the next [`peak_rss_mib`] is this phase's peak.
+pub fn reset_peak_rss(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("clear_refs (Linux ≥ 4.0, same user)");
+}
+
+/// CPU time (user + system) `pid` has used so far.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks: u64 = fields.get(11..13).map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum()).unwrap_or(0);
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+/// The `p` quantile (0..=1) of ascending `sorted` (NaN when empty).
+pub fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted.get(((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN)
+}
+
+/// A child process that prints its address on a log line; the rest of its output is drained.
+pub struct Process {
+    /// The child.
+    pub child: Child,
+    /// The first word after the marker on the line that carried it.
+    pub addr: String,
+}
+
+impl Process {
+    /// Starts `cmd` and waits for `marker` on stdout (`from_stdout`) or stderr.
+    pub fn spawn(mut cmd: Command, marker: &str, from_stdout: bool) -> Self {
+        let mut child = if from_stdout { cmd.stdout(Stdio::piped()) } else { cmd.stderr(Stdio::piped()) }
+            .spawn()
+            .expect("the child starts");
+        let out: Box<dyn std::io::Read + Send> =
+            if from_stdout { Box::new(child.stdout.take().unwrap()) } else { Box::new(child.stderr.take().unwrap()) };
+        let mut lines = BufReader::new(out).lines();
+        let addr = loop {
+            let line = lines.next().unwrap_or_else(|| panic!("the child exited before printing `{marker}`")).unwrap();
+            if let Some(a) = line.split(marker).nth(1) {
+                break a.split_whitespace().next().unwrap_or("").to_owned();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, addr }
+    }
+
+    /// `vipwatch serve --config <config>` (logs at info), found by its `API listening` line.
+    pub fn vipwatch(config: &std::path::Path) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vipwatch"));
+        cmd.args(["serve", "--config"]).arg(config).env("VIPWATCH_LOG", "info");
+        Self::spawn(cmd, "API listening addr=", false)
+    }
+
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its peak RSS so far, in MiB.
+    pub fn peak_rss_mib(&self) -> f64 {
+        peak_rss_mib(self.pid())
+    }
+
+    /// Waits until `GET /readyz` answers 200.
+    pub async fn wait_ready(&self) {
+        let url = format!("http://{}/readyz", self.addr);
+        let client = reqwest::Client::new();
+        while client.get(&url).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+            tokio::time::sleep(Duration::from_millis(5)).await; // ok: benchmark polling, not a test
+        }
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn stop(mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = self.child.wait();
+    }
+}
