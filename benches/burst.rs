@@ -178,7 +178,13 @@ async fn burst(api: &FakeApiServer, hot: usize, changes: usize, first_rev: u64) 
 }
 
 /// RATE writes per second for SECONDS s, round-robin over HOT Services.
-async fn steady(api: &FakeApiServer, hot: usize, rate: usize, seconds: usize, first_rev: u64) -> Vec<(String, u64, Instant)> {
+async fn steady(
+    api: &FakeApiServer,
+    hot: usize,
+    rate: usize,
+    seconds: usize,
+    first_rev: u64,
+) -> Vec<(String, u64, Instant)> {
     let client = reqwest::Client::new();
     let start = Instant::now();
     let mut written = Vec::with_capacity(rate * seconds);

@@ -6,7 +6,7 @@
 
 #![allow(dead_code)] // each benchmark uses its own part of this module
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -71,14 +71,35 @@ impl Process {
                 break a.split_whitespace().next().unwrap_or("").to_owned();
             }
         };
-        std::thread::spawn(move || for _ in lines {});
+        // `BENCH_LOG_FILE=path`: the child's remaining output goes there (else it is dropped).
+        let mut copy = std::env::var_os("BENCH_LOG_FILE").map(|p| std::fs::File::create(p).expect("BENCH_LOG_FILE"));
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                if let Some(f) = copy.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
+            }
+        });
         Self { child, addr }
     }
 
-    /// `vipwatch serve --config <config>` (logs at info), found by its `API listening` line.
+    /// `vipwatch serve --config <config>`, found by its `API listening` line; logs at `info`, or as
+    /// `BENCH_VIPWATCH_LOG` says (e.g. `info,sqlx::query=debug` with `BENCH_LOG_FILE` to see statements).
+    /// `BENCH_WRAP` runs it under a profiler (e.g. `heaptrack -o /tmp/vw`; the figures of that run
+    /// are the profiler's, not vipwatch's).
     pub fn vipwatch(config: &std::path::Path) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vipwatch"));
-        cmd.args(["serve", "--config"]).arg(config).env("VIPWATCH_LOG", "info");
+        let wrap = std::env::var("BENCH_WRAP").unwrap_or_default();
+        let mut words = wrap.split_whitespace();
+        let mut cmd = match words.next() {
+            Some(tool) => {
+                let mut cmd = Command::new(tool);
+                cmd.args(words).arg(env!("CARGO_BIN_EXE_vipwatch"));
+                cmd
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_vipwatch")),
+        };
+        let log = std::env::var("BENCH_VIPWATCH_LOG").unwrap_or_else(|_| "info".into());
+        cmd.args(["serve", "--config"]).arg(config).env("VIPWATCH_LOG", log);
         Self::spawn(cmd, "API listening addr=", false)
     }
 

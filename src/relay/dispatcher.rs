@@ -52,6 +52,8 @@ struct Health {
     failing: bool,
     /// The circuit breaker.
     circuit: Circuit,
+    /// A 410 disabled the endpoint during the last batch of attempts.
+    disabled_now: bool,
 }
 
 type InFlight = JoinSet<(Claimed, AttemptResult)>;
@@ -92,15 +94,26 @@ impl Dispatcher {
     /// retry is due, and every `relay.poll_interval` (work enqueued by another process).
     pub async fn run(self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
         let mut in_flight = InFlight::new();
-        let mut health = Health { failing: false, circuit: Circuit::new(self.circuit_failures, self.retry.clone()) };
+        let mut health = Health {
+            failing: false,
+            circuit: Circuit::new(self.circuit_failures, self.retry.clone()),
+            disabled_now: false,
+        };
         self.publish(&health.circuit, None);
         let mut committed_open = true;
         let mut store = StoreRetry::default();
+        // Only this loop disables the endpoint (a 410); only the API enables it again. So the state is
+        // read from the database at the start and, while disabled, on every pass (to see the API's
+        // enable) — not on every pass of a busy endpoint.
+        let mut disabled = self.is_disabled().await;
         loop {
             if !store.waiting() {
                 self.record(&mut store).await;
             }
-            let disabled = self.is_disabled().await;
+            if disabled || health.disabled_now {
+                disabled = self.is_disabled().await;
+                health.disabled_now = false;
+            }
             if !disabled && !store.waiting() && store.unrecorded.is_empty() {
                 self.fill(&mut in_flight, &mut health.circuit, &mut store).await;
             }
@@ -120,7 +133,9 @@ impl Dispatcher {
                     while let Some(more) = in_flight.try_join_next() {
                         done.push(more);
                     }
-                    self.finish(done.into_iter().filter_map(Result::ok).collect(), &mut health, &mut store).await;
+                    let done = done.into_iter().filter_map(Result::ok).collect();
+                    let refill = (!disabled).then_some(&mut in_flight);
+                    self.finish(done, &mut health, &mut store, refill).await;
                 }
                 changed = committed.changed(), if committed_open && !backing_off => committed_open = changed.is_ok(),
                 _ = tokio::time::sleep(nap) => {}
@@ -158,30 +173,45 @@ impl Dispatcher {
     /// While the circuit is open: one probe when it is due and nothing is in flight, else nothing.
     async fn fill(&self, in_flight: &mut InFlight, circuit: &mut Circuit, store: &mut StoreRetry) {
         let now = now_ms();
-        let free = circuit.allowance(now, in_flight.len(), self.relay.concurrency);
-        if free == 0 || (!in_flight.is_empty() && free < self.relay.concurrency.div_ceil(2)) {
+        let free = self.free_slots(in_flight, circuit, now);
+        if free == 0 {
             return;
         }
-        let lease = i64::try_from(self.relay.lease.as_millis()).unwrap_or(i64::MAX);
-        match self.store.claim(&self.name, now, lease, free).await {
+        match self.store.claim(&self.name, now, self.lease_ms(), free).await {
             Ok(claimed) => {
                 store.succeeded();
-                if !claimed.is_empty() {
-                    let probing = circuit.probe_started();
-                    self.publish(circuit, probing);
-                }
-                for c in claimed {
-                    let sender = self.sender.clone();
-                    in_flight.spawn(async move {
-                        let result = sender.send(&c.msg_id, &c.payload).await;
-                        (c, result)
-                    });
-                }
+                self.start(claimed, in_flight, circuit);
             }
             Err(e) => {
                 let retry_in = store.failed(&self.store);
                 error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, "cannot claim deliveries; backing off");
             }
+        }
+    }
+
+    /// How many heads to claim now: the free slots (the circuit's allowance), but only when at least
+    /// half are free or none is busy (each claim scans the queue heads); 0 = claim nothing.
+    fn free_slots(&self, in_flight: &InFlight, circuit: &Circuit, now: i64) -> usize {
+        let free = circuit.allowance(now, in_flight.len(), self.relay.concurrency);
+        if !in_flight.is_empty() && free < self.relay.concurrency.div_ceil(2) { 0 } else { free }
+    }
+
+    fn lease_ms(&self) -> i64 {
+        i64::try_from(self.relay.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Starts an attempt for each of `claimed`.
+    fn start(&self, claimed: Vec<Claimed>, in_flight: &mut InFlight, circuit: &mut Circuit) {
+        if !claimed.is_empty() {
+            let probing = circuit.probe_started();
+            self.publish(circuit, probing);
+        }
+        for c in claimed {
+            let sender = self.sender.clone();
+            in_flight.spawn(async move {
+                let result = sender.send(&c.msg_id, &c.payload).await;
+                (c, result)
+            });
         }
     }
 
@@ -223,13 +253,22 @@ impl Dispatcher {
         }
     }
 
-    /// Records finished attempts in one transaction and applies their consequences.
-    async fn finish(&self, done: Vec<(Claimed, AttemptResult)>, health: &mut Health, store: &mut StoreRetry) {
+    /// Records finished attempts in one transaction and applies their consequences. With `refill`
+    /// (the attempts in flight; `None` while disabled or draining), the same transaction claims the
+    /// next heads for the slots that freed ([`Store::complete_and_claim`]) and starts them.
+    async fn finish(
+        &self,
+        done: Vec<(Claimed, AttemptResult)>,
+        health: &mut Health,
+        store: &mut StoreRetry,
+        refill: Option<&mut InFlight>,
+    ) {
         let now = now_ms();
         let mut completions = Vec::with_capacity(done.len());
         let mut recovered = false;
         for (claimed, result) in &done {
             let outcome = self.outcome(claimed, result, now).await;
+            health.disabled_now |= result.verdict == Verdict::Gone;
             self.observe(claimed, result, outcome, now);
             let retry_after = match result.verdict {
                 Verdict::Retry { retry_after } => retry_after,
@@ -257,14 +296,27 @@ impl Dispatcher {
             // Earlier outcomes still wait for the database, or it is backed off: keep the order and
             // record them together later.
             store.unrecorded.extend(completions);
-        } else if let Err(e) = self.store.complete(&completions).await {
-            let retry_in = store.failed(&self.store);
-            error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, attempts = completions.len(), "cannot record attempts; kept in memory and recorded when the database takes writes again (not sent again)");
-            store.unrecorded = completions;
         } else {
-            store.succeeded();
-            if completions.iter().any(|c| c.outcome == Outcome::Succeeded) {
-                self.acked.send_modify(|n| *n = n.wrapping_add(1));
+            let free = match &refill {
+                Some(in_flight) if !health.disabled_now => self.free_slots(in_flight, &health.circuit, now),
+                _ => 0,
+            };
+            let claim = (free > 0).then(|| (self.name.as_str(), now_ms(), self.lease_ms(), free));
+            match self.store.complete_and_claim(&completions, claim).await {
+                Err(e) => {
+                    let retry_in = store.failed(&self.store);
+                    error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, attempts = completions.len(), "cannot record attempts; kept in memory and recorded when the database takes writes again (not sent again)");
+                    store.unrecorded = completions;
+                }
+                Ok(claimed) => {
+                    store.succeeded();
+                    if completions.iter().any(|c| c.outcome == Outcome::Succeeded) {
+                        self.acked.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    if let Some(in_flight) = refill {
+                        self.start(claimed, in_flight, &mut health.circuit);
+                    }
+                }
             }
         }
         if recovered {
@@ -366,7 +418,7 @@ impl Dispatcher {
             warn!(webhook = %self.name, abandoned = in_flight.len(), "shutdown grace over; unfinished deliveries stay pending");
             in_flight.abort_all();
         }
-        self.finish(done, health, store).await;
+        self.finish(done, health, store, None).await;
         self.warn_unrecorded(store);
     }
 

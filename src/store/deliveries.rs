@@ -3,10 +3,10 @@
 
 use serde::Serialize;
 use sqlx::Connection as _;
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use std::collections::BTreeMap;
 
-use super::outbox::{DeliveryInsert, NewDelivery, insert_deliveries};
+use super::outbox::{Claimed, DeliveryInsert, NewDelivery, insert_deliveries};
 use super::{Store, StoreError, now_ms};
 use crate::model::ServiceKey;
 
@@ -129,50 +129,31 @@ impl Store {
     /// Records finished attempts and moves their deliveries on, in one transaction; a retried ADDED or
     /// MODIFIED with a DELETED or SYNCED queued behind it is superseded by that.
     pub async fn complete(&self, done: &[Completion]) -> Result<(), StoreError> {
+        self.complete_and_claim(done, None).await.map(drop)
+    }
+
+    /// [`Store::complete`], then — in the same transaction, so in the same turn on the write
+    /// connection — [`Store::claim`] with `claim = (webhook, now, lease_ms, limit)` when given and
+    /// `limit > 0`. One turn per round of attempts instead of two: during a burst every turn waits for
+    /// a chunk of the watch's writes. Both or neither happen.
+    pub async fn complete_and_claim(
+        &self,
+        done: &[Completion],
+        claim: Option<(&str, i64, i64, usize)>,
+    ) -> Result<Vec<Claimed>, StoreError> {
         let now = now_ms();
         let mut conn = self.writer().await?;
         let result = async {
             let mut tx = conn.begin().await?;
-            let mut retried = Vec::new();
-            for c in done {
-                let a = &c.attempt;
-                let sql = "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, error, \
-                           location, response_body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)";
-                sqlx::query(sql)
-                    .bind(c.delivery_id)
-                    .bind(a.started_at)
-                    .bind(a.duration_ms)
-                    .bind(a.status_code.map(i64::from))
-                    .bind(a.error_class)
-                    .bind(&a.error)
-                    .bind(&a.location)
-                    .bind(&a.response_body)
-                    .execute(&mut *tx)
-                    .await?;
-                let (state, next, finished) = match c.outcome {
-                    Outcome::Succeeded => ("succeeded", None, Some(now)),
-                    Outcome::Retry(at) => {
-                        retried.push(c.delivery_id);
-                        ("pending", Some(at), None)
-                    }
-                    Outcome::Failed => ("failed", None, Some(now)),
-                };
-                let sql = "UPDATE deliveries SET state = ?, attempts = attempts + 1, claimed_until = NULL, \
-                           next_attempt_at = COALESCE(?, next_attempt_at), finished_at = ?, last_status = ?, last_error = ? \
-                           WHERE id = ?";
-                sqlx::query(sql)
-                    .bind(state)
-                    .bind(next)
-                    .bind(finished)
-                    .bind(a.status_code.map(i64::from))
-                    .bind(&a.error)
-                    .bind(c.delivery_id)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            super::outbox::supersede_retried(&mut tx, now, &retried).await?;
+            record_attempts(&mut tx, now, done).await?;
+            let claimed = match claim {
+                Some((webhook, at, lease_ms, limit)) if limit > 0 => {
+                    super::outbox::claim_in(&mut *tx, webhook, at, lease_ms, limit).await?
+                }
+                _ => Vec::new(),
+            };
             tx.commit().await?;
-            Ok(())
+            Ok(claimed)
         }
         .await;
         self.settle(conn, result)
@@ -350,4 +331,61 @@ pub(super) fn attempt_row(r: &sqlx::sqlite::SqliteRow) -> AttemptRow {
         location: r.get("location"),
         response_body: r.get("response_body"),
     }
+}
+
+/// Attempts recorded per statement (8 parameters each).
+const ATTEMPT_ROWS: usize = 64;
+
+/// Sets each delivery's state after its attempt, from the JSON array ?1 of `{id, state, next,
+/// finished, status, error}` (one per delivery; ids are unique within a call: a delivery is claimed
+/// again only after its attempt was recorded).
+const COMPLETE: &str = "UPDATE deliveries SET state = u.state, attempts = attempts + 1, claimed_until = NULL, \
+    next_attempt_at = COALESCE(u.next, next_attempt_at), finished_at = u.finished, last_status = u.status, \
+    last_error = u.error FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.state') AS state, \
+    json_extract(value, '$.next') AS next, json_extract(value, '$.finished') AS finished, \
+    json_extract(value, '$.status') AS status, json_extract(value, '$.error') AS error FROM json_each(?1)) AS u \
+    WHERE deliveries.id = u.id";
+
+/// Records each attempt of `done` and the delivery's new state, then supersedes the retried ones a
+/// DELETED or SYNCED queued behind makes redundant.
+async fn record_attempts(tx: &mut Transaction<'_, Sqlite>, now: i64, done: &[Completion]) -> Result<(), StoreError> {
+    // Two statements per 64 attempts rather than two per attempt: each statement is a round trip to
+    // SQLite's connection thread, and a relay round of 32 attempts made 64 of them while the watch's
+    // writer waited for its turn.
+    let mut retried = Vec::new();
+    for chunk in done.chunks(ATTEMPT_ROWS) {
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
+            "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, error, location, response_body) ",
+        );
+        q.push_values(chunk, |mut b, c| {
+            let a = &c.attempt;
+            b.push_bind(c.delivery_id)
+                .push_bind(a.started_at)
+                .push_bind(a.duration_ms)
+                .push_bind(a.status_code.map(i64::from))
+                .push_bind(a.error_class)
+                .push_bind(&a.error)
+                .push_bind(&a.location)
+                .push_bind(&a.response_body);
+        });
+        q.build().execute(&mut **tx).await?;
+        let rows: Vec<serde_json::Value> = chunk
+            .iter()
+            .map(|c| {
+                let (state, next, finished) = match c.outcome {
+                    Outcome::Succeeded => ("succeeded", None, Some(now)),
+                    Outcome::Retry(at) => {
+                        retried.push(c.delivery_id);
+                        ("pending", Some(at), None)
+                    }
+                    Outcome::Failed => ("failed", None, Some(now)),
+                };
+                serde_json::json!({"id": c.delivery_id, "state": state, "next": next, "finished": finished,
+                                   "status": c.attempt.status_code, "error": c.attempt.error})
+            })
+            .collect();
+        let rows = serde_json::Value::Array(rows).to_string();
+        sqlx::query(COMPLETE).bind(rows).execute(&mut **tx).await?;
+    }
+    super::outbox::supersede_retried(tx, now, &retried).await
 }

@@ -240,6 +240,27 @@ impl Health {
     }
 }
 
+/// The write connection during one in-process writer's turn (see [`Store::writer`]); dereferences
+/// to the SQLite connection.
+pub(super) struct WriteConn {
+    conn: PoolConnection<Sqlite>,
+    _turn: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl std::ops::Deref for WriteConn {
+    type Target = sqlx::SqliteConnection;
+
+    fn deref(&self) -> &Self::Target {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for WriteConn {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.conn
+    }
+}
+
 impl Store {
     /// Reports write faults to `metrics` (`vipwatch_store_write_errors_total`, `vipwatch_store_writable`)
     /// and makes [`Store::write_backoff`] wait at most `retry_max_delay` (`database.write_retry_max_delay`).
@@ -305,6 +326,7 @@ impl Store {
     }
 
     async fn probe(&self, write: bool) -> Result<(), StoreError> {
+        let _turn = self.turn.clone().lock_owned().await;
         let mut conn = self.write.acquire().await?;
         let result: Result<(), StoreError> = async {
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
@@ -325,29 +347,32 @@ impl Store {
         result
     }
 
-    /// The writer connection, for one write (in-process writers queue for it). Errors: [`StoreError`]
-    /// when no connection comes (recorded as a write fault).
-    pub(super) async fn writer(&self) -> Result<PoolConnection<Sqlite>, StoreError> {
-        self.write.acquire().await.map_err(|e| {
-            let e = StoreError::from(e);
-            self.health.failed(&e);
-            e
-        })
+    /// The writer connection, for one write. In-process writers take turns in the order they asked
+    /// (a fair FIFO lock in front of the one-connection pool): the pool alone let a writer that asks
+    /// again at once — the watch's writer during a burst — take the connection before a waiting
+    /// relay, whose claims then waited for the burst to end. Errors: [`StoreError`] when no
+    /// connection comes (recorded as a write fault).
+    pub(super) async fn writer(&self) -> Result<WriteConn, StoreError> {
+        let turn = self.turn.clone().lock_owned().await;
+        match self.write.acquire().await {
+            Ok(conn) => Ok(WriteConn { conn, _turn: turn }),
+            Err(e) => {
+                let e = StoreError::from(e);
+                self.health.failed(&e);
+                Err(e)
+            }
+        }
     }
 
     /// Ends a write on `conn` with its `result`: success marks the database writable; failure is
     /// recorded and closes the connection, so no transaction SQLite left active (or sqlx's bookkeeping
     /// of it) outlives the failed write — closing rolls back whatever was not committed.
-    pub(super) fn settle<T>(
-        &self,
-        mut conn: PoolConnection<Sqlite>,
-        result: Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
+    pub(super) fn settle<T>(&self, mut conn: WriteConn, result: Result<T, StoreError>) -> Result<T, StoreError> {
         match &result {
             Ok(_) => self.health.succeeded(),
             Err(e) => {
                 self.health.failed(e);
-                conn.close_on_drop();
+                conn.conn.close_on_drop();
             }
         }
         result

@@ -40,6 +40,8 @@ use sqlx::SqlitePool;
 pub struct Store {
     pool: SqlitePool,
     write: SqlitePool,
+    /// Whose turn it is on `write` (see `Store::writer`).
+    turn: std::sync::Arc<tokio::sync::Mutex<()>>,
     log_id: std::sync::Arc<str>,
     health: std::sync::Arc<health::Health>,
 }

@@ -31,7 +31,7 @@ impl Store {
         sqlx::migrate!("./migrations").run(&write).await?;
         let log_id = log_id(&write).await?;
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
-        Ok(Self { pool, write, log_id, health: Default::default() })
+        Ok(Self { pool, write, turn: Default::default(), log_id, health: Default::default() })
     }
 
     /// The identity of this database's event log (`data.log_id` of every delivery): a UUID made

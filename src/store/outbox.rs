@@ -78,10 +78,14 @@ const CHUNK: usize = 128;
 /// Supersedes, among deliveries touched by this batch (a newer pending MODIFIED with id >= ?2), every
 /// pending MODIFIED that is not its queue's head and is followed by a newer pending MODIFIED with no
 /// pending ADDED/DELETED/SYNCED in between. ADDED, DELETED and SYNCED are never superseded.
+///
+/// The newer deliveries `m` drive the join (`CROSS JOIN` fixes SQLite's loop order: a rowid range
+/// over this batch's rows, then each one's queue by index `deliveries_queue`); the planner's own
+/// choice scanned every pending delivery, 14 ms per batch with 2,000 pending during a burst.
 const SUPERSEDE: &str = "UPDATE deliveries SET state = 'superseded', finished_at = ?1 WHERE id IN ( \
-    SELECT d.id FROM deliveries d JOIN deliveries m ON m.webhook = d.webhook AND m.namespace = d.namespace \
-      AND m.name = d.name AND m.state = 'pending' AND m.kind = 'MODIFIED' AND m.id > d.id AND m.id >= ?2 \
-    WHERE d.state = 'pending' AND d.kind = 'MODIFIED' \
+    SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON d.webhook = m.webhook \
+      AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' AND d.id < m.id \
+    WHERE m.id >= ?2 AND m.state = 'pending' AND m.kind = 'MODIFIED' AND d.kind = 'MODIFIED' \
       AND EXISTS (SELECT 1 FROM deliveries p WHERE p.webhook = d.webhook AND p.namespace = d.namespace \
                   AND p.name = d.name AND p.state = 'pending' AND p.id < d.id) \
       AND NOT EXISTS (SELECT 1 FROM deliveries x WHERE x.webhook = d.webhook AND x.namespace = d.namespace \
@@ -92,12 +96,12 @@ const SUPERSEDE: &str = "UPDATE deliveries SET state = 'superseded', finished_at
 /// followed in its queue by a pending DELETED or SYNCED with id >= ?2: those carry the whole state, so
 /// what was queued before them says nothing the receiver still needs — and a delivery the receiver
 /// refuses for good (a 422 retried for a day) no longer holds back the Service's DELETED or its
-/// resync. A DELETED or SYNCED is never superseded.
+/// resync. A DELETED or SYNCED is never superseded. Driven by the batch's rows like [`SUPERSEDE`].
 const SUPERSEDE_BY_FULL: &str = "UPDATE deliveries SET state = 'superseded', finished_at = ?1 WHERE id IN ( \
-    SELECT d.id FROM deliveries d JOIN deliveries m ON m.webhook = d.webhook AND m.namespace = d.namespace \
-      AND m.name = d.name AND m.state = 'pending' AND m.kind IN ('DELETED', 'SYNCED') AND m.id > d.id AND m.id >= ?2 \
-    WHERE d.state = 'pending' AND d.kind IN ('ADDED', 'MODIFIED') \
-      AND (d.claimed_until IS NULL OR d.claimed_until < ?1))";
+    SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON d.webhook = m.webhook \
+      AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' AND d.id < m.id \
+    WHERE m.id >= ?2 AND m.state = 'pending' AND m.kind IN ('DELETED', 'SYNCED') \
+      AND d.kind IN ('ADDED', 'MODIFIED') AND (d.claimed_until IS NULL OR d.claimed_until < ?1))";
 
 /// [`SUPERSEDE_BY_FULL`] for the deliveries whose ids are in the JSON array ?2 (attempts that just
 /// failed and were in flight when a DELETED or SYNCED queued behind them).
@@ -187,6 +191,38 @@ pub(super) async fn insert_deliveries(
     Ok(())
 }
 
+/// [`Store::claim`] on `conn` (the write connection, or a transaction on it).
+pub(super) async fn claim_in(
+    conn: &mut sqlx::SqliteConnection,
+    webhook: &str,
+    now: i64,
+    lease_ms: i64,
+    limit: usize,
+) -> Result<Vec<Claimed>, StoreError> {
+    let rows = sqlx::query(CLAIM)
+        .bind(webhook)
+        .bind(now)
+        .bind(now + lease_ms)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(conn)
+        .await?;
+    let mut claimed: Vec<Claimed> = rows
+        .iter()
+        .map(|r| Claimed {
+            id: r.get("id"),
+            key: ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")),
+            kind: r.get("kind"),
+            msg_id: r.get("msg_id"),
+            payload: r.get("payload"),
+            attempts: r.get("attempts"),
+            created_at: r.get("created_at"),
+            event_id: r.get("event_id"),
+        })
+        .collect();
+    claimed.sort_by_key(|c| c.id);
+    Ok(claimed)
+}
+
 /// A pending delivery `d` is its queue's head when no pending delivery of the same (endpoint, Service)
 /// has a lower id. Walking pending deliveries by id (index `deliveries_pending`) and probing that
 /// (index `deliveries_queue`) finds the oldest due heads without scanning every queue.
@@ -222,29 +258,8 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut conn = self.writer().await?;
-        let result = sqlx::query(CLAIM)
-            .bind(webhook)
-            .bind(now)
-            .bind(now + lease_ms)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&mut *conn)
-            .await;
-        let rows = self.settle(conn, result.map_err(StoreError::from))?;
-        let mut claimed: Vec<Claimed> = rows
-            .iter()
-            .map(|r| Claimed {
-                id: r.get("id"),
-                key: ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")),
-                kind: r.get("kind"),
-                msg_id: r.get("msg_id"),
-                payload: r.get("payload"),
-                attempts: r.get("attempts"),
-                created_at: r.get("created_at"),
-                event_id: r.get("event_id"),
-            })
-            .collect();
-        claimed.sort_by_key(|c| c.id);
-        Ok(claimed)
+        let result = claim_in(&mut conn, webhook, now, lease_ms, limit).await;
+        self.settle(conn, result)
     }
 
     /// When the next queue head of `webhook` becomes claimable (Unix ms), if any is pending.

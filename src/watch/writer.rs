@@ -22,6 +22,14 @@ use crate::store::{Outbox, StateChange, Store, StoreError, WatchProgress};
 /// How many planned batches may wait for the writer (the recorder plans ahead by this much).
 const QUEUED_PLANS: usize = 2;
 
+/// Most changes per transaction. A plan holding more (a first list of 10,000 Services, a burst) is
+/// committed as several transactions in order, so the relay's claims and completions, which share
+/// the one write connection, wait for one chunk (a few ms) rather than for the whole plan; the
+/// `committed` signal is pulsed after each chunk, so deliveries start while the rest is written.
+/// The watch progress (resourceVersion) goes with the last chunk: a crash between chunks resumes
+/// from the previous resourceVersion and the re-seen changes diff as already recorded.
+const CHUNK_CHANGES: usize = 128;
+
 /// Changes and progress planned for one transaction.
 #[derive(Default)]
 pub(super) struct Plan {
@@ -88,24 +96,39 @@ impl Writer {
         (tx, task)
     }
 
-    /// Writes the plan, retrying with the store's backoff ([`Store::write_backoff`]: 0.1 s doubling to
-    /// `database.write_retry_max_delay`, jittered) until it commits. Nothing is reported (metrics, log,
-    /// `committed`, readiness, Kubernetes Events) before the commit succeeded; a failed attempt left
-    /// nothing behind (the store rolls it back and drops the connection).
+    /// Writes the plan in transactions of at most [`CHUNK_CHANGES`] changes, each retried with the
+    /// store's backoff ([`Store::write_backoff`]: 0.1 s doubling to `database.write_retry_max_delay`,
+    /// jittered) until it commits. Nothing is reported (metrics, log, readiness, Kubernetes Events)
+    /// before the last chunk committed, and `committed` only after each chunk did; a failed attempt
+    /// left nothing behind (the store rolls it back and drops the connection).
     async fn commit(&mut self, plan: Plan) {
         if plan.changes.is_empty() && plan.progress.is_empty() {
             return;
         }
         let progress: Vec<WatchProgress> = plan.progress.values().cloned().collect();
-        let backoff = self.store.write_backoff();
-        let write = || self.store.apply(&plan.changes, &progress, self.outbox.as_ref());
-        let notify = |e: &StoreError, wait: Duration| {
-            error!(error = %e, reason = %e.reason(), retry_in = ?wait, "cannot store changes; retrying (nothing recorded yet)");
-        };
-        match write.retry(backoff).notify(notify).await {
-            Ok(ids) => self.after_commit(&plan, ids.last().copied()),
-            Err(e) => error!(error = %e, "giving up storing changes"),
+        let chunks: Vec<&[StateChange]> =
+            if plan.changes.is_empty() { vec![&[]] } else { plan.changes.chunks(CHUNK_CHANGES).collect() };
+        let mut last_id = None;
+        for (n, chunk) in chunks.iter().enumerate() {
+            let progress = if n + 1 == chunks.len() { progress.as_slice() } else { &[] };
+            let write = || self.store.apply(chunk, progress, self.outbox.as_ref());
+            let notify = |e: &StoreError, wait: Duration| {
+                error!(error = %e, reason = %e.reason(), retry_in = ?wait, "cannot store changes; retrying (nothing recorded yet)");
+            };
+            match write.retry(self.store.write_backoff()).notify(notify).await {
+                Ok(ids) => {
+                    if let Some(id) = ids.last().copied() {
+                        last_id = Some(id);
+                        self.signals.committed.send_replace(id);
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "giving up storing changes");
+                    return;
+                }
+            }
         }
+        self.after_commit(&plan, last_id);
     }
 
     fn after_commit(&mut self, plan: &Plan, last_id: Option<i64>) {
