@@ -4,6 +4,8 @@
 //!
 //! Run: `cargo bench --bench api` (optional args: SERVICES CONCURRENCY SECONDS, default 10000 32 5).
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,6 +72,7 @@ async fn main() {
     let seconds = args.get(2).copied().unwrap_or(5) as u64;
     let fake = FakeApiServer::start().await.unwrap();
     fake.seed((0..services).map(service));
+    let rss_before = common::peak_rss_mib(std::process::id());
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::default();
     config.kubernetes.url = Some(fake.url().parse().unwrap());
@@ -90,5 +93,6 @@ async fn main() {
         &load(&format!("{base}/api/v1/vips?limit=1000"), concurrency, seconds).await,
     );
     println!("ratio vips/healthz throughput: {:.3}", vips / health);
+    common::report_own_peak_rss(rss_before);
     vw.stop().await.unwrap();
 }

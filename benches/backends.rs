@@ -15,6 +15,8 @@
 //! - recompute: the members of one Service with 1,000 endpoints in 10 slices, computed in-process,
 //!   mean and p99 over 2,000 runs, next to serializing the resulting member set to JSON.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -146,13 +148,7 @@ impl Vipwatch {
 
     /// Peak resident set size so far (VmHWM), in MiB.
     fn peak_rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        let kib: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0.0);
-        kib / 1024.0
+        common::peak_rss_mib(self.child.id())
     }
 
     fn stop(mut self) {

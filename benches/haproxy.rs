@@ -18,10 +18,12 @@
 //!   the receiver has all of them; reloads used; peak RSS (VmHWM) of the agent and of HAProxy's worker,
 //!   next to vipwatch's.
 
+mod common;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,6 +31,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
+use common::{Process, peak_rss_mib};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions, Resource};
@@ -113,17 +116,6 @@ fn name(i: usize) -> String {
     format!("svc-{i:04}")
 }
 
-/// Peak resident set size (VmHWM) of `pid`, in MiB.
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
-}
-
 /// The children of `pid` (HAProxy's workers under its master).
 fn children(pid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
@@ -134,36 +126,6 @@ fn children(pid: u32) -> Vec<u32> {
             after.split_whitespace().nth(1).and_then(|pp| pp.parse::<u32>().ok()) == Some(pid)
         })
         .collect()
-}
-
-/// A child process printing its address on a log line, with the rest of its output drained.
-struct Process {
-    child: Child,
-    addr: String,
-}
-
-impl Process {
-    fn spawn(mut cmd: Command, marker: &str, from_stdout: bool) -> Self {
-        let mut child = if from_stdout { cmd.stdout(Stdio::piped()) } else { cmd.stderr(Stdio::piped()) }
-            .spawn()
-            .expect("the child starts");
-        let out: Box<dyn std::io::Read + Send> =
-            if from_stdout { Box::new(child.stdout.take().unwrap()) } else { Box::new(child.stderr.take().unwrap()) };
-        let mut lines = BufReader::new(out).lines();
-        let addr = loop {
-            let line = lines.next().unwrap_or_else(|| panic!("the child exited before printing `{marker}`")).unwrap();
-            if let Some(a) = line.split(marker).nth(1) {
-                break a.split_whitespace().next().unwrap_or("").to_owned();
-            }
-        };
-        std::thread::spawn(move || for _ in lines {});
-        Self { child, addr }
-    }
-
-    fn stop(mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let _ = self.child.wait();
-    }
 }
 
 /// `vipwatch serve` against `api`, with the receiver and the agent as endpoints, members in mode pod.

@@ -10,6 +10,8 @@
 //! - initial sync with allocation (issue 5): the same first sync on a fresh database with a `/16`
 //!   `[[pools]]` entry, so every Service also gets a VIP allocated, vs. the initial sync above.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -104,6 +106,7 @@ async fn main() {
     assert_eq!(listed, services);
     let watch_time = baseline_watch(&api, client, services, changes).await;
 
+    let rss_before = common::peak_rss_mib(std::process::id());
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::default();
     config.kubernetes.url = Some(api.url().parse().unwrap());
@@ -155,4 +158,5 @@ async fn main() {
         services,
         pooled_sync_time.as_secs_f64() / sync_time.as_secs_f64()
     );
+    common::report_own_peak_rss(rss_before);
 }

@@ -10,6 +10,8 @@
 //! - latency: RATE Service updates per second for SECONDS seconds written to the fake apiserver; for
 //!   each, the time from the write to the receiver getting its delivery. p50 / p99 reported.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -98,6 +100,7 @@ async fn main() {
     let base = baseline(&url, backlog, sample_body).await;
     count.store(0, std::sync::atomic::Ordering::Relaxed);
 
+    let rss_before = common::peak_rss_mib(std::process::id());
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::default();
     config.kubernetes.url = Some(api.url().parse().unwrap());
@@ -157,4 +160,5 @@ async fn main() {
         percentile(&latencies, 0.99).as_secs_f64() * 1e3,
         latencies.last().unwrap().as_secs_f64() * 1e3
     );
+    common::report_own_peak_rss(rss_before);
 }

@@ -43,6 +43,16 @@ pub fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
 }
 
+/// Prints this process's peak RSS next to `before` (its peak before vipwatch started in it), for the
+/// benchmarks that run vipwatch in-process: the figure includes the fake apiserver and the load.
+pub fn report_own_peak_rss(before: f64) {
+    let peak = peak_rss_mib(std::process::id());
+    println!(
+        "peak RSS   : {peak:.1} MiB for this process (vipwatch in-process + fake apiserver + load); {before:.1} MiB before vipwatch started; ratio {:.2}",
+        peak / before
+    );
+}
+
 /// The `p` quantile (0..=1) of ascending `sorted` (NaN when empty).
 pub fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted.get(((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN)

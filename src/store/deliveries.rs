@@ -148,7 +148,7 @@ impl Store {
             record_attempts(&mut tx, now, done).await?;
             let claimed = match claim {
                 Some((webhook, at, lease_ms, limit)) if limit > 0 => {
-                    super::outbox::claim_in(&mut *tx, webhook, at, lease_ms, limit).await?
+                    super::outbox::claim_in(&mut tx, webhook, at, lease_ms, limit).await?
                 }
                 _ => Vec::new(),
             };
