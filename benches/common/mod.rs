@@ -96,17 +96,19 @@ impl Process {
     /// `vipwatch serve --config <config>`, found by its `API listening` line; logs at `info`, or as
     /// `BENCH_VIPWATCH_LOG` says (e.g. `info,sqlx::query=debug` with `BENCH_LOG_FILE` to see statements).
     /// `BENCH_WRAP` runs it under a profiler (e.g. `heaptrack -o /tmp/vw`; the figures of that run
-    /// are the profiler's, not vipwatch's).
+    /// are the profiler's, not vipwatch's). `BENCH_VIPWATCH_BIN` runs another build (an older
+    /// release, for before/after figures from one machine).
     pub fn vipwatch(config: &std::path::Path) -> Self {
+        let bin = std::env::var("BENCH_VIPWATCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_vipwatch").into());
         let wrap = std::env::var("BENCH_WRAP").unwrap_or_default();
         let mut words = wrap.split_whitespace();
         let mut cmd = match words.next() {
             Some(tool) => {
                 let mut cmd = Command::new(tool);
-                cmd.args(words).arg(env!("CARGO_BIN_EXE_vipwatch"));
+                cmd.args(words).arg(&bin);
                 cmd
             }
-            None => Command::new(env!("CARGO_BIN_EXE_vipwatch")),
+            None => Command::new(&bin),
         };
         let log = std::env::var("BENCH_VIPWATCH_LOG").unwrap_or_else(|_| "info".into());
         cmd.args(["serve", "--config"]).arg(config).env("VIPWATCH_LOG", log);
