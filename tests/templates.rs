@@ -88,8 +88,7 @@ async fn attempts_of(store: &Store, webhook: &str) -> Vec<AttemptRow> {
 #[test]
 fn every_shipped_example_passes_check_config() {
     for name in ["generic-rest", "f5-as3-tenant", "f5-as3-per-app", "netscaler-nitro"] {
-        let mut c = Config::default();
-        c.webhooks = vec![example(name, "https://appliance.example.net")];
+        let c = Config { webhooks: vec![example(name, "https://appliance.example.net")], ..Config::default() };
         let lines = vipwatch::template::check_config(&c).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(!lines.is_empty(), "{name} renders requests");
     }
@@ -102,8 +101,7 @@ fn check_config_names_the_template_line_and_reason() {
     let added = &mut t.on.get_mut("ADDED").unwrap()[0];
     added.body_file = None;
     added.body = Some("{\n  \"name\": {{ service.nmae }}\n}".into());
-    let mut c = Config::default();
-    c.webhooks = vec![w];
+    let c = Config { webhooks: vec![w], ..Config::default() };
     let e = vipwatch::template::check_config(&c).unwrap_err().to_string();
     assert_eq!(
         e,
@@ -114,10 +112,8 @@ fn check_config_names_the_template_line_and_reason() {
 
 #[test]
 fn a_hostile_annotation_cannot_change_the_json_structure() {
-    let mut c = Config::default();
-    c.webhooks = vec![example("generic-rest", "https://lb.example.net")];
-    let w = &c.webhooks[0];
-    let compiled = vipwatch::template::Compiled::new(w).unwrap();
+    let w = example("generic-rest", "https://lb.example.net");
+    let compiled = vipwatch::template::Compiled::new(&w).unwrap();
     let payload: Value = serde_json::from_str(vipwatch::template::SAMPLE_PAYLOAD).unwrap();
     let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), &serde_json::Map::new());
     let rendered = compiled.render(&compiled.requests("MODIFIED")[0], &ctx).unwrap();

@@ -162,12 +162,12 @@ pub async fn start(
             info!(webhook = %w.name, "re-enabled: its URL changed since it answered 410");
         }
         let transport = match &w.template {
-            None => templated::Transport::Plain(sender::Sender::new(w)?),
+            None => templated::Transport::Plain(Box::new(sender::Sender::new(w)?)),
             Some(t) => {
                 let full = (t.mode == crate::config::TemplateMode::FullState)
                     .then(|| full_state::FullState::new(config, w, store.clone(), metrics.clone()))
                     .transpose()?;
-                templated::Transport::Template(templated::TemplateSender::new(w, full)?)
+                templated::Transport::Template(Box::new(templated::TemplateSender::new(w, full)?))
             }
         };
         let d = dispatcher::Dispatcher {

@@ -21,9 +21,9 @@ use crate::template::{Compiled, CompiledRequest, Judgement, Rendered, TemplateEr
 /// How one endpoint's deliveries go out.
 pub enum Transport {
     /// The default signed webhook POST.
-    Plain(Sender),
+    Plain(Box<Sender>),
     /// The endpoint's request template.
-    Template(TemplateSender),
+    Template(Box<TemplateSender>),
 }
 
 impl Transport {

@@ -9,11 +9,13 @@
 
 mod context;
 mod engine;
+mod filters;
 mod rules;
 mod sample;
 
 pub use context::{event_context, full_state_context, service_value};
 pub use engine::{Compiled, CompiledRequest, Rendered, redact, with_item};
+pub use filters::environment;
 pub use rules::{Judgement, capture, judge, matches, pointer_values};
 pub use sample::{SAMPLE_PAYLOAD, check_config, sample_services};
 
