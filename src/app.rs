@@ -196,7 +196,7 @@ async fn resync_switched_modes(
     }
     relay::resync_switched_modes(&store, &config).await?;
     // Full-state template endpoints: a declaration now (converges after a restart), then periodically.
-    relay::full_state::resend_loop(store, &config, cancel).await?;
+    relay::full_state::resend_loop(store, &config, cancel).await;
     Ok(())
 }
 

@@ -133,18 +133,17 @@ pub fn declaration(
 }
 
 /// Enqueues a declaration of every enabled full-state endpoint now, then every `resend_interval`
-/// (repairs drift on the appliance), until `cancel`. Call it once the first lists are stored.
-/// Errors: [`RelayError::Store`].
-pub async fn resend_loop(store: Store, config: &Config, cancel: CancellationToken) -> Result<(), RelayError> {
+/// (repairs drift on the appliance), until `cancel`. Call it once the first lists are stored. A
+/// database that refuses the write is logged and tried again at the next tick (storage faults are not
+/// fatal).
+pub async fn resend_loop(store: Store, config: &Config, cancel: CancellationToken) {
     let endpoints: Vec<(String, Duration)> = config
         .webhooks
         .iter()
         .filter(|w| w.enabled)
         .filter_map(|w| {
-            w.template
-                .as_ref()
-                .filter(|t| t.mode == TemplateMode::FullState)
-                .map(|t| (w.name.clone(), t.resend_interval))
+            let t = w.template.as_ref().filter(|t| t.mode == TemplateMode::FullState)?;
+            Some((w.name.clone(), t.resend_interval))
         })
         .collect();
     let loops = endpoints.into_iter().map(|(name, every)| {
@@ -155,17 +154,19 @@ pub async fn resend_loop(store: Store, config: &Config, cancel: CancellationToke
             let mut why = "start";
             loop {
                 tokio::select! {
-                    _ = cancel.cancelled() => return Ok::<(), RelayError>(()),
+                    _ = cancel.cancelled() => return,
                     _ = tick.tick() => {}
                 }
-                let d = declaration(&name, "SYNCED", Duration::ZERO, why, None);
-                store.enqueue_full_state(d).await.map_err(RelayError::from)?;
-                if why == "start" {
-                    info!(webhook = %name, "full-state declaration enqueued (then every resend_interval)");
+                match store.enqueue_full_state(declaration(&name, "SYNCED", Duration::ZERO, why, None)).await {
+                    Ok(()) if why == "start" => {
+                        info!(webhook = %name, "full-state declaration enqueued (then every resend_interval)")
+                    }
+                    Ok(()) => {}
+                    Err(e) => warn!(webhook = %name, error = %e, "cannot enqueue the full-state declaration; trying at the next resend"),
                 }
                 why = "resend";
             }
         }
     });
-    futures::future::try_join_all(loops).await.map(drop)
+    futures::future::join_all(loops).await;
 }
