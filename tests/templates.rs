@@ -151,7 +151,9 @@ async fn generic_rest_puts_the_vip_and_deletes_it_with_the_hostile_annotation_ke
     let h = Harness::new().await;
     let vips = Arc::new(Mutex::new(BTreeMap::new()));
     let fake = Appliance::start(rest_appliance(vips.clone())).await;
-    let w = example("generic-rest", &format!("{}/api", fake.url));
+    let mut w = example("generic-rest", &format!("{}/api", fake.url));
+    w.template.as_mut().unwrap().sign = true;
+    w.secret = Some(Secret::new(receiver::SECRET));
     let vw = h.start(config(&h, vec![w])).await;
     h.api.apply(hostile_service("shop", "web", 80));
     let body = wait_until("the VIP PUT with its address", || async {
@@ -162,6 +164,9 @@ async fn generic_rest_puts_the_vip_and_deletes_it_with_the_hostile_annotation_ke
     assert_eq!(body["annotations"], json!({ "example.com/note": HOSTILE }));
     assert_eq!(body["ports"], json!([{"name": "http", "protocol": "TCP", "port": 80}]));
     assert_eq!((body["namespace"].clone(), body["name"].clone()), (json!("shop"), json!("web")));
+    let signer = standardwebhooks::Webhook::new(receiver::SECRET).unwrap();
+    let (put, _) = fake.requests().into_iter().find(|(r, _)| r.method == "PUT").unwrap();
+    signer.verify(&put.body, &put.headers).expect("sign = true: the Standard Webhooks signature verifies");
 
     // The delivery log shows the rendered request, the token redacted.
     let api = Api::new(&vw);
@@ -518,4 +523,29 @@ fn vipwatch_check_config_prints_the_sample_requests_or_the_template_error() {
         "vipwatch: invalid configuration: invalid value for `webhooks.ipam-rest.template`: template \
          `on.ADDED[0].body` line 3: undefined value: `service.nmae` is undefined\n"
     );
+}
+
+#[tokio::test]
+async fn capture_vip_makes_the_address_in_the_appliance_answer_the_services_vip() {
+    let h = Harness::new().await;
+    let fake = Appliance::start(|r: &Req| match r.method.as_str() {
+        "PUT" => (200, json!({"allocated": {"address": "203.0.113.7"}}).to_string()),
+        _ => (204, String::new()),
+    })
+    .await;
+    let mut w = example("generic-rest", &format!("{}/api", fake.url));
+    w.assigns_vip = true;
+    w.template.as_mut().unwrap().on.get_mut("ADDED").unwrap()[0].capture_vip = Some("/allocated/address".into());
+    let mut c = config(&h, vec![w]);
+    c.pools = Vec::new();
+    let vw = h.start(c).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_until("the appliance's address in the Service's status", || async {
+        let svc = h.api.get("shop", "web")?;
+        (svc.pointer("/status/loadBalancer/ingress/0/ip")? == "203.0.113.7").then_some(())
+    })
+    .await;
+    let rows = services(&vw.store).await;
+    assert_eq!(rows[0].view.vips(), ["203.0.113.7"]);
+    vw.stop().await.unwrap();
 }
