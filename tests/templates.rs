@@ -549,3 +549,59 @@ async fn capture_vip_makes_the_address_in_the_appliance_answer_the_services_vip(
     assert_eq!(rows[0].view.vips(), ["203.0.113.7"]);
     vw.stop().await.unwrap();
 }
+
+/// The AS3 per-application fake: `POST …/declare/k8s/applications` adds the one Application of the
+/// body (its first answer is a 200 hiding a 422 in `results`), `DELETE …/applications/<app>` removes it.
+fn as3_per_app_appliance(apps: Arc<Mutex<BTreeSet<String>>>) -> impl Fn(&Req) -> (u16, String) {
+    let answered = Arc::new(Mutex::new(0));
+    move |r| {
+        let mut apps = apps.lock().unwrap();
+        if let Some(app) = r.path.strip_prefix("/mgmt/shared/appsvcs/declare/k8s/applications/") {
+            return match (r.method.as_str(), apps.remove(app)) {
+                ("DELETE", true) => (200, json!({"results": [{"code": 200, "message": "success"}]}).to_string()),
+                _ => (404, String::new()),
+            };
+        }
+        if r.method != "POST" || r.path != "/mgmt/shared/appsvcs/declare/k8s/applications" {
+            return (404, String::new());
+        }
+        let body = r.json();
+        let names: Vec<&String> = body.as_object().unwrap().keys().filter(|k| *k != "schemaVersion").collect();
+        let app = &body[names[0].as_str()];
+        let shaped = names.len() == 1
+            && app["class"] == "Application"
+            && app["vs_80_tcp"]["virtualAddresses"].as_array().is_some_and(|a| !a.is_empty());
+        if !shaped {
+            return (422, json!({"code": 422, "message": "declaration is invalid"}).to_string());
+        }
+        let mut n = answered.lock().unwrap();
+        *n += 1;
+        if *n == 1 {
+            return (
+                200,
+                json!({"results": [{"code": 422, "message": "declaration failed", "tenant": "k8s"}]}).to_string(),
+            );
+        }
+        apps.insert(names[0].clone());
+        (200, json!({"results": [{"code": 200, "message": "success", "tenant": "k8s"}]}).to_string())
+    }
+}
+
+#[tokio::test]
+async fn as3_per_app_retries_a_200_that_hides_a_failure_and_deletes_the_application() {
+    let h = Harness::new().await;
+    let apps = Arc::new(Mutex::new(BTreeSet::new()));
+    let fake = Appliance::start(as3_per_app_appliance(apps.clone())).await;
+    let vw = h.start(config(&h, vec![example("f5-as3-per-app", &fake.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_until("the application declared", || async { apps.lock().unwrap().contains("app_shop__web").then_some(()) })
+        .await;
+    let attempts = attempts_of(&vw.store, "f5-as3-app").await;
+    assert_eq!(attempts[0].status_code, Some(200));
+    assert_eq!(attempts[0].error.as_deref(), Some("HTTP 200, but the check on /results/*/code failed (found [422])"));
+    h.api.delete("shop", "web");
+    wait_until("the application deleted", || async { apps.lock().unwrap().is_empty().then_some(()) }).await;
+    let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
+    assert_eq!(deletes, ["DELETE /mgmt/shared/appsvcs/declare/k8s/applications/app_shop__web -> 200"]);
+    vw.stop().await.unwrap();
+}
