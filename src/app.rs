@@ -195,6 +195,8 @@ async fn resync_switched_modes(
         r = ready.wait_for(|r| *r) => if r.is_err() { return Ok(()) },
     }
     relay::resync_switched_modes(&store, &config).await?;
+    // Full-state template endpoints: a declaration now (converges after a restart), then periodically.
+    relay::full_state::resend_loop(store, &config, cancel).await;
     Ok(())
 }
 

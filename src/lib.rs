@@ -19,4 +19,5 @@ pub mod model;
 pub mod publish;
 pub mod relay;
 pub mod store;
+pub mod template;
 pub mod watch;

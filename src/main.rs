@@ -37,7 +37,18 @@ fn main() -> ExitCode {
 fn with_config(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
         Command::CheckConfig => {
+            // Templates: compiled and rendered against the sample Service (README "Request templates").
+            let rendered = match vipwatch::template::check_config(&config) {
+                Ok(lines) => lines,
+                Err(e) => {
+                    eprintln!("vipwatch: invalid configuration: {e}");
+                    std::process::exit(2);
+                }
+            };
             print!("{}", config.to_redacted_toml());
+            for line in rendered {
+                println!("# template sample: {line}");
+            }
             Ok(())
         }
         Command::Serve => serve(config),

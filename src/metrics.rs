@@ -214,6 +214,9 @@ pub struct Metrics {
     /// current (Unix seconds; now while its watch is healthy), refreshed on every scrape. What the
     /// `VipwatchNotSynced` alert watches.
     pub watch_synced: Family<ScopeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `vipwatch_template_removal_held{webhook}`: 1 while a full-state endpoint's removal guard holds
+    /// a declaration (confirm it with `POST /api/v1/webhooks/{name}/confirm-removal`), else 0.
+    pub template_held: Family<WebhookLabels, Gauge>,
 }
 
 fn http_histogram() -> Histogram {
@@ -258,6 +261,7 @@ impl Metrics {
             store_write_errors: Family::default(),
             store_writable: Gauge::default(),
             watch_synced: Family::default(),
+            template_held: Family::default(),
         };
         let registry = &mut m.registry;
         registry.register("events", "Events recorded in the event log", m.events.clone());
@@ -333,7 +337,17 @@ impl Metrics {
             "Up to when each watch scope's data is known current (Unix seconds), refreshed on every scrape",
             m.watch_synced.clone(),
         );
+        registry.register(
+            "template_removal_held",
+            "1 while a full-state endpoint's removal guard holds a declaration until confirmed",
+            m.template_held.clone(),
+        );
         Arc::new(m)
+    }
+
+    /// Sets `webhook`'s removal-guard gauge: 1 while a declaration is held.
+    pub fn template_held(&self, webhook: &str, held: bool) {
+        self.template_held.get_or_create(&WebhookLabels { webhook: webhook.to_owned() }).set(i64::from(held));
     }
 
     /// Sets `webhook`'s circuit gauge for `state` (`closed`, `open`, `half_open`) and, when

@@ -1,6 +1,8 @@
 //! `GET /api/v1/deliveries[/{id}]` (the delivery log with attempts) and
 //! `POST /api/v1/deliveries/{id}/retry` (replay one delivery, any state).
 
+use std::collections::BTreeMap;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -24,14 +26,42 @@ pub struct AttemptDto {
     pub duration_ms: i64,
     /// HTTP status, when a response arrived.
     pub status_code: Option<i64>,
-    /// `timeout`, `connect`, `tls`, `redirect` or `http` (non-2xx); `null` on success.
+    /// `timeout`, `connect`, `tls`, `forbidden_address`, `redirect`, `http` (non-2xx, or a template's
+    /// response check failed), `template` (a template did not render) or `held` (the full-state
+    /// removal guard holds the declaration); `null` on success.
     pub error_class: Option<String>,
     /// Error text.
     pub error: Option<String>,
     /// `Location` of a 3xx answer.
     pub location: Option<String>,
-    /// At most 4 KiB of the response body.
+    /// At most 4 KiB of the response body (a templated endpoint: the last request's).
     pub response_body: Option<String>,
+    /// Templated endpoints (README "Request templates"): every HTTP request of the attempt in order,
+    /// as rendered and sent (secrets redacted), with its status and response; `null` for plain
+    /// webhooks, whose request is the delivery's `payload`.
+    #[schema(value_type = Option<Vec<TemplateRequestDto>>)]
+    pub request: Option<serde_json::Value>,
+}
+
+/// One HTTP request a request template sent within an attempt.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TemplateRequestDto {
+    /// Which request: `on.ADDED[0]`, `full_state`, `full_state.poll`.
+    pub name: String,
+    /// HTTP method.
+    pub method: String,
+    /// URL (secret values redacted).
+    pub url: String,
+    /// Headers sent; `Authorization` and secret values are `<redacted>`.
+    pub headers: BTreeMap<String, String>,
+    /// The body sent (secret values redacted).
+    pub body: Option<String>,
+    /// HTTP status, when a response arrived.
+    pub status: Option<u16>,
+    /// At most 4 KiB of the response body.
+    pub response: Option<String>,
+    /// Transport error, when no response arrived.
+    pub error: Option<String>,
 }
 
 impl From<AttemptRow> for AttemptDto {
@@ -44,6 +74,7 @@ impl From<AttemptRow> for AttemptDto {
             error: a.error,
             location: a.location,
             response_body: a.response_body,
+            request: a.request.and_then(|r| serde_json::from_str(&r).ok()),
         }
     }
 }
@@ -110,7 +141,9 @@ pub struct DeliveryDetail {
     /// The delivery.
     #[serde(flatten)]
     pub delivery: DeliveryDto,
-    /// The body sent (and signed), as JSON.
+    /// The body sent (and signed), as JSON. For a templated endpoint, the data its templates render
+    /// (the requests sent are in each attempt's `request`); a full-state declaration carries only
+    /// `{"full_state": true, "reason": …, "event_id": …}`.
     #[schema(value_type = WebhookPayload)]
     pub payload: serde_json::Value,
 }

@@ -52,6 +52,9 @@ pub enum ApiError {
     /// The endpoint exists but is disabled in the configuration (409 `webhook_disabled`).
     #[error("webhook `{0}` is disabled in the configuration")]
     WebhookDisabled(String),
+    /// The full-state endpoint holds no declaration to confirm (409 `nothing_held`).
+    #[error("webhook `{0}` holds no full-state declaration to confirm")]
+    NothingHeld(String),
     /// The body is larger than `server.body_limit` (413 `payload_too_large`).
     #[error("the request body is larger than the server accepts")]
     PayloadTooLarge,
@@ -94,7 +97,7 @@ impl ApiError {
             Self::NotFound(_) | Self::NoRoute => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Timeout => StatusCode::REQUEST_TIMEOUT,
-            Self::WebhookDisabled(_) => StatusCode::CONFLICT,
+            Self::WebhookDisabled(_) | Self::NothingHeld(_) => StatusCode::CONFLICT,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -116,6 +119,7 @@ impl ApiError {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::Timeout => "request_timeout",
             Self::WebhookDisabled(_) => "webhook_disabled",
+            Self::NothingHeld(_) => "nothing_held",
             Self::PayloadTooLarge => "payload_too_large",
             Self::Store(_) => "internal",
             Self::NotReady(_) => "not_ready",

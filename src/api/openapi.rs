@@ -56,6 +56,7 @@ pub fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(webhooks::get_webhook))
         .routes(routes!(webhooks::resync))
         .routes(routes!(webhooks::enable))
+        .routes(routes!(webhooks::confirm_removal))
         .routes(routes!(deliveries::list_deliveries))
         .routes(routes!(deliveries::get_delivery))
         .routes(routes!(deliveries::retry))

@@ -1,5 +1,6 @@
 //! `GET /api/v1/webhooks[/{name}]` (configured endpoints, secrets and header values redacted, with
-//! health), `POST /api/v1/webhooks/{name}/resync` and `POST /api/v1/webhooks/{name}/enable`.
+//! health), `POST /api/v1/webhooks/{name}/resync`, `POST /api/v1/webhooks/{name}/enable` and
+//! `POST /api/v1/webhooks/{name}/confirm-removal` (the full-state removal guard).
 
 use std::collections::BTreeMap;
 
@@ -222,4 +223,37 @@ pub async fn enable(State(state): State<ApiState>, Path(name): Path<String>) -> 
     configured(&state, &name)?;
     let was_disabled = state.store.enable_webhook(&name).await?;
     Ok(Json(Enabled { webhook: name, was_disabled }))
+}
+
+/// Result of confirming a held full-state declaration.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RemovalConfirmed {
+    /// Endpoint name.
+    pub webhook: String,
+    /// Services the confirmed declaration removes from the appliance.
+    pub removed: i64,
+    /// Services the appliance was last told.
+    pub of: i64,
+}
+
+/// Confirm the declaration a full-state endpoint's removal guard holds (it removes more than
+/// `max_removal` of what the appliance was last told): it goes out at once. Only that exact set of
+/// Services is confirmed; a different one is judged again.
+#[utoipa::path(post, path = "/api/v1/webhooks/{name}/confirm-removal", tag = "webhooks",
+    params(("name" = String, Path, description = "Endpoint name")), security(("bearer" = [])),
+    responses((status = 200, description = "Confirmed; the declaration is due now", body = RemovalConfirmed),
+        (status = 404, description = "No such endpoint", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Nothing is held for this endpoint", body = Problem, content_type = "application/problem+json")))]
+pub async fn confirm_removal(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<RemovalConfirmed>, ApiError> {
+    configured(&state, &name)?;
+    match state.store.full_state_confirm(&name).await? {
+        Some((removed, of)) => {
+            tracing::warn!(webhook = %name, removed, of, "held full-state declaration confirmed through the API");
+            Ok(Json(RemovalConfirmed { webhook: name, removed, of }))
+        }
+        None => Err(ApiError::NothingHeld(name)),
+    }
 }

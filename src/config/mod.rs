@@ -17,11 +17,15 @@ pub mod env;
 mod guard;
 mod pool;
 mod relay;
+mod template;
 
 pub use backends::BackendsConfig;
 pub use guard::GuardConfig;
 pub use pool::PoolConfig;
 pub use relay::{RelayConfig, RetryConfig, Secret, TlsConfig, WebhookConfig, forbidden_address, redact_url};
+pub use template::{
+    AuthConfig, BasicAuth, Check, Poll, RequestTemplate, SecretRef, TEMPLATE_EVENTS, TemplateConfig, TemplateMode,
+};
 
 /// The file read when `--config` is not given, if it exists (otherwise built-in defaults apply).
 pub const DEFAULT_CONFIG_FILE: &str = "vipwatch.toml";
@@ -249,8 +253,12 @@ impl Config {
             None => {}
         }
         env::log_ignored();
-        let config: Config =
+        let mut config: Config =
             figment.merge(env_provider()).merge(env::Strings::from_env()).extract().map_err(invalid)?;
+        let dir = path.and_then(Path::parent).filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        for t in config.webhooks.iter_mut().filter_map(|w| w.template.as_mut()) {
+            t.resolve_paths(dir);
+        }
         config.validate()?;
         Ok(config)
     }
@@ -325,10 +333,22 @@ impl Config {
         let mut names = std::collections::HashSet::new();
         for w in &self.webhooks {
             w.validate()?;
-            w.resolve_secret()?;
+            if w.signs() {
+                w.resolve_secret()?;
+            }
             if !names.insert(&w.name) {
                 let reason = format!("`{}` is used by more than one endpoint", w.name);
                 return Err(ConfigError::Value { key: "webhooks.name", reason });
+            }
+            let polls = w.template.iter().flat_map(|t| t.named_requests()).filter_map(|(_, r)| r.poll.as_ref());
+            if let Some(p) = polls.max_by_key(|p| p.deadline)
+                && p.deadline + w.timeout * 2 >= self.relay.lease
+            {
+                let reason = format!(
+                    "must be longer than a poll deadline plus two timeouts (`{}` polls up to {:?})",
+                    w.name, p.deadline
+                );
+                return Err(ConfigError::Value { key: "relay.lease", reason });
             }
             if w.timeout >= self.relay.lease {
                 let reason = format!("must be longer than every webhook timeout (`{}` has {:?})", w.name, w.timeout);

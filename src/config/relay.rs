@@ -196,6 +196,10 @@ pub struct WebhookConfig {
     /// [`forbidden_address`]); refused by default.
     #[serde(default)]
     pub allow_link_local: bool,
+    /// `[webhooks.template]`: requests in the appliance's own API instead of the default webhook
+    /// (README "Request templates"); `url` is then the base that relative request URLs join.
+    #[serde(default)]
+    pub template: Option<super::TemplateConfig>,
 }
 
 /// Why `ip` is refused as a webhook target, or `None` when it is allowed (issue 12, item 7: a URL
@@ -229,6 +233,31 @@ pub fn forbidden_address(ip: IpAddr) -> Option<&'static str> {
     }
 }
 
+/// Reads a secret given inline, in a file or in an environment variable (exactly one; a file's or a
+/// variable's trailing whitespace is dropped). Errors: `(key, reason)` naming the offending key
+/// (`secret`, `secret_file` or `secret_env`).
+pub(super) fn read_secret(
+    secret: &Option<Secret>,
+    file: &Option<PathBuf>,
+    env: &Option<String>,
+) -> Result<Secret, (&'static str, String)> {
+    let value = match (secret, file, env) {
+        (Some(s), None, None) => s.expose().to_owned(),
+        (None, Some(path), None) => std::fs::read_to_string(path)
+            .map_err(|e| ("secret_file", format!("{}: {e}", path.display())))?
+            .trim_end()
+            .to_owned(),
+        // Trimmed like a file: a Secret created from a file (`kubectl create secret --from-file`)
+        // and passed with `envFrom` carries the file's trailing newline.
+        (None, None, Some(var)) => {
+            std::env::var(var).map_err(|_| ("secret_env", format!("`{var}` is not set")))?.trim_end().to_owned()
+        }
+        (None, None, None) => return Err(("secret", "one of secret, secret_file, secret_env is required".into())),
+        _ => return Err(("secret", "set only one of secret, secret_file, secret_env".into())),
+    };
+    Ok(Secret(value))
+}
+
 fn all_events() -> Vec<String> {
     ["ADDED", "MODIFIED", "DELETED"].map(str::to_owned).to_vec()
 }
@@ -247,23 +276,9 @@ impl WebhookConfig {
     /// Errors: [`ConfigError::Value`] naming `webhooks.<name>.secret*` when none, several, or an
     /// unreadable source is given, or when the value is not a valid Standard Webhooks secret.
     pub fn resolve_secret(&self) -> Result<Secret, ConfigError> {
-        let value = match (&self.secret, &self.secret_file, &self.secret_env) {
-            (Some(s), None, None) => s.expose().to_owned(),
-            (None, Some(path), None) => std::fs::read_to_string(path)
-                .map_err(|e| self.invalid("secret_file", format!("{}: {e}", path.display())))?
-                .trim_end()
-                .to_owned(),
-            // Trimmed like a file: a Secret created from a file (`kubectl create secret --from-file`)
-            // and passed with `envFrom` carries the file's trailing newline.
-            (None, None, Some(var)) => std::env::var(var)
-                .map_err(|_| self.invalid("secret_env", format!("`{var}` is not set")))?
-                .trim_end()
-                .to_owned(),
-            (None, None, None) => {
-                return Err(self.invalid("secret", "one of secret, secret_file, secret_env is required".into()));
-            }
-            _ => return Err(self.invalid("secret", "set only one of secret, secret_file, secret_env".into())),
-        };
+        let value = read_secret(&self.secret, &self.secret_file, &self.secret_env)
+            .map_err(|(key, reason)| self.invalid(key, reason))?
+            .0;
         let not_a_secret = || self.invalid("secret", "not a Standard Webhooks secret (`whsec_` + base64 key)".into());
         let key = value.strip_prefix("whsec_").ok_or_else(not_a_secret)?;
         let key =
@@ -274,6 +289,12 @@ impl WebhookConfig {
         }
         standardwebhooks::Webhook::new(&value).map_err(|_| not_a_secret())?;
         Ok(Secret(value))
+    }
+
+    /// Whether requests carry Standard Webhooks signatures (so the secret is needed): always for plain
+    /// webhooks, `template.sign` for templated ones.
+    pub fn signs(&self) -> bool {
+        self.template.as_ref().is_none_or(|t| t.sign)
     }
 
     fn invalid(&self, key: &str, reason: String) -> ConfigError {
@@ -351,6 +372,9 @@ impl WebhookConfig {
             return Err(self.invalid("retry", "initial_delay must not exceed max_delay".into()));
         }
         self.validate_tls_files()?;
+        if let Some(t) = &self.template {
+            t.validate(&self.events, self.assigns_vip).map_err(|(key, reason)| self.invalid(&key, reason))?;
+        }
         crate::model::LabelSelector::parse(&self.label_selector)
             .map_err(|e| self.invalid("label_selector", e.to_string()))?;
         Ok(())

@@ -70,6 +70,10 @@ impl Circuits {
 /// 429 (every delivery would get them). Any other answer — 2xx, 410, or a 4xx refusing this one
 /// delivery (400, 404, 409, 422, ...) — shows the endpoint up.
 pub fn endpoint_down(result: &AttemptResult) -> bool {
+    // Decided before any request went out (a template that cannot render, a held declaration).
+    if matches!(result.record.error_class, Some("template" | "held")) {
+        return false;
+    }
     match result.record.status_code {
         None => true,
         Some(s) => (300..400).contains(&s) || s >= 500 || matches!(s, 401 | 403 | 408 | 429),

@@ -20,7 +20,8 @@ use tracing::{debug, error, info, warn};
 use super::assign::assignment;
 use super::circuit::{Circuit, Circuits, Transition, endpoint_down};
 use super::policy::{Verdict, after_failure, already_gone};
-use super::sender::{AttemptResult, Sender};
+use super::sender::AttemptResult;
+use super::templated::Transport;
 use crate::config::{RelayConfig, RetryConfig};
 use crate::metrics::Metrics;
 use crate::model::Feedback;
@@ -31,7 +32,7 @@ pub(super) struct Dispatcher {
     pub name: String,
     pub url: String,
     pub store: Store,
-    pub sender: Arc<Sender>,
+    pub sender: Arc<Transport>,
     pub retry: RetryConfig,
     pub relay: RelayConfig,
     pub metrics: Arc<Metrics>,
@@ -209,7 +210,7 @@ impl Dispatcher {
         for c in claimed {
             let sender = self.sender.clone();
             in_flight.spawn(async move {
-                let result = sender.send(&c.msg_id, &c.payload).await;
+                let result = sender.send(&c).await;
                 (c, result)
             });
         }
@@ -272,7 +273,7 @@ impl Dispatcher {
             self.observe(claimed, result, outcome, now);
             let retry_after = match result.verdict {
                 Verdict::Retry { retry_after } => retry_after,
-                Verdict::Success | Verdict::Gone => None,
+                Verdict::Success | Verdict::Gone | Verdict::Permanent => None,
             };
             let transition = health.circuit.record(endpoint_down(result), retry_after, now);
             recovered |= transition == Some(Transition::Closed);
@@ -330,6 +331,7 @@ impl Dispatcher {
         }
         match result.verdict {
             Verdict::Success => Outcome::Succeeded,
+            Verdict::Permanent => Outcome::Failed,
             Verdict::Gone => {
                 warn!(webhook = %self.name, url = %self.url, "receiver answered 410 Gone: endpoint disabled until re-enabled");
                 if let Err(e) = self.disable().await {

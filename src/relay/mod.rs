@@ -11,11 +11,13 @@
 mod assign;
 pub mod circuit;
 mod dispatcher;
+pub mod full_state;
 pub mod payload;
 pub mod policy;
 pub mod resolve;
 mod router;
 pub mod sender;
+pub mod templated;
 
 use std::sync::Arc;
 
@@ -73,6 +75,14 @@ pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Resul
     let services = store.services().await?;
     let mut out = Vec::new();
     for route in router.routes.iter().filter(|r| only.is_none_or(|n| n == r.name)) {
+        if route.full_state.is_some() {
+            // One declaration of everything, due now (it renders the state table when sent).
+            let n = services.iter().filter(|s| route.accepts_service(s)).count();
+            let d = full_state::declaration(&route.name, "SYNCED", std::time::Duration::ZERO, "resync", None);
+            store.enqueue_full_state(d).await?;
+            out.push((route.name.clone(), n));
+            continue;
+        }
         let now = crate::store::now_ms();
         let matching: Vec<_> = services.iter().filter(|s| route.accepts_service(s)).collect();
         let (id, total) = (format!("sync_{}", uuid::Uuid::new_v4().simple()), matching.len() as u64);
@@ -89,9 +99,11 @@ pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Resul
         // receivers count the `service.synced` of the same id up to `total`.
         let completed =
             payload::render_completed(now, store.log_id(), SyncMarker { id, index: None, total, as_of_event_id });
-        let marker =
-            NewDelivery { webhook: route.name.clone(), kind: "SYNCED", msg_id: new_msg_id(), payload: completed };
-        deliveries.push((marker, ServiceKey::new("", "")));
+        if !route.templated {
+            let (webhook, msg_id) = (route.name.clone(), new_msg_id());
+            let marker = NewDelivery { webhook, kind: "SYNCED", msg_id, payload: completed, coalesce_ms: None };
+            deliveries.push((marker, ServiceKey::new("", "")));
+        }
         store.enqueue_synced(deliveries).await?;
         out.push((route.name.clone(), n));
     }
@@ -149,11 +161,20 @@ pub async fn start(
             store.enable_webhook(&w.name).await?;
             info!(webhook = %w.name, "re-enabled: its URL changed since it answered 410");
         }
+        let transport = match &w.template {
+            None => templated::Transport::Plain(Box::new(sender::Sender::new(w)?)),
+            Some(t) => {
+                let full = (t.mode == crate::config::TemplateMode::FullState)
+                    .then(|| full_state::FullState::new(config, w, store.clone(), metrics.clone()))
+                    .transpose()?;
+                templated::Transport::Template(Box::new(templated::TemplateSender::new(w, full)?))
+            }
+        };
         let d = dispatcher::Dispatcher {
             name: w.name.clone(),
             url: redact_url(&w.url),
             store: store.clone(),
-            sender: Arc::new(sender::Sender::new(w)?),
+            sender: Arc::new(transport),
             retry: w.retry.clone(),
             relay: RelayConfig {
                 concurrency: w.concurrency.unwrap_or(config.relay.concurrency),

@@ -15,6 +15,9 @@ pub enum Verdict {
     Success,
     /// 410 Gone: the receiver wants no more deliveries; the endpoint is disabled.
     Gone,
+    /// A request template's `permanent` status, or a template that cannot render: the delivery
+    /// fails at once (replayable).
+    Permanent,
     /// Anything else (timeout, connect, TLS, redirect, non-2xx): retry per schedule.
     Retry {
         /// `Retry-After` of a 429/503, if any.

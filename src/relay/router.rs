@@ -7,12 +7,13 @@
 //! new mode's.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use vipwatch_contract::{BackendMode, Cause, EventKind, SyncMarker};
 
 use super::payload::{PayloadInput, render};
 use super::{RelayError, new_msg_id};
-use crate::config::Config;
+use crate::config::{Config, TemplateMode, WebhookConfig};
 use crate::model::backends::{self, ModePlan};
 use crate::model::{ChangeKind, LabelSelector};
 use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow};
@@ -24,9 +25,31 @@ pub(super) struct Route {
     events: HashSet<String>,
     namespaces: Vec<String>,
     selector: LabelSelector,
+    /// A full-state template endpoint: every accepted event enqueues (or pushes back) one
+    /// declaration, due after this debounce.
+    pub full_state: Option<Duration>,
+    /// A templated endpoint (gets no `sync.completed`: appliance APIs have no use for it).
+    pub templated: bool,
 }
 
 impl Route {
+    /// The routing rules of endpoint `w`. Errors: [`RelayError::Endpoint`] for a label selector that
+    /// does not parse (already rejected by config validation).
+    pub fn new(w: &WebhookConfig) -> Result<Self, RelayError> {
+        let selector = LabelSelector::parse(&w.label_selector)
+            .map_err(|e| RelayError::Endpoint { name: w.name.clone(), reason: e.to_string() })?;
+        let full_state = w.template.as_ref().filter(|t| t.mode == TemplateMode::FullState).map(|t| t.debounce);
+        Ok(Route {
+            name: w.name.clone(),
+            assigns_vip: w.assigns_vip,
+            events: w.events.iter().cloned().collect(),
+            namespaces: w.namespaces.clone(),
+            selector,
+            full_state,
+            templated: w.template.is_some(),
+        })
+    }
+
     fn accepts(&self, e: &RecordedEvent<'_>) -> bool {
         // The assigning appliance already knows the address it chose; echoing it back would let an
         // appliance that answers every request with a new address loop forever.
@@ -60,22 +83,7 @@ impl Router {
     /// [`RelayError::Endpoint`] for a label selector that does not parse (already rejected by config
     /// validation).
     pub fn new(config: &Config, log_id: &str) -> Result<Self, RelayError> {
-        let routes = config
-            .webhooks
-            .iter()
-            .filter(|w| w.enabled)
-            .map(|w| {
-                let selector = LabelSelector::parse(&w.label_selector)
-                    .map_err(|e| RelayError::Endpoint { name: w.name.clone(), reason: e.to_string() })?;
-                Ok(Route {
-                    name: w.name.clone(),
-                    assigns_vip: w.assigns_vip,
-                    events: w.events.iter().cloned().collect(),
-                    namespaces: w.namespaces.clone(),
-                    selector,
-                })
-            })
-            .collect::<Result<_, RelayError>>()?;
+        let routes = config.webhooks.iter().filter(|w| w.enabled).map(Route::new).collect::<Result<_, RelayError>>()?;
         Ok(Self { routes, modes: config.mode_plan(), log_id: log_id.to_owned() })
     }
 
@@ -137,7 +145,7 @@ impl Router {
             backends_diff: None,
             sync: Some(sync),
         });
-        NewDelivery { webhook: route.name.clone(), kind: "SYNCED", msg_id: new_msg_id(), payload }
+        NewDelivery { webhook: route.name.clone(), kind: "SYNCED", msg_id: new_msg_id(), payload, coalesce_ms: None }
     }
 }
 
@@ -146,6 +154,10 @@ impl Outbox for Router {
         let mut bodies: HashMap<(Option<BackendMode>, Option<BackendMode>), Option<String>> = HashMap::new();
         let mut out = Vec::new();
         for r in self.routes.iter().filter(|r| r.accepts(&e)) {
+            if let Some(debounce) = r.full_state {
+                out.push(super::full_state::declaration(&r.name, "MODIFIED", debounce, "event", Some(e.id)));
+                continue;
+            }
             let mode = self.modes.mode_for(&e.event.view, &r.name);
             // The mode the endpoint had before this change: another only when the annotation moved.
             let before = match (&e.event.previous, &e.event.previous_backends) {
@@ -155,7 +167,8 @@ impl Outbox for Router {
             let body = bodies.entry((before, mode)).or_insert_with(|| self.body(&e, before, mode));
             if let Some(payload) = body {
                 let (webhook, kind) = (r.name.clone(), e.event.kind.as_str());
-                out.push(NewDelivery { webhook, kind, msg_id: new_msg_id(), payload: payload.clone() });
+                let payload = payload.clone();
+                out.push(NewDelivery { webhook, kind, msg_id: new_msg_id(), payload, coalesce_ms: None });
             }
         }
         out

@@ -52,29 +52,9 @@ impl Sender {
     /// [`Sender::new`] resolving names with `lookup` (a test's fixed answers); forbidden addresses
     /// are dropped all the same. Errors: as [`Sender::new`].
     pub fn with_lookup(cfg: &WebhookConfig, lookup: Lookup) -> Result<Self, RelayError> {
-        install_crypto_provider();
         let err = |what: String| RelayError::Endpoint { name: cfg.name.clone(), reason: what };
-        let secret = cfg.resolve_secret().map_err(|e| err(e.to_string()))?;
-        let signer = standardwebhooks::Webhook::new(secret.expose()).map_err(|e| err(format!("secret: {e}")))?;
-        let mut builder = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(cfg.timeout)
-            .connect_timeout(cfg.connect_timeout)
-            .dns_resolver(GuardedResolver { lookup, allow_link_local: cfg.allow_link_local })
-            .user_agent(USER_AGENT);
-        if let Some(path) = &cfg.tls.ca_file {
-            let pem = std::fs::read(path).map_err(|e| err(format!("tls.ca_file {}: {e}", path.display())))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| err(format!("tls.ca_file: {e}")))?;
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
-            }
-        }
-        if let (Some(cert), Some(key)) = (&cfg.tls.client_cert_file, &cfg.tls.client_key_file) {
-            let mut pem = std::fs::read(cert).map_err(|e| err(format!("tls.client_cert_file: {e}")))?;
-            pem.extend(std::fs::read(key).map_err(|e| err(format!("tls.client_key_file: {e}")))?);
-            let identity = reqwest::Identity::from_pem(&pem).map_err(|e| err(format!("tls client identity: {e}")))?;
-            builder = builder.identity(identity);
-        }
+        let signer = signer(cfg)?;
+        let client = client(cfg, lookup)?;
         let mut headers = HeaderMap::new();
         for (name, value) in &cfg.headers {
             let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| err(format!("header name: {e}")))?;
@@ -83,7 +63,6 @@ impl Sender {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
-        let client = builder.build().map_err(|e| err(format!("HTTP client: {e}")))?;
         Ok(Self { client, url: cfg.url.clone(), signer, headers, timeout: cfg.timeout })
     }
 
@@ -125,7 +104,45 @@ impl Sender {
     }
 }
 
-async fn read_response(mut response: reqwest::Response) -> AttemptResult {
+/// The endpoint's HTTP client: its timeouts and TLS material, no redirects, names resolved with
+/// `lookup` minus forbidden addresses. Errors: [`RelayError::Endpoint`] for unreadable or invalid TLS
+/// material.
+pub(super) fn client(cfg: &WebhookConfig, lookup: Lookup) -> Result<reqwest::Client, RelayError> {
+    install_crypto_provider();
+    let err = |what: String| RelayError::Endpoint { name: cfg.name.clone(), reason: what };
+    let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(cfg.timeout)
+        .connect_timeout(cfg.connect_timeout)
+        .dns_resolver(GuardedResolver { lookup, allow_link_local: cfg.allow_link_local })
+        .user_agent(USER_AGENT);
+    if let Some(path) = &cfg.tls.ca_file {
+        let pem = std::fs::read(path).map_err(|e| err(format!("tls.ca_file {}: {e}", path.display())))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| err(format!("tls.ca_file: {e}")))?;
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    if let (Some(cert), Some(key)) = (&cfg.tls.client_cert_file, &cfg.tls.client_key_file) {
+        let mut pem = std::fs::read(cert).map_err(|e| err(format!("tls.client_cert_file: {e}")))?;
+        pem.extend(std::fs::read(key).map_err(|e| err(format!("tls.client_key_file: {e}")))?);
+        let identity = reqwest::Identity::from_pem(&pem).map_err(|e| err(format!("tls client identity: {e}")))?;
+        builder = builder.identity(identity);
+    }
+    builder.build().map_err(|e| err(format!("HTTP client: {e}")))
+}
+
+/// The endpoint's Standard Webhooks signer. Errors: [`RelayError::Endpoint`] for a missing or invalid
+/// secret.
+pub(super) fn signer(cfg: &WebhookConfig) -> Result<standardwebhooks::Webhook, RelayError> {
+    let err = |what: String| RelayError::Endpoint { name: cfg.name.clone(), reason: what };
+    let secret = cfg.resolve_secret().map_err(|e| err(e.to_string()))?;
+    standardwebhooks::Webhook::new(secret.expose()).map_err(|e| err(format!("secret: {e}")))
+}
+
+/// Reads a response: status, at most [`MAX_BODY_READ`] body bytes, and the plain-webhook verdict
+/// (2xx success, 410 gone, else retry with `Retry-After`).
+pub(super) async fn read_response(mut response: reqwest::Response) -> AttemptResult {
     let status = response.status();
     let headers = response.headers().clone();
     let mut body = Vec::new();
@@ -179,13 +196,14 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn failure(class: &'static str, error: String) -> AttemptResult {
+/// A failed attempt of error class `class` (retried).
+pub(super) fn failure(class: &'static str, error: String) -> AttemptResult {
     let record = AttemptRecord { error_class: Some(class), error: Some(error), ..AttemptRecord::default() };
     AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new() }
 }
 
 /// `timeout`, `forbidden_address`, `tls` or `connect` for a transport error.
-fn classify(e: &reqwest::Error) -> &'static str {
+pub(super) fn classify(e: &reqwest::Error) -> &'static str {
     if e.is_timeout() {
         "timeout"
     } else if in_chain::<ForbiddenAddress>(e) {
@@ -214,7 +232,8 @@ fn in_chain<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static
     false
 }
 
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+/// `e` and its sources, `: `-separated.
+pub(super) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(err) = cur {

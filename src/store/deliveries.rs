@@ -27,13 +27,19 @@ pub struct AttemptRecord {
     pub location: Option<String>,
     /// At most 4 KiB of the response body (UTF-8, lossy).
     pub response_body: Option<String>,
+    /// Templated endpoints: the requests rendered and their answers, a JSON array of `{name, method,
+    /// url, headers, body, status, response, error}` (secrets redacted). `None` for plain webhooks,
+    /// whose request is the delivery's payload.
+    pub request: Option<String>,
 }
 
 /// Every attempt error class the relay records (the `attempts.error_class` CHECK constraint, migration
-/// 0008, allows exactly these; README "Delivery guarantees" documents each): `timeout`, `connect`,
+/// 0009, allows exactly these; README "Delivery guarantees" documents each): `timeout`, `connect`,
 /// `tls`, `forbidden_address` (the host resolved only to refused addresses), `redirect` (3xx, not
-/// followed), `http` (any other non-2xx).
-pub const ERROR_CLASSES: [&str; 6] = ["timeout", "connect", "tls", "forbidden_address", "redirect", "http"];
+/// followed), `http` (any other non-2xx, or a failed template response check), `template` (a request
+/// template failed to render) and `held` (the full-state removal guard holds the declaration).
+pub const ERROR_CLASSES: [&str; 8] =
+    ["timeout", "connect", "tls", "forbidden_address", "redirect", "http", "template", "held"];
 
 /// The delivery's state after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,7 +223,7 @@ impl Store {
 
     /// The attempt log of one delivery, oldest first.
     pub async fn attempts(&self, delivery_id: i64) -> Result<Vec<AttemptRow>, StoreError> {
-        let sql = "SELECT started_at, duration_ms, status_code, error_class, error, location, response_body \
+        let sql = "SELECT started_at, duration_ms, status_code, error_class, error, location, response_body, request \
                    FROM attempts WHERE delivery_id = ? ORDER BY id";
         let rows = sqlx::query(sql).bind(delivery_id).fetch_all(&self.pool).await?;
         Ok(rows.iter().map(attempt_row).collect())
@@ -292,7 +298,7 @@ pub struct AttemptRow {
     pub duration_ms: i64,
     /// HTTP status, if a response arrived.
     pub status_code: Option<i64>,
-    /// `timeout`, `connect`, `tls`, `redirect`, `http`, or `None` on success.
+    /// One of [`ERROR_CLASSES`], or `None` on success.
     pub error_class: Option<String>,
     /// Error text.
     pub error: Option<String>,
@@ -300,6 +306,8 @@ pub struct AttemptRow {
     pub location: Option<String>,
     /// At most 4 KiB of the response body.
     pub response_body: Option<String>,
+    /// Templated endpoints: the rendered requests and answers (JSON, see [`AttemptRecord::request`]).
+    pub request: Option<String>,
 }
 
 fn delivery_row(r: &sqlx::sqlite::SqliteRow) -> DeliveryRow {
@@ -330,10 +338,11 @@ pub(super) fn attempt_row(r: &sqlx::sqlite::SqliteRow) -> AttemptRow {
         error: r.get("error"),
         location: r.get("location"),
         response_body: r.get("response_body"),
+        request: r.get("request"),
     }
 }
 
-/// Attempts recorded per statement (8 parameters each).
+/// Attempts recorded per statement (9 parameters each).
 const ATTEMPT_ROWS: usize = 64;
 
 /// Sets each delivery's state after its attempt, from the JSON array ?1 of `{id, state, next,
@@ -355,7 +364,7 @@ async fn record_attempts(tx: &mut Transaction<'_, Sqlite>, now: i64, done: &[Com
     let mut retried = Vec::new();
     for chunk in done.chunks(ATTEMPT_ROWS) {
         let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, error, location, response_body) ",
+            "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, error, location, response_body, request) ",
         );
         q.push_values(chunk, |mut b, c| {
             let a = &c.attempt;
@@ -366,7 +375,8 @@ async fn record_attempts(tx: &mut Transaction<'_, Sqlite>, now: i64, done: &[Com
                 .push_bind(a.error_class)
                 .push_bind(&a.error)
                 .push_bind(&a.location)
-                .push_bind(&a.response_body);
+                .push_bind(&a.response_body)
+                .push_bind(&a.request);
         });
         q.build().execute(&mut **tx).await?;
         let rows: Vec<serde_json::Value> = chunk

@@ -4,6 +4,7 @@
 mod deliveries;
 mod error;
 mod events;
+mod full_state;
 mod health;
 mod held;
 mod nodes;
@@ -19,11 +20,12 @@ pub use deliveries::{
 };
 pub use error::StoreError;
 pub use events::{EventFilter, EventRow};
+pub use full_state::FullStateRow;
 pub use health::{FaultKind, PROBE_TIMEOUT, Unwritable};
 pub use held::HeldDeletion;
 pub use nodes::NodeRow;
 pub use open::WriterLock;
-pub use outbox::{Claimed, NewDelivery, NoOutbox, Outbox, RecordedEvent};
+pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, RecordedEvent};
 pub use progress::{ProgressRow, WatchProgress};
 pub use publish::{Acks, CleanupWork, ReleaseWork, StatusWork};
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};

@@ -33,7 +33,22 @@ pub struct NewDelivery {
     pub msg_id: String,
     /// The exact JSON body.
     pub payload: String,
+    /// `Some(debounce_ms)`: a full-state delivery (request templates, issue 15). It goes on the
+    /// endpoint's own queue ([`ENDPOINT_QUEUE`]), is never held for the finalizer, and at most one such
+    /// delivery waits there outside an attempt: a newer one only pushes that one's due time to at
+    /// least `now + debounce_ms` (it renders the current state when sent anyway).
+    pub coalesce_ms: Option<i64>,
 }
+
+/// The queue key of deliveries that belong to an endpoint rather than a Service (`sync.completed`,
+/// full-state declarations): empty namespace and name.
+pub static ENDPOINT_QUEUE: ServiceKey = ServiceKey { namespace: String::new(), name: String::new() };
+
+/// Pushes back the waiting (pending, not leased) full-state delivery of endpoint ?1 to at least ?3
+/// (its retry schedule still wins when later); returns its id.
+const COALESCE: &str = "UPDATE deliveries SET next_attempt_at = MAX(next_attempt_at, ?3) WHERE id = ( \
+    SELECT id FROM deliveries WHERE webhook = ?1 AND namespace = '' AND name = '' AND state = 'pending' \
+      AND (claimed_until IS NULL OR claimed_until < ?2) ORDER BY id DESC LIMIT 1) RETURNING id";
 
 /// Routes a recorded event to endpoints; called inside the event's transaction, so it must not block.
 pub trait Outbox: Send + Sync {
@@ -135,7 +150,12 @@ pub(super) async fn enqueue(
 ) -> Result<(), StoreError> {
     let rows: Vec<DeliveryInsert<'_>> = events
         .iter()
-        .flat_map(|(e, event_id, held)| outbox.route(*e).into_iter().map(move |d| (d, *event_id, e.key, *held)))
+        .flat_map(|(e, event_id, held)| {
+            outbox.route(*e).into_iter().map(move |d| match d.coalesce_ms {
+                Some(_) => (d, *event_id, &ENDPOINT_QUEUE, false),
+                None => (d, *event_id, e.key, *held),
+            })
+        })
         .collect();
     insert_deliveries(tx, now, &rows).await
 }
@@ -149,9 +169,13 @@ pub(super) async fn insert_deliveries(
     now: i64,
     rows: &[DeliveryInsert<'_>],
 ) -> Result<(), StoreError> {
+    for (d, event_id, _, _) in rows.iter().filter(|r| r.0.coalesce_ms.is_some()) {
+        coalesce(tx, now, d, *event_id).await?;
+    }
+    let rows: Vec<&DeliveryInsert<'_>> = rows.iter().filter(|r| r.0.coalesce_ms.is_none()).collect();
     let mut first_modified: Option<i64> = None;
     let mut first_full: Option<i64> = None;
-    let mut rest = rows;
+    let mut rest = &rows[..];
     while !rest.is_empty() {
         let n = if rest.len() >= CHUNK { CHUNK } else { 1 << rest.len().ilog2() };
         let (chunk, tail) = rest.split_at(n);
@@ -221,6 +245,33 @@ pub(super) async fn claim_in(
         .collect();
     claimed.sort_by_key(|c| c.id);
     Ok(claimed)
+}
+
+/// Enqueues full-state delivery `d` on its endpoint's queue, or pushes back the one already waiting.
+async fn coalesce(
+    tx: &mut Transaction<'_, Sqlite>,
+    now: i64,
+    d: &NewDelivery,
+    event_id: Option<i64>,
+) -> Result<(), StoreError> {
+    let due = now + d.coalesce_ms.unwrap_or(0);
+    let waiting: Option<i64> =
+        sqlx::query_scalar(COALESCE).bind(&d.webhook).bind(now).bind(due).fetch_optional(&mut **tx).await?;
+    if waiting.is_none() {
+        let sql = "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, created_at, \
+                   next_attempt_at, held) VALUES (?, ?, '', '', ?, ?, ?, ?, ?, 0)";
+        sqlx::query(sql)
+            .bind(&d.webhook)
+            .bind(event_id)
+            .bind(d.kind)
+            .bind(&d.msg_id)
+            .bind(&d.payload)
+            .bind(now)
+            .bind(due)
+            .execute(&mut **tx)
+            .await?;
+    }
+    Ok(())
 }
 
 /// A pending delivery `d` is its queue's head when no pending delivery of the same (endpoint, Service)

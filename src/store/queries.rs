@@ -151,7 +151,7 @@ impl Store {
             return Ok(Vec::new());
         }
         let sql = "SELECT delivery_id, started_at, duration_ms, status_code, error_class, error, location, \
-                   response_body FROM attempts WHERE delivery_id IN (SELECT value FROM json_each(?)) \
+                   response_body, request FROM attempts WHERE delivery_id IN (SELECT value FROM json_each(?)) \
                    ORDER BY delivery_id, id";
         let ids = serde_json::to_string(delivery_ids)?;
         let rows = sqlx::query(sql).bind(ids).fetch_all(&self.pool).await?;

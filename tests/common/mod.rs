@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod appliance;
 pub mod receiver;
 
 use std::future::Future;

@@ -1,0 +1,103 @@
+//! `vipwatch check-config` for templates: compile every endpoint's templates and render each request
+//! against a sample Service (a MODIFIED of `shop/web` whose annotation tries to break out of its JSON
+//! string), so a typo, an undefined variable or a body that is not JSON fails before `serve`.
+
+use serde_json::{Map, Value, json};
+
+use super::{Compiled, TemplateError, event_context, full_state_context};
+use crate::config::{Config, ConfigError, TEMPLATE_EVENTS, TemplateMode, WebhookConfig};
+
+/// The sample payload templates are checked against (the default payload of a MODIFIED; the README's
+/// data model lists the same fields).
+pub const SAMPLE_PAYLOAD: &str = include_str!("sample.json");
+
+/// The sample's Service, and a second one (`shop/api`, no VIP yet), as full-state `services`.
+pub fn sample_services() -> Vec<Value> {
+    let payload: Value = serde_json::from_str(SAMPLE_PAYLOAD).expect("the sample is JSON");
+    let web = payload["data"]["service"].clone();
+    let mut api = web.clone();
+    api["name"] = json!("api");
+    api["uid"] = json!("7d1c9a52-2b8e-4f0c-8d3e-51a0b7c6e911");
+    api["vips"] = json!([]);
+    api["ingress"] = json!([]);
+    api["annotations"] = json!({});
+    vec![api, web]
+}
+
+/// Compiles the templates of every enabled endpoint of `config` and renders each request against
+/// the sample (every event type; for full state, two Services). Returns one line per rendered
+/// request (`webhook: request METHOD url, N body bytes`). Errors: [`ConfigError::Webhook`] with key
+/// `template` and the template's name, line and reason.
+pub fn check_config(config: &Config) -> Result<Vec<String>, ConfigError> {
+    let mut lines = Vec::new();
+    for w in config.webhooks.iter().filter(|w| w.enabled && w.template.is_some()) {
+        let invalid = |e: TemplateError| ConfigError::Webhook {
+            name: w.name.clone(),
+            key: "template".into(),
+            reason: e.to_string(),
+        };
+        lines.extend(check_endpoint(w).map_err(invalid)?);
+    }
+    Ok(lines)
+}
+
+fn check_endpoint(w: &WebhookConfig) -> Result<Vec<String>, TemplateError> {
+    let compiled = Compiled::new(w)?;
+    let captured = sample_captures(&compiled);
+    let secrets = compiled.secrets_value();
+    let mut lines = Vec::new();
+    let mut line = |name: &str, r: &super::Rendered| {
+        let body = r.body.as_ref().map_or(0, String::len);
+        let url = crate::config::redact_url(&r.url);
+        lines.push(format!("{}: {name} {} {url}, {body} body bytes", w.name, r.method));
+    };
+    match compiled.config.mode {
+        TemplateMode::Event => {
+            let mut payload: Value = serde_json::from_str(SAMPLE_PAYLOAD).expect("the sample is JSON");
+            for event in TEMPLATE_EVENTS {
+                payload["data"]["event"] = json!(event);
+                payload["type"] = json!(format!("service.{}", event.to_ascii_lowercase()));
+                let ctx = event_context(&payload, &w.name, &secrets, &captured);
+                for req in compiled.requests(event) {
+                    for r in compiled.render_all(req, &ctx)? {
+                        line(&req.name, &r);
+                    }
+                    if req.poll.is_some() {
+                        line(&format!("{}.poll", req.name), &compiled.render_poll(req, &ctx)?);
+                    }
+                }
+            }
+        }
+        TemplateMode::FullState => {
+            let ctx = full_state_context(sample_services(), "2026-12-01T10:00:00.000Z", &w.name, &secrets, &captured);
+            if let Some(req) = compiled.full_state() {
+                for r in compiled.render_all(req, &ctx)? {
+                    line(&req.name, &r);
+                }
+                if req.poll.is_some() {
+                    line("full_state.poll", &compiled.render_poll(req, &ctx)?);
+                }
+            }
+        }
+    }
+    Ok(lines)
+}
+
+/// `captured.<name>` = `"sample-<name>"` for every capture any request declares.
+fn sample_captures(compiled: &Compiled) -> Map<String, Value> {
+    let requests = TEMPLATE_EVENTS.iter().flat_map(|e| compiled.requests(e)).chain(compiled.full_state());
+    requests.flat_map(|r| r.capture.keys()).map(|name| (name.clone(), json!(format!("sample-{name}")))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sample_is_exactly_a_default_payload() {
+        let typed: vipwatch_contract::WebhookPayload = serde_json::from_str(SAMPLE_PAYLOAD).unwrap();
+        let again = serde_json::to_value(&typed).unwrap();
+        let original: Value = serde_json::from_str(SAMPLE_PAYLOAD).unwrap();
+        assert_eq!(again, original, "the sample round-trips through the contract type");
+    }
+}

@@ -1,0 +1,614 @@
+//! Request templates (issue 15) over real sockets: the shipped examples (`examples/templates/`)
+//! against fake appliances on 127.0.0.1:0 that check what they receive — a generic REST API, a
+//! NetScaler NITRO-like API (207 partial failure) and an F5 AS3-like API (full-state tenant: 200,
+//! 202 then poll, 503 busy, 422) — plus the removal guard and the JSON-escaping guarantee.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::api::{Api, TOKEN};
+use common::appliance::{Appliance, Req};
+use common::*;
+use serde_json::{Value, json};
+use vipwatch::config::{AuthConfig, BasicAuth, Config, PoolConfig, RetryConfig, Secret, SecretRef, WebhookConfig};
+use vipwatch::store::{AttemptRow, DeliveryFilter, Store};
+
+const HOSTILE: &str = "evil\", \"admin\": true, \"x\": \"\n}{";
+
+fn example_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/templates").join(name)
+}
+
+fn inline(secret: &str) -> SecretRef {
+    SecretRef { secret: Some(Secret::new(secret)), ..SecretRef::default() }
+}
+
+/// The example's `[[webhooks]]` entry pointed at `url`, secrets inline, test-friendly timings.
+fn example(name: &str, url: &str) -> WebhookConfig {
+    #[derive(serde::Deserialize)]
+    struct File {
+        webhooks: Vec<WebhookConfig>,
+    }
+    let dir = example_dir(name);
+    let file: File = toml::from_str(&std::fs::read_to_string(dir.join("webhook.toml")).unwrap()).unwrap();
+    let mut w = file.webhooks.into_iter().next().unwrap();
+    w.url = url.parse().unwrap();
+    w.timeout = Duration::from_secs(2);
+    w.retry = RetryConfig {
+        max_attempts: 50,
+        max_age: Duration::from_secs(600),
+        initial_delay: Duration::from_millis(50),
+        max_delay: Duration::from_millis(400),
+    };
+    let t = w.template.as_mut().unwrap();
+    t.resolve_paths(&dir);
+    t.debounce = Duration::from_millis(100);
+    match &mut t.auth {
+        Some(AuthConfig::Bearer(s)) => *s = inline("t0ken"),
+        Some(AuthConfig::Basic(BasicAuth { password, .. })) => *password = inline("pa55"),
+        None => {}
+    }
+    for s in t.secrets.values_mut() {
+        *s = inline("n1tr0-pa55");
+    }
+    w
+}
+
+fn pool() -> PoolConfig {
+    toml::from_str("name = \"lab\"\naddresses = [\"192.0.2.10\", \"192.0.2.11\", \"192.0.2.12\"]\n").unwrap()
+}
+
+fn config(h: &Harness, webhooks: Vec<WebhookConfig>) -> Config {
+    let mut c = h.config_with(webhooks);
+    c.pools = vec![pool()];
+    c.server.api_token = Some(Secret::new(TOKEN));
+    c
+}
+
+/// A LoadBalancer Service whose annotation tries to break out of its JSON string.
+fn hostile_service(ns: &str, name: &str, port: i64) -> Value {
+    let mut s = lb_service(ns, name, port);
+    s["metadata"]["annotations"] = json!({ "example.com/note": HOSTILE });
+    s
+}
+
+async fn attempts_of(store: &Store, webhook: &str) -> Vec<AttemptRow> {
+    let filter = DeliveryFilter { webhook: Some(webhook.into()), ..DeliveryFilter::default() };
+    let mut out = Vec::new();
+    for d in store.deliveries(&filter).await.unwrap() {
+        out.extend(store.attempts(d.id).await.unwrap());
+    }
+    out
+}
+
+#[test]
+fn every_shipped_example_passes_check_config() {
+    for name in ["generic-rest", "f5-as3-tenant", "f5-as3-per-app", "netscaler-nitro"] {
+        let c = Config { webhooks: vec![example(name, "https://appliance.example.net")], ..Config::default() };
+        let lines = vipwatch::template::check_config(&c).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!lines.is_empty(), "{name} renders requests");
+    }
+}
+
+#[test]
+fn check_config_names_the_template_line_and_reason() {
+    let mut w = example("generic-rest", "https://lb.example.net");
+    let t = w.template.as_mut().unwrap();
+    let added = &mut t.on.get_mut("ADDED").unwrap()[0];
+    added.body_file = None;
+    added.body = Some("{\n  \"name\": {{ service.nmae }}\n}".into());
+    let c = Config { webhooks: vec![w], ..Config::default() };
+    let e = vipwatch::template::check_config(&c).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "invalid value for `webhooks.ipam-rest.template`: template `on.ADDED[0].body` line 2: undefined value: \
+         `service.nmae` is undefined"
+    );
+}
+
+#[test]
+fn a_hostile_annotation_cannot_change_the_json_structure() {
+    let w = example("generic-rest", "https://lb.example.net");
+    let compiled = vipwatch::template::Compiled::new(&w).unwrap();
+    let payload: Value = serde_json::from_str(vipwatch::template::SAMPLE_PAYLOAD).unwrap();
+    let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), &serde_json::Map::new());
+    let rendered = compiled.render(&compiled.requests("MODIFIED")[0], &ctx).unwrap();
+    let body: Value = serde_json::from_str(rendered.body.as_deref().unwrap()).unwrap();
+    let keys: Vec<&str> = body.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["annotations", "event_id", "labels", "name", "namespace", "pools", "ports", "uid", "vips"]);
+    assert_eq!(body["annotations"], json!({ "example.com/note": HOSTILE, "example.com/owner": "team-a" }));
+    assert_eq!(rendered.url.as_str(), "https://lb.example.net/vips/shop/web");
+}
+
+/// The generic REST fake: a map of `/vips/{ns}/{name}` → body; PUT stores, DELETE removes (404 when
+/// absent); a request without the bearer token gets 401.
+fn rest_appliance(vips: Arc<Mutex<BTreeMap<String, Value>>>) -> impl Fn(&Req) -> (u16, String) {
+    move |r| {
+        if r.header("authorization") != "Bearer t0ken" {
+            return (401, String::new());
+        }
+        let mut vips = vips.lock().unwrap();
+        match r.method.as_str() {
+            "PUT" if r.path.starts_with("/api/vips/") => {
+                vips.insert(r.path.clone(), r.json());
+                (204, String::new())
+            }
+            "DELETE" => match vips.remove(&r.path) {
+                Some(_) => (204, String::new()),
+                None => (404, String::new()),
+            },
+            _ => (400, String::new()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn generic_rest_puts_the_vip_and_deletes_it_with_the_hostile_annotation_kept_in_its_string() {
+    let h = Harness::new().await;
+    let vips = Arc::new(Mutex::new(BTreeMap::new()));
+    let fake = Appliance::start(rest_appliance(vips.clone())).await;
+    let mut w = example("generic-rest", &format!("{}/api", fake.url));
+    w.template.as_mut().unwrap().sign = true;
+    w.secret = Some(Secret::new(receiver::SECRET));
+    let vw = h.start(config(&h, vec![w])).await;
+    h.api.apply(hostile_service("shop", "web", 80));
+    let body = wait_until("the VIP PUT with its address", || async {
+        let v = vips.lock().unwrap().get("/api/vips/shop/web").cloned();
+        v.filter(|b| b["vips"] == json!(["192.0.2.10"]))
+    })
+    .await;
+    assert_eq!(body["annotations"], json!({ "example.com/note": HOSTILE }));
+    assert_eq!(body["ports"], json!([{"name": "http", "protocol": "TCP", "port": 80}]));
+    assert_eq!((body["namespace"].clone(), body["name"].clone()), (json!("shop"), json!("web")));
+    let signer = standardwebhooks::Webhook::new(receiver::SECRET).unwrap();
+    let (put, _) = fake.requests().into_iter().find(|(r, _)| r.method == "PUT").unwrap();
+    signer.verify(&put.body, &put.headers).expect("sign = true: the Standard Webhooks signature verifies");
+
+    // The delivery log shows the rendered request, the token redacted.
+    let api = Api::new(&vw);
+    let list = api.ok("/api/v1/deliveries?webhook=ipam-rest&state=succeeded").await;
+    let id = list["items"][0]["id"].as_i64().unwrap();
+    let detail = api.ok(&format!("/api/v1/deliveries/{id}")).await;
+    let step = &detail["attempts"][0]["request"][0];
+    assert_eq!(step["method"], "PUT");
+    assert_eq!(step["url"], format!("{}/api/vips/shop/web", fake.url));
+    assert_eq!(step["headers"]["authorization"], "<redacted>");
+    assert_eq!(step["headers"]["accept"], "application/json");
+    assert_eq!(step["status"], 204);
+    assert!(!detail.to_string().contains("t0ken"), "the token never reaches the log");
+
+    h.api.delete("shop", "web");
+    wait_until("the VIP deleted", || async { vips.lock().unwrap().is_empty().then_some(()) }).await;
+    let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
+    assert_eq!(deletes, ["DELETE /api/vips/shop/web -> 204"]);
+    vw.stop().await.unwrap();
+}
+
+/// The NITRO fake: every call 201 except the first member binding, which gets 207 Multi-Status
+/// (one item failed with errorcode 1243).
+fn nitro_appliance() -> impl Fn(&Req) -> (u16, String) {
+    let bindings = Arc::new(Mutex::new(0));
+    move |r| {
+        if r.header("x-nitro-user") != "vipwatch" || r.header("x-nitro-pass") != "n1tr0-pa55" {
+            return (401, json!({"errorcode": 354, "message": "Invalid username or password"}).to_string());
+        }
+        if r.path.starts_with("/nitro/v1/config/servicegroup_servicegroupmember_binding") {
+            let mut n = bindings.lock().unwrap();
+            *n += 1;
+            if *n == 1 {
+                let answer = json!({"errorcode": 1243, "message": "Bulk operation failed", "severity": "ERROR",
+                    "response": [{"errorcode": 0}, {"errorcode": 273, "message": "Resource already exists"}]});
+                return (207, answer.to_string());
+            }
+        }
+        let status = if r.method == "DELETE" { 200 } else { 201 };
+        (status, json!({"errorcode": 0, "message": "Done", "severity": "NONE"}).to_string())
+    }
+}
+
+#[tokio::test]
+async fn nitro_treats_207_as_failure_and_retries_the_idempotent_calls_in_order() {
+    let h = Harness::new().await;
+    let fake = Appliance::start(nitro_appliance()).await;
+    let vw = h.start(config(&h, vec![example("netscaler-nitro", &fake.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_until("the vserver bound with its VIP", || async {
+        let reqs = fake.requests();
+        reqs.iter()
+            .any(|(r, s)| {
+                *s == 201
+                    && r.path.starts_with("/nitro/v1/config/lbvserver?")
+                    && r.body.windows(10).any(|w| w == b"192.0.2.10")
+            })
+            .then_some(())
+    })
+    .await;
+    wait_until("the binding after it", || async {
+        let lines = fake.lines();
+        lines.last().filter(|l| l.contains("lbvserver_servicegroup_binding")).map(drop)
+    })
+    .await;
+    let lines = fake.lines();
+    let sg = "POST /nitro/v1/config/servicegroup?idempotent=yes -> 201";
+    let members207 = "POST /nitro/v1/config/servicegroup_servicegroupmember_binding?idempotent=yes -> 207";
+    assert_eq!(lines[0], sg);
+    assert_eq!(lines[1], members207, "the partial failure stops the chain: {lines:#?}");
+    assert_eq!(lines[2], sg, "then the whole chain is retried: {lines:#?}");
+    let vserver =
+        fake.requests().into_iter().rev().find(|(r, _)| r.path.starts_with("/nitro/v1/config/lbvserver?")).unwrap();
+    assert_eq!(
+        vserver.0.json(),
+        json!({"lbvserver": [{"name": "vs_shop_web_80", "servicetype": "TCP", "ipv46": "192.0.2.10", "port": 80, "lbmethod": "ROUNDROBIN"}]})
+    );
+    let attempts = attempts_of(&vw.store, "netscaler").await;
+    assert_eq!((attempts[0].status_code, attempts[0].error_class.as_deref()), (Some(207), Some("http")));
+    let logged = attempts[0].request.clone().unwrap();
+    assert!(logged.contains("\"x-nitro-pass\":\"<redacted>\"") && !logged.contains("n1tr0-pa55"), "{logged}");
+
+    h.api.delete("shop", "web");
+    wait_until("the deletes per port", || async {
+        let lines = fake.lines();
+        lines.iter().any(|l| l == "DELETE /nitro/v1/config/servicegroup/sg_shop_web_80 -> 200").then_some(())
+    })
+    .await;
+    let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
+    assert_eq!(
+        deletes,
+        [
+            "DELETE /nitro/v1/config/lbvserver/vs_shop_web_80 -> 200",
+            "DELETE /nitro/v1/config/servicegroup/sg_shop_web_80 -> 200"
+        ]
+    );
+    vw.stop().await.unwrap();
+}
+
+/// How the AS3 fake answers the next declaration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum As3Mode {
+    /// 503 "configuration operation in progress".
+    Busy,
+    /// 202 + task; the first poll says "in progress", the next the result.
+    Async,
+    /// 422 "declaration is invalid".
+    Invalid,
+}
+
+/// The AS3 fake's state: the applications of tenant `k8s` it accepted, and a script of answers
+/// (empty: 202 + poll).
+#[derive(Default)]
+struct As3 {
+    apps: Option<BTreeSet<String>>,
+    script: Vec<As3Mode>,
+    down: bool,
+    tasks: BTreeMap<String, (u32, Value)>,
+    declarations: u32,
+}
+
+/// Why `d` is not an AS3 declaration of tenant `k8s` as the example renders it, if it is not.
+fn invalid_declaration(d: &Value) -> Option<String> {
+    let decl = &d["declaration"];
+    if d["class"] != "AS3" || decl["class"] != "ADC" || decl["k8s"]["class"] != "Tenant" {
+        return Some("not an AS3 ADC declaration of tenant k8s".into());
+    }
+    for (name, app) in decl["k8s"].as_object()?.iter().filter(|(k, _)| *k != "class") {
+        if app["class"] != "Application" || !name.starts_with("app_") {
+            return Some(format!("{name} is not an Application"));
+        }
+        for (_, item) in app.as_object()?.iter().filter(|(k, _)| k.starts_with("vs_")) {
+            let addresses = item["virtualAddresses"].as_array()?;
+            let pool = item["pool"].as_str()?;
+            if item["class"] != "Service_TCP" || addresses.is_empty() || !item["virtualPort"].is_u64() {
+                return Some(format!("{name}: a bad Service_TCP"));
+            }
+            if app[pool]["class"] != "Pool" || !app[pool]["members"].is_array() {
+                return Some(format!("{name}: pool {pool} missing"));
+            }
+        }
+    }
+    None
+}
+
+fn as3_appliance(state: Arc<Mutex<As3>>) -> impl Fn(&Req) -> (u16, String) {
+    move |r| {
+        let mut s = state.lock().unwrap();
+        if r.header("authorization") != "Basic YWRtaW46cGE1NQ==" {
+            return (401, String::new());
+        }
+        if s.down {
+            return (503, json!({"code": 503, "message": "down for maintenance"}).to_string());
+        }
+        if let Some(task) = r.path.strip_prefix("/mgmt/shared/appsvcs/task/") {
+            let Some((polls, result)) = s.tasks.get_mut(task) else { return (404, String::new()) };
+            *polls += 1;
+            if *polls == 1 {
+                return (200, json!({"id": task, "results": [{"message": "in progress"}]}).to_string());
+            }
+            return (200, result.to_string());
+        }
+        if r.method != "POST" || r.path != "/mgmt/shared/appsvcs/declare?async=true" {
+            return (404, String::new());
+        }
+        s.declarations += 1;
+        let mode = if s.script.is_empty() { As3Mode::Async } else { s.script.remove(0) };
+        let d = r.json();
+        match (mode, invalid_declaration(&d)) {
+            (As3Mode::Busy, _) => (503, json!({"code": 503, "message": "Configuration operation in progress on device, please try again in 2 minutes"}).to_string()),
+            (As3Mode::Invalid, _) | (_, Some(_)) => (422, json!({"code": 422, "message": "declaration is invalid"}).to_string()),
+            (As3Mode::Async, None) => {
+                let apps = d["declaration"]["k8s"].as_object().unwrap().keys().filter(|k| *k != "class").cloned().collect();
+                s.apps = Some(apps);
+                let task = format!("task-{}", s.declarations);
+                let result = json!({"id": task, "results": [{"code": 200, "message": "success", "tenant": "k8s"}]});
+                s.tasks.insert(task.clone(), (0, result));
+                (202, json!({"id": task}).to_string())
+            }
+        }
+    }
+}
+
+fn apps(names: &[&str]) -> Option<BTreeSet<String>> {
+    Some(names.iter().map(|s| (*s).to_owned()).collect())
+}
+
+async fn wait_apps(state: &Arc<Mutex<As3>>, want: &[&str]) {
+    let want = apps(want);
+    wait_until(&format!("the tenant holds {want:?}"), || async { (state.lock().unwrap().apps == want).then_some(()) })
+        .await;
+}
+
+fn as3_config(h: &Harness, url: &str) -> Config {
+    let mut w = example("f5-as3-tenant", url);
+    let t = w.template.as_mut().unwrap();
+    t.resend_interval = Duration::from_secs(3600);
+    let poll = t.full_state.as_mut().unwrap().poll.as_mut().unwrap();
+    poll.every = Duration::from_millis(50);
+    poll.deadline = Duration::from_secs(5);
+    let mut c = config(h, vec![w]);
+    c.relay.lease = Duration::from_secs(20);
+    c
+}
+
+#[tokio::test]
+async fn as3_full_state_converges_through_busy_async_restart_resync_and_an_outage() {
+    let h = Harness::new().await;
+    let state = Arc::new(Mutex::new(As3 { script: vec![As3Mode::Busy, As3Mode::Busy], ..As3::default() }));
+    let fake = Appliance::start(as3_appliance(state.clone())).await;
+    let vw = h.start(as3_config(&h, &fake.url)).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    h.api.apply(lb_service("shop", "api", 8080));
+    wait_apps(&state, &["app_shop__api", "app_shop__web"]).await;
+    let attempts = wait_until("the accepted declaration recorded", || async {
+        let a = attempts_of(&vw.store, "f5-as3").await;
+        a.iter().any(|a| a.error_class.is_none()).then_some(a)
+    })
+    .await;
+    let busy: Vec<_> = attempts.iter().filter(|a| a.status_code == Some(503)).collect();
+    assert_eq!(busy.len(), 2, "503 busy is retried");
+    let ok = attempts.iter().find(|a| a.error_class.is_none()).unwrap();
+    let steps: Vec<String> = serde_json::from_str::<Vec<Value>>(ok.request.as_deref().unwrap())
+        .unwrap()
+        .iter()
+        .map(|s| format!("{} {}", s["name"].as_str().unwrap(), s["status"]))
+        .collect();
+    assert_eq!(steps, ["full_state 202", "full_state.poll 200", "full_state.poll 200"]);
+    vw.stop().await.unwrap();
+
+    // Restart: a Service created while vipwatch was down is declared.
+    h.api.apply(lb_service("shop", "db", 5432));
+    let vw = h.start(as3_config(&h, &fake.url)).await;
+    wait_apps(&state, &["app_shop__api", "app_shop__db", "app_shop__web"]).await;
+
+    // Resync: the appliance lost its tenant; a resync declares it again.
+    state.lock().unwrap().apps = None;
+    let api = Api::new(&vw);
+    let answer = api.send(reqwest::Method::POST, "/api/v1/webhooks/f5-as3/resync", Some(TOKEN)).await;
+    assert_eq!(answer.status, 202, "{answer:?}");
+    wait_apps(&state, &["app_shop__api", "app_shop__db", "app_shop__web"]).await;
+
+    // Outage: changes made while the appliance is down arrive once it is back.
+    state.lock().unwrap().down = true;
+    h.api.delete("shop", "db");
+    wait_until("a failed attempt during the outage", || async {
+        let a = attempts_of(&vw.store, "f5-as3").await;
+        (a.last().and_then(|a| a.status_code) == Some(503)).then_some(())
+    })
+    .await;
+    state.lock().unwrap().down = false;
+    wait_apps(&state, &["app_shop__api", "app_shop__web"]).await;
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_as3_declaration_answered_422_fails_at_once() {
+    let h = Harness::new().await;
+    let state = Arc::new(Mutex::new(As3 { script: vec![As3Mode::Invalid; 10], ..As3::default() }));
+    let fake = Appliance::start(as3_appliance(state.clone())).await;
+    let vw = h.start(as3_config(&h, &fake.url)).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    let failed = wait_until("a failed declaration", || async {
+        let filter = DeliveryFilter { state: Some("failed".into()), ..DeliveryFilter::default() };
+        vw.store.deliveries(&filter).await.unwrap().into_iter().next()
+    })
+    .await;
+    assert_eq!((failed.attempts, failed.last_status), (1, Some(422)));
+    assert_eq!(failed.last_error.as_deref(), Some("HTTP 422: permanent for this request"));
+    assert_eq!(fake.requests().len(), state.lock().unwrap().declarations as usize);
+    vw.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_removal_guard_holds_a_declaration_that_would_empty_the_tenant_until_confirmed() {
+    let h = Harness::new().await;
+    let state = Arc::new(Mutex::new(As3::default()));
+    let fake = Appliance::start(as3_appliance(state.clone())).await;
+    let vw = h.start(as3_config(&h, &fake.url)).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    h.api.apply(lb_service("shop", "api", 8080));
+    wait_apps(&state, &["app_shop__api", "app_shop__web"]).await;
+
+    h.api.delete("shop", "web");
+    h.api.delete("shop", "api");
+    wait_until("a held attempt", || async {
+        let a = attempts_of(&vw.store, "f5-as3").await;
+        a.iter().any(|a| a.error_class.as_deref() == Some("held")).then_some(())
+    })
+    .await;
+    let held =
+        attempts_of(&vw.store, "f5-as3").await.into_iter().find(|a| a.error_class.as_deref() == Some("held")).unwrap();
+    assert_eq!(
+        held.error.as_deref(),
+        Some(
+            "removal guard: the declaration removes 2 of the 2 Services the appliance was last told (more than \
+             max_removal 0.5); confirm with POST /api/v1/webhooks/f5-as3/confirm-removal"
+        )
+    );
+    // Applications per declaration received: once both were declared, none with fewer went out.
+    let sizes: Vec<usize> = fake
+        .requests()
+        .iter()
+        .filter(|(r, _)| r.method == "POST")
+        .map(|(r, _)| r.json()["declaration"]["k8s"].as_object().unwrap().len() - 1)
+        .collect();
+    let full = sizes.iter().position(|n| *n == 2).unwrap();
+    assert!(sizes[full..].iter().all(|n| *n == 2), "nothing smaller was sent: {sizes:?}");
+    assert_eq!(state.lock().unwrap().apps, apps(&["app_shop__api", "app_shop__web"]));
+    assert!(vw.metrics.render().contains("vipwatch_template_removal_held{webhook=\"f5-as3\"} 1"));
+
+    let api = Api::new(&vw);
+    let answer = api.send(reqwest::Method::POST, "/api/v1/webhooks/f5-as3/confirm-removal", Some(TOKEN)).await;
+    assert_eq!((answer.status.as_u16(), answer.body), (200, json!({"webhook": "f5-as3", "removed": 2, "of": 2})));
+    wait_apps(&state, &[]).await;
+    wait_until("the gauge back to 0", || async {
+        vw.metrics.render().contains("vipwatch_template_removal_held{webhook=\"f5-as3\"} 0").then_some(())
+    })
+    .await;
+    let again = api.send(reqwest::Method::POST, "/api/v1/webhooks/f5-as3/confirm-removal", Some(TOKEN)).await;
+    assert_eq!(again.status, 409);
+    vw.stop().await.unwrap();
+}
+
+#[test]
+fn vipwatch_check_config_prints_the_sample_requests_or_the_template_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = example_dir("generic-rest");
+    std::fs::copy(example.join("vip.json"), dir.path().join("vip.json")).unwrap();
+    let config = dir.path().join("vipwatch.toml");
+    std::fs::copy(example.join("webhook.toml"), &config).unwrap();
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_vipwatch"))
+            .current_dir(dir.path())
+            .arg("--config")
+            .arg(&config)
+            .arg("check-config")
+            .env_remove("VIPWATCH_CONFIG")
+            .env("VIPWATCH_LOG", "warn")
+            .env("LB_TOKEN", "t0ken")
+            .output()
+            .unwrap()
+    };
+    let ok = run();
+    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    let samples: Vec<&str> = stdout.lines().filter(|l| l.starts_with("# template sample: ")).collect();
+    assert_eq!(samples.len(), 4, "ADDED, MODIFIED and SYNCED (like ADDED), DELETED: {stdout}");
+    assert!(
+        samples[0]
+            .starts_with("# template sample: ipam-rest: on.ADDED[0] PUT https://lb.example.net/api/vips/shop/web, ")
+    );
+    assert!(!stdout.contains("t0ken"), "the token is not printed");
+
+    std::fs::write(dir.path().join("vip.json"), "{\n  \"name\": {{ service.name }},\n  \"x\": {{ service.nmae }}\n}")
+        .unwrap();
+    let bad = run();
+    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&bad.stderr),
+        "vipwatch: invalid configuration: invalid value for `webhooks.ipam-rest.template`: template \
+         `on.ADDED[0].body` line 3: undefined value: `service.nmae` is undefined\n"
+    );
+}
+
+#[tokio::test]
+async fn capture_vip_makes_the_address_in_the_appliance_answer_the_services_vip() {
+    let h = Harness::new().await;
+    let fake = Appliance::start(|r: &Req| match r.method.as_str() {
+        "PUT" => (200, json!({"allocated": {"address": "203.0.113.7"}}).to_string()),
+        _ => (204, String::new()),
+    })
+    .await;
+    let mut w = example("generic-rest", &format!("{}/api", fake.url));
+    w.assigns_vip = true;
+    w.template.as_mut().unwrap().on.get_mut("ADDED").unwrap()[0].capture_vip = Some("/allocated/address".into());
+    let mut c = config(&h, vec![w]);
+    c.pools = Vec::new();
+    let vw = h.start(c).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_until("the appliance's address in the Service's status", || async {
+        let svc = h.api.get("shop", "web")?;
+        (svc.pointer("/status/loadBalancer/ingress/0/ip")? == "203.0.113.7").then_some(())
+    })
+    .await;
+    let rows = services(&vw.store).await;
+    assert_eq!(rows[0].view.vips(), ["203.0.113.7"]);
+    vw.stop().await.unwrap();
+}
+
+/// The AS3 per-application fake: `POST …/declare/k8s/applications` adds the one Application of the
+/// body (its first answer is a 200 hiding a 422 in `results`), `DELETE …/applications/<app>` removes it.
+fn as3_per_app_appliance(apps: Arc<Mutex<BTreeSet<String>>>) -> impl Fn(&Req) -> (u16, String) {
+    let answered = Arc::new(Mutex::new(0));
+    move |r| {
+        let mut apps = apps.lock().unwrap();
+        if let Some(app) = r.path.strip_prefix("/mgmt/shared/appsvcs/declare/k8s/applications/") {
+            return match (r.method.as_str(), apps.remove(app)) {
+                ("DELETE", true) => (200, json!({"results": [{"code": 200, "message": "success"}]}).to_string()),
+                _ => (404, String::new()),
+            };
+        }
+        if r.method != "POST" || r.path != "/mgmt/shared/appsvcs/declare/k8s/applications" {
+            return (404, String::new());
+        }
+        let body = r.json();
+        let names: Vec<&String> = body.as_object().unwrap().keys().filter(|k| *k != "schemaVersion").collect();
+        let app = &body[names[0].as_str()];
+        let shaped = names.len() == 1
+            && app["class"] == "Application"
+            && app["vs_80_tcp"]["virtualAddresses"].as_array().is_some_and(|a| !a.is_empty());
+        if !shaped {
+            return (422, json!({"code": 422, "message": "declaration is invalid"}).to_string());
+        }
+        let mut n = answered.lock().unwrap();
+        *n += 1;
+        if *n == 1 {
+            return (
+                200,
+                json!({"results": [{"code": 422, "message": "declaration failed", "tenant": "k8s"}]}).to_string(),
+            );
+        }
+        apps.insert(names[0].clone());
+        (200, json!({"results": [{"code": 200, "message": "success", "tenant": "k8s"}]}).to_string())
+    }
+}
+
+#[tokio::test]
+async fn as3_per_app_retries_a_200_that_hides_a_failure_and_deletes_the_application() {
+    let h = Harness::new().await;
+    let apps = Arc::new(Mutex::new(BTreeSet::new()));
+    let fake = Appliance::start(as3_per_app_appliance(apps.clone())).await;
+    let vw = h.start(config(&h, vec![example("f5-as3-per-app", &fake.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_until("the application declared", || async { apps.lock().unwrap().contains("app_shop__web").then_some(()) })
+        .await;
+    let attempts = attempts_of(&vw.store, "f5-as3-app").await;
+    assert_eq!(attempts[0].status_code, Some(200));
+    assert_eq!(attempts[0].error.as_deref(), Some("HTTP 200, but the check on /results/*/code failed (found [422])"));
+    h.api.delete("shop", "web");
+    wait_until("the application deleted", || async { apps.lock().unwrap().is_empty().then_some(()) }).await;
+    let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
+    assert_eq!(deletes, ["DELETE /mgmt/shared/appsvcs/declare/k8s/applications/app_shop__web -> 200"]);
+    vw.stop().await.unwrap();
+}
