@@ -111,6 +111,38 @@ fn check_config_names_the_template_line_and_reason() {
 }
 
 #[test]
+fn like_cannot_redirect_an_event_type_that_has_requests_of_its_own() {
+    let mut w = example("netscaler-nitro", "https://adc.example.net");
+    let t = w.template.as_mut().unwrap();
+    t.like.insert("DELETED".into(), "ADDED".into());
+    let events = ["ADDED", "MODIFIED", "DELETED"].map(String::from);
+    let (key, why) = t.validate(&events, false).unwrap_err();
+    assert_eq!(key, "template.like.DELETED", "a DELETED must not send the ADDED's requests");
+    assert_eq!(why, "DELETED has requests of its own ([[webhooks.template.on.DELETED]]); remove one of the two");
+}
+
+#[test]
+fn a_dot_segment_or_an_absent_value_from_an_annotation_fails_the_render_instead_of_moving_the_url() {
+    let mut w = example("generic-rest", "https://lb.example.net");
+    let t = w.template.as_mut().unwrap();
+    t.on.get_mut("ADDED").unwrap()[0].url =
+        "/tenants/{{ service.annotations['example.com/owner']|path_segment }}/vips/{{ service.name|path_segment }}"
+            .into();
+    let compiled = vipwatch::template::Compiled::new(&w).unwrap();
+    for (owner, ok) in [("team-a", true), ("..", false), (".", false), ("", false)] {
+        let mut payload: Value = serde_json::from_str(vipwatch::template::SAMPLE_PAYLOAD).unwrap();
+        payload["data"]["service"]["annotations"]["example.com/owner"] = json!(owner);
+        let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), &serde_json::Map::new());
+        let rendered = compiled.render(&compiled.requests("ADDED")[0], &ctx);
+        match rendered {
+            Ok(r) if ok => assert_eq!(r.url.as_str(), "https://lb.example.net/tenants/team-a/vips/web"),
+            Err(e) if !ok => assert!(e.to_string().contains("path_segment"), "{owner:?}: {e}"),
+            other => panic!("{owner:?}: {:?}", other.map(|r| r.url.to_string())),
+        }
+    }
+}
+
+#[test]
 fn a_hostile_annotation_cannot_change_the_json_structure() {
     let w = example("generic-rest", "https://lb.example.net");
     let compiled = vipwatch::template::Compiled::new(&w).unwrap();
@@ -380,7 +412,7 @@ async fn as3_full_state_converges_through_busy_async_restart_resync_and_an_outag
     let vw = h.start(as3_config(&h, &fake.url)).await;
     h.api.apply(lb_service("shop", "web", 80));
     h.api.apply(lb_service("shop", "api", 8080));
-    wait_apps(&state, &["app_shop__api", "app_shop__web"]).await;
+    wait_apps(&state, &["app_4_shop_api", "app_4_shop_web"]).await;
     let attempts = wait_until("the accepted declaration recorded", || async {
         let a = attempts_of(&vw.store, "f5-as3").await;
         a.iter().any(|a| a.error_class.is_none()).then_some(a)
@@ -400,14 +432,14 @@ async fn as3_full_state_converges_through_busy_async_restart_resync_and_an_outag
     // Restart: a Service created while vipwatch was down is declared.
     h.api.apply(lb_service("shop", "db", 5432));
     let vw = h.start(as3_config(&h, &fake.url)).await;
-    wait_apps(&state, &["app_shop__api", "app_shop__db", "app_shop__web"]).await;
+    wait_apps(&state, &["app_4_shop_api", "app_4_shop_db", "app_4_shop_web"]).await;
 
     // Resync: the appliance lost its tenant; a resync declares it again.
     state.lock().unwrap().apps = None;
     let api = Api::new(&vw);
     let answer = api.send(reqwest::Method::POST, "/api/v1/webhooks/f5-as3/resync", Some(TOKEN)).await;
     assert_eq!(answer.status, 202, "{answer:?}");
-    wait_apps(&state, &["app_shop__api", "app_shop__db", "app_shop__web"]).await;
+    wait_apps(&state, &["app_4_shop_api", "app_4_shop_db", "app_4_shop_web"]).await;
 
     // Outage: changes made while the appliance is down arrive once it is back.
     state.lock().unwrap().down = true;
@@ -418,7 +450,7 @@ async fn as3_full_state_converges_through_busy_async_restart_resync_and_an_outag
     })
     .await;
     state.lock().unwrap().down = false;
-    wait_apps(&state, &["app_shop__api", "app_shop__web"]).await;
+    wait_apps(&state, &["app_4_shop_api", "app_4_shop_web"]).await;
     vw.stop().await.unwrap();
 }
 
@@ -448,7 +480,7 @@ async fn the_removal_guard_holds_a_declaration_that_would_empty_the_tenant_until
     let vw = h.start(as3_config(&h, &fake.url)).await;
     h.api.apply(lb_service("shop", "web", 80));
     h.api.apply(lb_service("shop", "api", 8080));
-    wait_apps(&state, &["app_shop__api", "app_shop__web"]).await;
+    wait_apps(&state, &["app_4_shop_api", "app_4_shop_web"]).await;
 
     h.api.delete("shop", "web");
     h.api.delete("shop", "api");
@@ -475,7 +507,7 @@ async fn the_removal_guard_holds_a_declaration_that_would_empty_the_tenant_until
         .collect();
     let full = sizes.iter().position(|n| *n == 2).unwrap();
     assert!(sizes[full..].iter().all(|n| *n == 2), "nothing smaller was sent: {sizes:?}");
-    assert_eq!(state.lock().unwrap().apps, apps(&["app_shop__api", "app_shop__web"]));
+    assert_eq!(state.lock().unwrap().apps, apps(&["app_4_shop_api", "app_4_shop_web"]));
     assert!(vw.metrics.render().contains("vipwatch_template_removal_held{webhook=\"f5-as3\"} 1"));
 
     let api = Api::new(&vw);
@@ -601,7 +633,7 @@ async fn as3_per_app_retries_a_200_that_hides_a_failure_and_deletes_the_applicat
     let fake = Appliance::start(as3_per_app_appliance(apps.clone())).await;
     let vw = h.start(config(&h, vec![example("f5-as3-per-app", &fake.url)])).await;
     h.api.apply(lb_service("shop", "web", 80));
-    wait_until("the application declared", || async { apps.lock().unwrap().contains("app_shop__web").then_some(()) })
+    wait_until("the application declared", || async { apps.lock().unwrap().contains("app_4_shop_web").then_some(()) })
         .await;
     let attempts = attempts_of(&vw.store, "f5-as3-app").await;
     assert_eq!(attempts[0].status_code, Some(200));
@@ -609,6 +641,6 @@ async fn as3_per_app_retries_a_200_that_hides_a_failure_and_deletes_the_applicat
     h.api.delete("shop", "web");
     wait_until("the application deleted", || async { apps.lock().unwrap().is_empty().then_some(()) }).await;
     let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
-    assert_eq!(deletes, ["DELETE /mgmt/shared/appsvcs/declare/k8s/applications/app_shop__web -> 200"]);
+    assert_eq!(deletes, ["DELETE /mgmt/shared/appsvcs/declare/k8s/applications/app_4_shop_web -> 200"]);
     vw.stop().await.unwrap();
 }

@@ -275,6 +275,13 @@ impl TemplateConfig {
                     return bad("full_state", "only with mode = \"full_state\"".into());
                 }
                 for (from, to) in &self.like {
+                    if self.on.contains_key(from) {
+                        // Which would win is a guess; a DELETED sending the ADDED's PUT leaves the VIP up.
+                        let why = format!(
+                            "{from} has requests of its own ([[webhooks.template.on.{from}]]); remove one of the two"
+                        );
+                        return bad(&format!("like.{from}"), why);
+                    }
                     if self.like.contains_key(to) || !self.on.contains_key(to) {
                         return bad(&format!("like.{from}"), format!("`{to}` has no requests of its own"));
                     }

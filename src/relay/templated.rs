@@ -244,11 +244,15 @@ impl TemplateSender {
             error: None,
         };
         let safety = self.timeout + Duration::from_secs(1);
-        let result = match tokio::time::timeout(safety, request.send()).await {
+        let mut result = match tokio::time::timeout(safety, request.send()).await {
             Ok(Ok(response)) => read_response(response).await,
             Ok(Err(e)) => failure(sender::classify(&e), sender::error_chain(&e)),
             Err(_) => failure("timeout", format!("no complete answer within {:?}", self.timeout)),
         };
+        // An appliance may echo what it was sent (a login answer, an error quoting the request).
+        if let Some(body) = result.record.response_body.as_mut() {
+            *body = crate::template::redact(body, &secrets);
+        }
         step.status = result.record.status_code;
         step.response = result.record.response_body.clone();
         match result.record.status_code {

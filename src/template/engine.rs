@@ -332,9 +332,17 @@ pub fn with_item(ctx: &Value, index: usize, item: &serde_json::Value) -> Value {
 /// `text` with every value of `secrets` (longest first) replaced by `<redacted>`.
 pub fn redact(text: &str, secrets: &[&str]) -> String {
     let mut out = text.to_owned();
-    for s in secrets {
-        if out.contains(s) {
-            out = out.replace(s, REDACTED);
+    for s in secrets.iter().filter(|s| !s.is_empty()) {
+        // As written, JSON-escaped (a body renders values through JSON auto-escape) and
+        // percent-encoded (`path_segment`, `query`; `+` for spaces as forms write them).
+        let json = serde_json::to_string(s).unwrap_or_default();
+        let json = json.get(1..json.len().saturating_sub(1)).unwrap_or_default().to_owned();
+        let encoded = percent_encoding::utf8_percent_encode(s, super::filters::URL_PART).to_string();
+        let form = encoded.replace("%20", "+");
+        for variant in [s.to_string(), json, encoded.clone(), encoded.to_lowercase(), form] {
+            if !variant.is_empty() && out.contains(&variant) {
+                out = out.replace(&variant, REDACTED);
+            }
         }
     }
     out
@@ -347,5 +355,15 @@ mod tests {
     #[test]
     fn redact_replaces_every_secret() {
         assert_eq!(redact("a s3cr3t b s3cr3t", &["s3cr3t"]), "a <redacted> b <redacted>");
+    }
+
+    #[test]
+    fn redact_finds_a_secret_json_escaped_or_percent_encoded() {
+        let pw = r#"p"ss\w<rd&'"#;
+        let body = format!("{{\"password\": {}}}", serde_json::to_string(pw).unwrap());
+        assert_eq!(redact(&body, &[pw]), r#"{"password": "<redacted>"}"#);
+        let token = "abc/def+ghi==";
+        assert_eq!(redact("/login?token=abc%2Fdef%2Bghi%3D%3D", &[token]), "/login?token=<redacted>");
+        assert_eq!(redact("q=a+b", &["a b"]), "q=<redacted>");
     }
 }
