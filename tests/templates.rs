@@ -111,6 +111,18 @@ fn check_config_names_the_template_line_and_reason() {
 }
 
 #[test]
+fn check_config_renders_each_event_with_its_own_shape_so_previous_on_added_fails_there() {
+    let mut w = example("generic-rest", "https://lb.example.net");
+    let t = w.template.as_mut().unwrap();
+    let added = &mut t.on.get_mut("ADDED").unwrap()[0];
+    added.body_file = None;
+    added.body = Some("{\"old\": {{ previous.vips }}}".into());
+    let c = Config { webhooks: vec![w], ..Config::default() };
+    let e = vipwatch::template::check_config(&c).unwrap_err().to_string();
+    assert!(e.contains("template `on.ADDED[0].body` line 1"), "an ADDED has no previous: {e}");
+}
+
+#[test]
 fn like_cannot_redirect_an_event_type_that_has_requests_of_its_own() {
     let mut w = example("netscaler-nitro", "https://adc.example.net");
     let t = w.template.as_mut().unwrap();

@@ -1,6 +1,7 @@
 //! `vipwatch check-config` for templates: compile every endpoint's templates and render each request
-//! against a sample Service (a MODIFIED of `shop/web` whose annotation tries to break out of its JSON
-//! string), so a typo, an undefined variable or a body that is not JSON fails before `serve`.
+//! against a sample Service (`shop/web`, whose annotation tries to break out of its JSON string),
+//! shaped per event type ([`sample_payload`]), so a typo, an undefined variable or a body that is not
+//! JSON fails before `serve`.
 
 use serde_json::{Map, Value, json};
 
@@ -22,6 +23,30 @@ pub fn sample_services() -> Vec<Value> {
     api["ingress"] = json!([]);
     api["annotations"] = json!({});
     vec![api, web]
+}
+
+/// The sample shaped as `event`'s real payload: only a MODIFIED carries `previous`, `changed` and
+/// `backendsDiff`; a SYNCED carries `sync` and no `event_id` (as `relay::router` builds it). A
+/// template that reads `previous.vips` on ADDED fails here, not at its first real ADDED.
+pub fn sample_payload(event: &str) -> Value {
+    let mut payload: Value = serde_json::from_str(SAMPLE_PAYLOAD).expect("the sample is JSON");
+    payload["type"] = json!(format!("service.{}", event.to_ascii_lowercase()));
+    let data = payload["data"].as_object_mut().expect("the sample has data");
+    data.insert("event".into(), json!(event));
+    if event != "MODIFIED" {
+        for key in ["previous", "changed", "backendsDiff"] {
+            data.remove(key);
+        }
+    }
+    if event == "SYNCED" {
+        data.insert("event_id".into(), Value::Null);
+        data.insert("cause".into(), json!("resync"));
+        data.insert(
+            "sync".into(),
+            json!({"id": "0b7c3f4e-5a61-4c2d-9e8f-1a2b3c4d5e6f", "index": 1, "total": 2, "as_of_event_id": 42}),
+        );
+    }
+    payload
 }
 
 /// Compiles the templates of every enabled endpoint of `config` and renders each request against
@@ -53,10 +78,8 @@ fn check_endpoint(w: &WebhookConfig) -> Result<Vec<String>, TemplateError> {
     };
     match compiled.config.mode {
         TemplateMode::Event => {
-            let mut payload: Value = serde_json::from_str(SAMPLE_PAYLOAD).expect("the sample is JSON");
             for event in TEMPLATE_EVENTS {
-                payload["data"]["event"] = json!(event);
-                payload["type"] = json!(format!("service.{}", event.to_ascii_lowercase()));
+                let payload = sample_payload(event);
                 let ctx = event_context(&payload, &w.name, &secrets, &captured);
                 for req in compiled.requests(event) {
                     for r in compiled.render_all(req, &ctx)? {
