@@ -53,7 +53,7 @@ mod tests {
             kind,
             uid: "u".into(),
             resource_version: "1".into(),
-            view: after,
+            view: after.into(),
             previous: before,
             changed: vec!["allocation"],
             backends: Default::default(),

@@ -3,6 +3,7 @@
 //! ("Deciding what changed") and issue 2.
 
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 pub use vipwatch_contract::Cause;
 
@@ -49,7 +50,7 @@ pub struct Tracked {
     /// `metadata.resourceVersion` of the last write we saw.
     pub resource_version: String,
     /// The normalized view we last stored.
-    pub view: ServiceView,
+    pub view: Arc<ServiceView>,
     /// Its members per backend mode, as last announced.
     pub backends: BackendSets,
 }
@@ -64,7 +65,7 @@ pub struct Observed {
     /// `metadata.resourceVersion`.
     pub resource_version: String,
     /// The normalized view.
-    pub view: ServiceView,
+    pub view: Arc<ServiceView>,
     /// Whether [`super::Scope::contains`] accepts it.
     pub in_scope: bool,
     /// Its members per backend mode, computed by the recorder (empty until then).
@@ -93,7 +94,7 @@ pub struct Recorded {
     /// resourceVersion at which the change was observed.
     pub resource_version: String,
     /// The view after the change; for DELETED, the last view.
-    pub view: ServiceView,
+    pub view: Arc<ServiceView>,
     /// For MODIFIED: the view before.
     pub previous: Option<ServiceView>,
     /// For MODIFIED: the changed field names, see [`changed_fields`], plus `backends` when the members
@@ -124,7 +125,7 @@ impl Recorded {
     }
 
     /// A DELETED carrying `view` and `backends` as the last state.
-    pub fn deleted(uid: &str, resource_version: &str, view: &ServiceView, backends: &BackendSets) -> Self {
+    pub fn deleted(uid: &str, resource_version: &str, view: &Arc<ServiceView>, backends: &BackendSets) -> Self {
         Self {
             kind: ChangeKind::Deleted,
             uid: uid.to_owned(),
@@ -172,7 +173,7 @@ fn modified_or_refresh(cur: &Tracked, obs: &Observed) -> Decision {
             uid: obs.uid.clone(),
             resource_version: obs.resource_version.clone(),
             view: obs.view.clone(),
-            previous: Some(cur.view.clone()),
+            previous: Some((*cur.view).clone()),
             changed,
             backends: obs.backends.clone(),
             backends_diff: backends::diffs(&cur.backends, &obs.backends),
@@ -216,7 +217,14 @@ mod tests {
     fn observed(uid: &str, rv: &str, json: serde_json::Value, in_scope: bool) -> Observed {
         let view = ServiceView::from_service(&serde_json::from_value(json).unwrap());
         let key = ServiceKey::new("ns", "a");
-        Observed { key, uid: uid.into(), resource_version: rv.into(), view, in_scope, backends: BackendSets::new() }
+        Observed {
+            key,
+            uid: uid.into(),
+            resource_version: rv.into(),
+            view: view.into(),
+            in_scope,
+            backends: BackendSets::new(),
+        }
     }
 
     fn tracked(o: &Observed) -> Tracked {

@@ -189,8 +189,12 @@ impl Store {
         Ok(rows
             .into_iter()
             .map(|r| {
-                let tracked =
-                    Tracked { uid: r.uid, resource_version: r.resource_version, view: r.view, backends: r.backends };
+                let tracked = Tracked {
+                    uid: r.uid,
+                    resource_version: r.resource_version,
+                    view: r.view.into(),
+                    backends: r.backends,
+                };
                 (r.key, tracked)
             })
             .collect())

@@ -28,9 +28,10 @@ impl Ownership {
         }
         let current = current.filter(|t| t.uid == obs.uid).and_then(|t| t.view.allocation.as_ref());
         if let Some(a) = current.filter(|a| a.source == VipSource::Appliance) {
-            obs.view.allocation = Some(a.clone());
+            std::sync::Arc::make_mut(&mut obs.view).allocation = Some(a.clone());
         } else if self.allocator.manages(&obs.view) {
-            obs.view.allocation = Some(self.allocator.assign(&obs.key, &obs.view, &[]));
+            let assigned = self.allocator.assign(&obs.key, &obs.view, &[]);
+            std::sync::Arc::make_mut(&mut obs.view).allocation = Some(assigned);
         }
     }
 
@@ -75,7 +76,7 @@ impl Ownership {
 
     /// The view of `t` with the appliance's addresses, as an observation to decide on.
     pub fn assigned(t: &Tracked, a: Assignment) -> Observed {
-        let mut view = t.view.clone();
+        let mut view = (*t.view).clone();
         view.allocation = Some(Allocation {
             source: VipSource::Appliance,
             pool: None,
@@ -84,7 +85,7 @@ impl Ownership {
             reason: None,
         });
         let (uid, resource_version, backends) = (t.uid.clone(), t.resource_version.clone(), t.backends.clone());
-        Observed { key: a.key, uid, resource_version, view, in_scope: true, backends }
+        Observed { key: a.key, uid, resource_version, view: view.into(), in_scope: true, backends }
     }
 
     /// Whether the deliveries of `e` wait for the finalizer: it is on, the event is not a DELETED, and

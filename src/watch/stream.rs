@@ -128,7 +128,7 @@ pub fn observe(svc: Service, rule: &Scope) -> Observed {
     let resource_version = svc.resource_version().unwrap_or_default();
     let view = ServiceView::from_owned(svc);
     let in_scope = rule.contains(&view);
-    Observed { key, uid, resource_version, view, in_scope, backends: Default::default() }
+    Observed { key, uid, resource_version, view: view.into(), in_scope, backends: Default::default() }
 }
 
 /// A kind of object a scope watches: how to project it and wrap its changes.

@@ -296,12 +296,12 @@ impl Recorder {
     /// see [`Self::release_held`]), so they are freed only once it is acknowledged.
     fn decide(&self, obs: &Observed) -> Decision {
         if self.unrecorded_terminating(obs) {
-            let mut view = obs.view.clone();
+            let mut view = (*obs.view).clone();
             if self.ownership.allocator.manages(&view) {
                 view.allocation = self.ownership.allocator.published(&view);
             }
             let none = BackendSets::new();
-            return Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &view, &none)]);
+            return Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &view.into(), &none)]);
         }
         decide_apply(self.mirror.get(&obs.key), obs)
     }
@@ -376,7 +376,7 @@ impl Recorder {
             Decision::Record(events) => {
                 for event in events {
                     let before = self.mirror.get(key);
-                    plan.notices.extend(Ownership::notices(key, &event, before.map(|t| &t.view)));
+                    plan.notices.extend(Ownership::notices(key, &event, before.map(|t| &*t.view)));
                     plan.notices.extend(super::members::notices(key, &event, before));
                     let hold = self.ownership.hold(&event);
                     let cleanup = Ownership::cleanup(&event, live);
