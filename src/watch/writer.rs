@@ -108,7 +108,6 @@ impl Writer {
         let progress: Vec<WatchProgress> = plan.progress.values().cloned().collect();
         let chunks: Vec<&[StateChange]> =
             if plan.changes.is_empty() { vec![&[]] } else { plan.changes.chunks(CHUNK_CHANGES).collect() };
-        let mut last_id = None;
         for (n, chunk) in chunks.iter().enumerate() {
             let progress = if n + 1 == chunks.len() { progress.as_slice() } else { &[] };
             let write = || self.store.apply(chunk, progress, self.outbox.as_ref());
@@ -118,7 +117,6 @@ impl Writer {
             match write.retry(self.store.write_backoff()).notify(notify).await {
                 Ok(ids) => {
                     if let Some(id) = ids.last().copied() {
-                        last_id = Some(id);
                         self.signals.committed.send_replace(id);
                     }
                 }
@@ -128,10 +126,10 @@ impl Writer {
                 }
             }
         }
-        self.after_commit(&plan, last_id);
+        self.after_commit(&plan);
     }
 
-    fn after_commit(&mut self, plan: &Plan, last_id: Option<i64>) {
+    fn after_commit(&mut self, plan: &Plan) {
         let metrics = &self.signals.metrics;
         let mut counts = [0usize; 3];
         for change in &plan.changes {
@@ -176,9 +174,6 @@ impl Writer {
         }
         if dropped > 0 {
             warn!(dropped, "Kubernetes Event queue full; some Events were not published");
-        }
-        if let Some(id) = last_id {
-            self.signals.committed.send_replace(id);
         }
         for scope in &plan.first_lists {
             self.awaiting_first_list.remove(scope);
