@@ -130,10 +130,12 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let publisher = Publisher::new(client.clone(), &config, store.clone(), metrics.clone(), notices, assign_tx.clone())
         .waking(wake_relay);
     let publisher_task = tokio::spawn(publisher.run(committed.clone(), acked, cancel.clone()));
+    let checkpoint_task = tokio::spawn(store.clone().checkpoint_loop(cancel.clone()));
     let relay_task = tokio::spawn(async move {
         while relay_tasks.join_next().await.is_some() {}
         let _ = publisher_task.await;
         let _ = events_task.await;
+        let _ = checkpoint_task.await;
         Ok(())
     });
     let watch_task = {

@@ -1,6 +1,7 @@
 //! The SQLite store: event log, current-state table, watch bookkeeping. Owns every SQL statement;
 //! other modules call its typed methods. Schema under `migrations/`, applied at open.
 
+mod checkpoint;
 mod deliveries;
 mod error;
 mod events;
@@ -15,6 +16,7 @@ mod publish;
 mod queries;
 mod state;
 
+pub use checkpoint::{CHECKPOINT_INTERVAL, Checkpointed, WRITER_AUTOCHECKPOINT_PAGES};
 pub use deliveries::{
     AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, ERROR_CLASSES, Outcome, WebhookState,
 };

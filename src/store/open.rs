@@ -27,7 +27,10 @@ impl Store {
             .busy_timeout(Duration::from_secs(5))
             .foreign_keys(true)
             .pragma("temp_store", "memory");
-        let write = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await?;
+        // The write connection leaves checkpoints to `Store::checkpoint_loop` (see store::checkpoint).
+        let autocheckpoint = super::WRITER_AUTOCHECKPOINT_PAGES.to_string();
+        let write_options = options.clone().pragma("wal_autocheckpoint", autocheckpoint);
+        let write = SqlitePoolOptions::new().max_connections(1).connect_with(write_options).await?;
         sqlx::migrate!("./migrations").run(&write).await?;
         let log_id = log_id(&write).await?;
         let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
