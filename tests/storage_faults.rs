@@ -48,8 +48,17 @@ impl Drop for Tmpfs {
     }
 }
 
-/// Fills the filesystem of `path`'s directory with one file until ENOSPC; returns its size.
-fn fill(path: &Path) -> u64 {
+/// Fills the filesystem of database `db` with the file `path` until ENOSPC; returns its size. First
+/// empties `db`'s WAL (`sqlite3`: `PRAGMA wal_checkpoint(TRUNCATE)`): vipwatch checkpoints in the
+/// background, and a WAL it started over rewrites blocks the file already has, so small writes would
+/// still fit on the full disk (they would be durable; the test needs every write to take new space).
+fn fill(db: &Path, path: &Path) -> u64 {
+    let out = Command::new("sqlite3")
+        .arg(db)
+        .arg("PRAGMA busy_timeout = 5000; PRAGMA wal_checkpoint(TRUNCATE);")
+        .output()
+        .expect("the sqlite3 CLI is installed");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().last(), Some("0|0|0"), "WAL emptied: {out:?}");
     let mut f = std::fs::File::create(path).unwrap();
     let chunk = vec![0u8; 4096];
     let mut written = 0u64;
@@ -108,7 +117,7 @@ async fn a_full_disk_records_nothing_says_so_in_readyz_and_loses_nothing_once_sp
     let committed_before = *vw.committed().borrow();
 
     let ballast = fs.path().join("ballast");
-    assert!(fill(&ballast) > 0);
+    assert!(fill(&fs.path().join("vipwatch.db"), &ballast) > 0);
     h.api.apply(lb_service("shop", "b", 81));
     h.api.apply(lb_service("shop", "c", 82));
 
@@ -234,7 +243,7 @@ async fn an_accepted_delivery_whose_outcome_cannot_be_recorded_is_not_sent_again
     h.api.apply(lb_service("shop", "a", 80));
     wait_until("the attempt in flight", || async { (!rx.hits().is_empty()).then_some(()) }).await;
     let ballast = fs.path().join("ballast");
-    fill(&ballast);
+    fill(&fs.path().join("vipwatch.db"), &ballast);
 
     wait_accepted(&rx, 1).await;
     // Recording the outcome fails, again and again (backed off); the delivery is not sent again.

@@ -27,6 +27,13 @@ use crate::metrics::Metrics;
 use crate::model::Feedback;
 use crate::store::{Claimed, Completion, Outcome, Store, StoreError, now_ms};
 
+/// Least time between the starts of two rounds on the database (claims, recorded outcomes). Each
+/// round is a transaction on the one write connection and writes its pages into the WAL; at 500
+/// changes/s a round per finished attempt plus one per commit of the watch cost more than the
+/// attempts themselves (issue 13). Attempts that finish within the interval are recorded together,
+/// with the claim of the next heads, in one round. Adds at most this much to a delivery's wait.
+const ROUND_INTERVAL: Duration = Duration::from_millis(5);
+
 /// Everything one endpoint's loop needs.
 pub(super) struct Dispatcher {
     pub name: String,
@@ -90,6 +97,12 @@ impl StoreRetry {
     }
 }
 
+/// Waits until [`ROUND_INTERVAL`] has passed since the last round started, then starts this one.
+async fn spaced(last_round: &mut tokio::time::Instant) {
+    tokio::time::sleep_until(*last_round + ROUND_INTERVAL).await;
+    *last_round = tokio::time::Instant::now();
+}
+
 impl Dispatcher {
     /// Runs until `cancel`; wakes on every commit (`committed`), on finished attempts, when the next
     /// retry is due, and every `relay.poll_interval` (work enqueued by another process).
@@ -107,6 +120,9 @@ impl Dispatcher {
         // read from the database at the start and, while disabled, on every pass (to see the API's
         // enable) — not on every pass of a busy endpoint.
         let mut disabled = self.is_disabled().await;
+        let mut last_round = tokio::time::Instant::now();
+        // Whether the last round already claimed for the free slots (then only a wake-up claims again).
+        let mut claimed = false;
         loop {
             if !store.waiting() {
                 self.record(&mut store).await;
@@ -115,7 +131,8 @@ impl Dispatcher {
                 disabled = self.is_disabled().await;
                 health.disabled_now = false;
             }
-            if !disabled && !store.waiting() && store.unrecorded.is_empty() {
+            if !disabled && !store.waiting() && store.unrecorded.is_empty() && !std::mem::take(&mut claimed) {
+                spaced(&mut last_round).await;
                 self.fill(&mut in_flight, &mut health.circuit, &mut store).await;
             }
             // With attempts in flight, their completion wakes us; the next-due query (a scan of the
@@ -130,12 +147,14 @@ impl Dispatcher {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    spaced(&mut last_round).await;
                     let mut done = vec![joined];
                     while let Some(more) = in_flight.try_join_next() {
                         done.push(more);
                     }
                     let done = done.into_iter().filter_map(Result::ok).collect();
                     let refill = (!disabled).then_some(&mut in_flight);
+                    claimed = refill.is_some();
                     self.finish(done, &mut health, &mut store, refill).await;
                 }
                 changed = committed.changed(), if committed_open && !backing_off => committed_open = changed.is_ok(),

@@ -215,7 +215,7 @@ impl Store {
         }
         q.push(" ORDER BY id");
         if let Some(limit) = filter.limit {
-            q.push(" LIMIT ").push_bind(limit);
+            q.push(format!(" LIMIT {limit}")); // a literal: see the `store` module docs
         }
         let rows = q.build().fetch_all(&self.pool).await?;
         Ok(rows.iter().map(delivery_row).collect())

@@ -94,6 +94,13 @@ impl StoreError {
         self.fault().is_some_and(FaultKind::is_transient)
     }
 
+    /// True when an event id given by [`Store::prepare`] is already in the log: someone else wrote
+    /// events since the writer read [`Store::next_event_id`] (the lock file rules that out; the writer
+    /// then reads the next id again and prepares anew rather than retrying the same ids).
+    pub fn is_event_id_taken(&self) -> bool {
+        matches!(self, Self::Sqlx(sqlx::Error::Database(e)) if e.is_unique_violation() && e.message().contains("events.id"))
+    }
+
     /// The underlying reason in a few words, e.g. SQLite's `database or disk is full`.
     pub fn reason(&self) -> String {
         match self {

@@ -72,9 +72,11 @@ impl Store {
 
     /// At most `limit` Nodes with a name after `after`, by name.
     pub async fn nodes_page(&self, after: Option<&str>, limit: i64) -> Result<Vec<NodeRow>, StoreError> {
-        let sql =
-            "SELECT name, uid, resource_version, view, updated_at FROM nodes WHERE name > ?1 ORDER BY name LIMIT ?2";
-        let rows = sqlx::query(sql).bind(after.unwrap_or("")).bind(limit).fetch_all(&self.pool).await?;
+        // LIMIT as a literal: see the `store` module docs.
+        let mut q: sqlx::QueryBuilder<sqlx::Sqlite> =
+            sqlx::QueryBuilder::new("SELECT name, uid, resource_version, view, updated_at FROM nodes WHERE name > ");
+        q.push_bind(after.unwrap_or("")).push(format!(" ORDER BY name LIMIT {limit}"));
+        let rows = q.build().fetch_all(&self.pool).await?;
         rows.iter()
             .map(|r| {
                 Ok(NodeRow {

@@ -27,9 +27,13 @@ impl Store {
             .busy_timeout(Duration::from_secs(5))
             .foreign_keys(true)
             .pragma("temp_store", "memory");
-        // The write connection leaves checkpoints to `Store::checkpoint_loop` (see store::checkpoint).
+        // The write connection leaves checkpoints to `Store::checkpoint_loop` (see store::checkpoint),
+        // and cuts the WAL back to 16 MiB when it starts it over (a burst's WAL would keep its size).
         let autocheckpoint = super::WRITER_AUTOCHECKPOINT_PAGES.to_string();
-        let write_options = options.clone().pragma("wal_autocheckpoint", autocheckpoint);
+        let write_options = options
+            .clone()
+            .pragma("wal_autocheckpoint", autocheckpoint)
+            .pragma("journal_size_limit", (16 << 20).to_string());
         let write = SqlitePoolOptions::new().max_connections(1).connect_with(write_options).await?;
         sqlx::migrate!("./migrations").run(&write).await?;
         let log_id = log_id(&write).await?;

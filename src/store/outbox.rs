@@ -141,14 +141,13 @@ pub(super) async fn supersede_retried(
     Ok(())
 }
 
-/// Enqueues the deliveries of freshly inserted events (ids in order) inside the batch transaction.
-pub(super) async fn enqueue(
-    tx: &mut Transaction<'_, Sqlite>,
-    now: i64,
+/// The deliveries `outbox` routes the events to (ids in order): pure CPU work, done before the
+/// transaction that inserts them ([`insert_deliveries`]).
+pub(super) fn route<'a>(
     outbox: &dyn Outbox,
-    events: &[(RecordedEvent<'_>, Option<i64>, bool)],
-) -> Result<(), StoreError> {
-    let rows: Vec<DeliveryInsert<'_>> = events
+    events: &[(RecordedEvent<'a>, Option<i64>, bool)],
+) -> Vec<DeliveryInsert<'a>> {
+    events
         .iter()
         .flat_map(|(e, event_id, held)| {
             outbox.route(*e).into_iter().map(move |d| match d.coalesce_ms {
@@ -156,8 +155,7 @@ pub(super) async fn enqueue(
                 None => (d, *event_id, e.key, *held),
             })
         })
-        .collect();
-    insert_deliveries(tx, now, &rows).await
+        .collect()
 }
 
 /// A delivery to insert: what, for which event, which Service, held for the finalizer or not.
@@ -223,13 +221,9 @@ pub(super) async fn claim_in(
     lease_ms: i64,
     limit: usize,
 ) -> Result<Vec<Claimed>, StoreError> {
-    let rows = sqlx::query(CLAIM)
-        .bind(webhook)
-        .bind(now)
-        .bind(now + lease_ms)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(conn)
-        .await?;
+    let sql = format!("{CLAIM}{limit}{CLAIM_RETURNING}");
+    let mut q = QueryBuilder::<Sqlite>::new(sql);
+    let rows = q.build().bind(webhook).bind(now).bind(now + lease_ms).fetch_all(conn).await?;
     let mut claimed: Vec<Claimed> = rows
         .iter()
         .map(|r| Claimed {
@@ -284,13 +278,17 @@ macro_rules! is_head {
     };
 }
 
+/// The claim, up to its LIMIT (a literal, see the `store` module docs; one cached statement per limit,
+/// at most `relay.concurrency` of them).
 const CLAIM: &str = concat!(
     "UPDATE deliveries SET claimed_until = ?3 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_pending \
      WHERE d.webhook = ?1 AND d.state = 'pending' AND d.held = 0 AND d.next_attempt_at <= ?2 \
      AND (d.claimed_until IS NULL OR d.claimed_until < ?2) AND ",
     is_head!(),
-    " ORDER BY d.id LIMIT ?4) RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id"
+    " ORDER BY d.id LIMIT "
 );
+
+const CLAIM_RETURNING: &str = ") RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id";
 
 const NEXT_DUE: &str = concat!(
     "SELECT MIN(MAX(d.next_attempt_at, COALESCE(d.claimed_until, 0))) FROM deliveries d INDEXED BY deliveries_pending \

@@ -76,9 +76,12 @@ const HAS_EVENT: &str = "SELECT d.webhook, d.state = 'succeeded' OR (d.state = '
 impl Store {
     /// Services with deliveries held for the finalizer (at most `limit`), by namespace and name.
     pub async fn held_services(&self, limit: i64) -> Result<Vec<ServiceKey>, StoreError> {
-        let sql = "SELECT DISTINCT namespace, name FROM deliveries WHERE held = 1 AND state = 'pending' \
-                   ORDER BY namespace, name LIMIT ?1";
-        let rows = sqlx::query(sql).bind(limit).fetch_all(&self.pool).await?;
+        // LIMIT as a literal: see the `store` module docs.
+        let sql = format!(
+            "SELECT DISTINCT namespace, name FROM deliveries WHERE held = 1 AND state = 'pending' \
+             ORDER BY namespace, name LIMIT {limit}"
+        );
+        let rows = sqlx::QueryBuilder::<sqlx::Sqlite>::new(sql).build().fetch_all(&self.pool).await?;
         Ok(rows.iter().map(|r| ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1))).collect())
     }
 

@@ -99,9 +99,11 @@ impl Store {
 
     /// The last `n` events of one Service (any uid), oldest first.
     pub async fn recent_events(&self, key: &ServiceKey, n: i64) -> Result<Vec<EventRow>, StoreError> {
-        let sql = "SELECT id FROM events WHERE namespace = ? AND name = ? ORDER BY id DESC LIMIT ?";
-        let ids: Vec<i64> =
-            sqlx::query_scalar(sql).bind(&key.namespace).bind(&key.name).bind(n).fetch_all(&self.pool).await?;
+        // LIMIT as a literal: see the `store` module docs.
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT id FROM events WHERE namespace = ");
+        q.push_bind(&key.namespace).push(" AND name = ").push_bind(&key.name);
+        q.push(format!(" ORDER BY id DESC LIMIT {n}"));
+        let ids: Vec<i64> = q.build_query_scalar().fetch_all(&self.pool).await?;
         let Some(oldest) = ids.last() else { return Ok(Vec::new()) };
         let filter = EventFilter {
             after_id: Some(oldest - 1),
@@ -127,7 +129,7 @@ impl Store {
         if let Some(ty) = &q.service_type {
             b.push(" AND type = ").push_bind(ty.clone());
         }
-        b.push(" ORDER BY namespace, name LIMIT ").push_bind(q.limit);
+        b.push(format!(" ORDER BY namespace, name LIMIT {}", q.limit)); // a literal: see the `store` module docs
         let rows = b.build().fetch_all(&self.pool).await?;
         rows.iter().map(service_row).collect()
     }

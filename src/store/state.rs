@@ -9,7 +9,7 @@ use serde::Serialize;
 use sqlx::Connection as _;
 use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 
-use super::outbox::{Outbox, RecordedEvent, enqueue};
+use super::outbox::{Outbox, RecordedEvent};
 use super::progress::{WatchProgress, write_progress};
 use super::{Store, StoreError, now_ms};
 use crate::model::backends::{BackendSets, ObservedNode};
@@ -141,46 +141,118 @@ const INSERT_CLEANUPS: &str = "INSERT OR REPLACE INTO cleanups (event_id, namesp
 const DELETE_SERVICES: &str = "DELETE FROM services WHERE (namespace, name) IN \
      (SELECT j.value->>0, j.value->>1 FROM json_each(?1) AS j)";
 
+/// A chunk of changes made ready to write by [`Store::prepare`]: event ids assigned, rows serialized,
+/// deliveries routed and rendered. All the CPU work of a write happens here, outside the transaction
+/// (and, in the watch's writer, while the previous chunk is being written); [`Store::write`] then
+/// only runs statements.
+pub struct Prepared<'a> {
+    changes: &'a [StateChange],
+    progress: &'a [WatchProgress],
+    now: i64,
+    ids: Vec<i64>,
+    events: Vec<EventJson<'a>>,
+    deliveries: Vec<super::outbox::DeliveryInsert<'a>>,
+    cleanups: Option<String>,
+    releases: Option<String>,
+    upserts: Option<String>,
+    deletes: Option<String>,
+}
+
+impl Prepared<'_> {
+    /// The event ids this chunk writes, ascending (empty when it has no event).
+    pub fn ids(&self) -> &[i64] {
+        &self.ids
+    }
+
+    /// The id after this chunk's last event: where the next chunk starts.
+    pub fn next_id(&self, first_id: i64) -> i64 {
+        self.ids.last().map_or(first_id, |last| last + 1)
+    }
+}
+
 impl Store {
-    /// Persists `changes` and `progress` in ONE transaction (one commit): all or nothing. Event rows
-    /// get ids in the order given, and `outbox` turns each into its deliveries in the same transaction;
-    /// the state table ends as if each change were applied in order. Returns the new event ids,
-    /// ascending. Errors: [`StoreError`]; nothing is written then.
+    /// The id the next event will get: one past the highest ever given (`sqlite_sequence`, so ids of
+    /// pruned events are never reused). Read from the write connection.
+    pub async fn next_event_id(&self) -> Result<i64, StoreError> {
+        let sql = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0) + 1";
+        Ok(sqlx::query_scalar(sql).fetch_one(&self.write).await?)
+    }
+
+    /// Makes `changes` and `progress` ready to write: events get ids `first_id`, `first_id + 1`, ... in
+    /// order and the time `now` (Unix ms), `outbox` routes each into its deliveries, every row is
+    /// serialized. Nothing touches the database. Errors: [`StoreError::Json`] when a view does not
+    /// serialize.
+    pub fn prepare<'a>(
+        &self,
+        changes: &'a [StateChange],
+        progress: &'a [WatchProgress],
+        outbox: &dyn Outbox,
+        first_id: i64,
+        now: i64,
+    ) -> Result<Prepared<'a>, StoreError> {
+        let events = event_rows(changes)?;
+        let ids: Vec<i64> = (first_id..).take(events.len()).collect();
+        let recorded: Vec<(RecordedEvent<'a>, Option<i64>, bool)> = changes
+            .iter()
+            .filter_map(|c| match c {
+                StateChange::Event { key, cause, event, hold, .. } => Some((key, *cause, event.as_ref(), *hold)),
+                StateChange::Refresh { .. } | StateChange::Node { .. } | StateChange::Held { .. } => None,
+            })
+            .zip(&ids)
+            .map(|((key, cause, event, hold), id)| {
+                (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id), hold)
+            })
+            .collect();
+        let deliveries = super::outbox::route(outbox, &recorded);
+        let (cleanups, releases) = cleanup_rows(changes, &ids)?;
+        let (upserts, deletes) = state_rows(changes)?;
+        Ok(Prepared { changes, progress, now, ids, events, deliveries, cleanups, releases, upserts, deletes })
+    }
+
+    /// Writes a prepared chunk in ONE transaction (one commit): all or nothing; the state table ends
+    /// as if each change were applied in order. Returns the event ids, ascending. Errors:
+    /// [`StoreError`]; nothing is written then. An id already taken (another writer, which the lock
+    /// file rules out) fails as a unique-constraint error: see [`StoreError::is_event_id_taken`].
+    pub async fn write(&self, p: &Prepared<'_>) -> Result<Vec<i64>, StoreError> {
+        let mut conn = self.writer().await?;
+        let result = async {
+            let mut tx = conn.begin().await?;
+            insert_events(&mut tx, p.now, &p.events, &p.ids).await?;
+            super::outbox::insert_deliveries(&mut tx, p.now, &p.deliveries).await?;
+            if let Some(rows) = &p.cleanups {
+                sqlx::query(INSERT_CLEANUPS).bind(p.now).bind(rows).execute(&mut *tx).await?;
+            }
+            if let Some(rows) = &p.releases {
+                sqlx::query(INSERT_RELEASES).bind(p.now).bind(rows).execute(&mut *tx).await?;
+            }
+            if let Some(rows) = &p.deletes {
+                sqlx::query(DELETE_SERVICES).bind(rows).execute(&mut *tx).await?;
+            }
+            if let Some(rows) = &p.upserts {
+                sqlx::query(UPSERT_SERVICES).bind(p.now).bind(rows).execute(&mut *tx).await?;
+            }
+            super::nodes::write_nodes(&mut tx, p.now, p.changes).await?;
+            super::held::write_held(&mut tx, p.changes).await?;
+            for progress in p.progress {
+                write_progress(&mut tx, p.now, progress).await?;
+            }
+            tx.commit().await?;
+            Ok(p.ids.clone())
+        }
+        .await;
+        self.settle(conn, result)
+    }
+
+    /// [`Store::prepare`] and [`Store::write`] in one go, with the next free ids (tests, tools).
     pub async fn apply(
         &self,
         changes: &[StateChange],
         progress: &[WatchProgress],
         outbox: &dyn Outbox,
     ) -> Result<Vec<i64>, StoreError> {
-        let now = now_ms();
-        let mut conn = self.writer().await?;
-        let result = async {
-            let mut tx = conn.begin().await?;
-            let ids = insert_events(&mut tx, now, changes).await?;
-            let recorded: Vec<(RecordedEvent<'_>, Option<i64>, bool)> = changes
-                .iter()
-                .filter_map(|c| match c {
-                    StateChange::Event { key, cause, event, hold, .. } => Some((key, *cause, event.as_ref(), *hold)),
-                    StateChange::Refresh { .. } | StateChange::Node { .. } | StateChange::Held { .. } => None,
-                })
-                .zip(&ids)
-                .map(|((key, cause, event, hold), id)| {
-                    (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id), hold)
-                })
-                .collect();
-            enqueue(&mut tx, now, outbox, &recorded).await?;
-            insert_cleanups(&mut tx, now, changes, &ids).await?;
-            write_state(&mut tx, now, changes).await?;
-            super::nodes::write_nodes(&mut tx, now, changes).await?;
-            super::held::write_held(&mut tx, changes).await?;
-            for p in progress {
-                write_progress(&mut tx, now, p).await?;
-            }
-            tx.commit().await?;
-            Ok(ids)
-        }
-        .await;
-        self.settle(conn, result)
+        let first_id = self.next_event_id().await?;
+        let prepared = self.prepare(changes, progress, outbox, first_id, now_ms())?;
+        self.write(&prepared).await
     }
 
     /// Every row of the current-state table, keyed by Service: what the recorder diffs against.
@@ -225,11 +297,8 @@ pub(super) fn service_row(r: &sqlx::sqlite::SqliteRow) -> Result<ServiceRow, Sto
 /// are cut into chunks of 128, 64, ..., 1 rows so at most 8 distinct statements get prepared.
 const EVENT_CHUNK: usize = 128;
 
-async fn insert_events(
-    tx: &mut Transaction<'_, Sqlite>,
-    now: i64,
-    changes: &[StateChange],
-) -> Result<Vec<i64>, StoreError> {
+/// The event rows of `changes`, in order, serialized.
+fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson<'_>>, StoreError> {
     let mut rows = Vec::new();
     for change in changes {
         if let StateChange::Event { key, cause, event: e, .. } = change {
@@ -252,29 +321,38 @@ async fn insert_events(
             });
         }
     }
-    let mut ids = Vec::with_capacity(rows.len());
-    let mut rest = &rows[..];
+    Ok(rows)
+}
+
+/// Inserts event rows with their assigned ids (`ids[i]` for `rows[i]`).
+async fn insert_events(
+    tx: &mut Transaction<'_, Sqlite>,
+    now: i64,
+    rows: &[EventJson<'_>],
+    ids: &[i64],
+) -> Result<(), StoreError> {
+    let mut rest: Vec<(&EventJson<'_>, i64)> = rows.iter().zip(ids.iter().copied()).collect();
     while !rest.is_empty() {
         let n = if rest.len() >= EVENT_CHUNK { EVENT_CHUNK } else { 1 << rest.len().ilog2() };
-        let (chunk, tail) = rest.split_at(n);
-        ids.extend(insert_event_chunk(tx, now, chunk).await?);
+        let tail = rest.split_off(n);
+        insert_event_chunk(tx, now, &rest).await?;
         rest = tail;
     }
-    ids.sort_unstable();
-    Ok(ids)
+    Ok(())
 }
 
 async fn insert_event_chunk(
     tx: &mut Transaction<'_, Sqlite>,
     now: i64,
-    chunk: &[EventJson<'_>],
-) -> Result<Vec<i64>, StoreError> {
+    chunk: &[(&EventJson<'_>, i64)],
+) -> Result<(), StoreError> {
     let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-        "INSERT INTO events (observed_at, type, namespace, name, uid, resource_version, cause, view, previous, changed, \
-         backends, backends_diff) ",
+        "INSERT INTO events (id, observed_at, type, namespace, name, uid, resource_version, cause, view, previous, \
+         changed, backends, backends_diff) ",
     );
-    q.push_values(chunk, |mut b, r| {
-        b.push_bind(now)
+    q.push_values(chunk, |mut b, (r, id)| {
+        b.push_bind(*id)
+            .push_bind(now)
             .push_bind(r.kind)
             .push_bind(r.ns)
             .push_bind(r.name)
@@ -287,19 +365,15 @@ async fn insert_event_chunk(
             .push_bind(&r.backends)
             .push_bind(&r.backends_diff);
     });
-    q.push(" RETURNING id");
-    Ok(q.build_query_scalar().fetch_all(&mut **tx).await?)
+    q.build().execute(&mut **tx).await?;
+    Ok(())
 }
 
-/// Records the follow-up work of events (ids in event order, as [`insert_events`] returns):
-/// cleanups of objects that still exist, and the pool addresses to release once acknowledged (of
-/// DELETED events and of MODIFIED events that withdrew some, see [`crate::ipam::withdrawn`]).
-async fn insert_cleanups(
-    tx: &mut Transaction<'_, Sqlite>,
-    now: i64,
-    changes: &[StateChange],
-    ids: &[i64],
-) -> Result<(), StoreError> {
+/// The follow-up work of events (ids in event order), as JSON arrays for [`INSERT_CLEANUPS`] and
+/// [`INSERT_RELEASES`] (`None` = nothing): cleanups of objects that still exist, and the pool
+/// addresses to release once acknowledged (of DELETED events and of MODIFIED events that withdrew
+/// some, see [`crate::ipam::withdrawn`]).
+fn cleanup_rows(changes: &[StateChange], ids: &[i64]) -> Result<(Option<String>, Option<String>), StoreError> {
     let events = changes.iter().filter_map(|c| match c {
         StateChange::Event { key, event, cleanup, .. } => Some((key, event, cleanup)),
         StateChange::Refresh { .. } | StateChange::Node { .. } | StateChange::Held { .. } => None,
@@ -318,17 +392,13 @@ async fn insert_cleanups(
                 "fin": i64::from(c.remove_finalizer), "clear": clear}));
         }
     }
-    if !rows.is_empty() {
-        sqlx::query(INSERT_CLEANUPS).bind(now).bind(serde_json::to_string(&rows)?).execute(&mut **tx).await?;
-    }
-    if !releases.is_empty() {
-        sqlx::query(INSERT_RELEASES).bind(now).bind(serde_json::to_string(&releases)?).execute(&mut **tx).await?;
-    }
-    Ok(())
+    let json = |v: Vec<serde_json::Value>| (!v.is_empty()).then(|| serde_json::to_string(&v)).transpose();
+    Ok((json(rows)?, json(releases)?))
 }
 
-/// Folds the batch into the last operation per Service, then runs one upsert and one delete.
-async fn write_state(tx: &mut Transaction<'_, Sqlite>, now: i64, changes: &[StateChange]) -> Result<(), StoreError> {
+/// Folds the batch into the last operation per Service: the JSON arrays for one upsert
+/// ([`UPSERT_SERVICES`]) and one delete ([`DELETE_SERVICES`]); `None` = nothing to do.
+fn state_rows(changes: &[StateChange]) -> Result<(Option<String>, Option<String>), StoreError> {
     let mut last: HashMap<&ServiceKey, Final<'_>> = HashMap::new();
     for change in changes {
         let (key, op) = match change {
@@ -361,11 +431,7 @@ async fn write_state(tx: &mut Transaction<'_, Sqlite>, now: i64, changes: &[Stat
             }),
         }
     }
-    if !deletes.is_empty() {
-        sqlx::query(DELETE_SERVICES).bind(serde_json::to_string(&deletes)?).execute(&mut **tx).await?;
-    }
-    if !upserts.is_empty() {
-        sqlx::query(UPSERT_SERVICES).bind(now).bind(serde_json::to_string(&upserts)?).execute(&mut **tx).await?;
-    }
-    Ok(())
+    let deletes = (!deletes.is_empty()).then(|| serde_json::to_string(&deletes)).transpose()?;
+    let upserts = (!upserts.is_empty()).then(|| serde_json::to_string(&upserts)).transpose()?;
+    Ok((upserts, deletes))
 }
