@@ -360,7 +360,10 @@ async fn leaving_scope_clears_the_status_and_the_finalizer_after_the_deleted_is_
     .await;
     let kinds: Vec<String> = rx.accepted().iter().map(|h| h.event().0).collect();
     assert_eq!(kinds, vec!["ADDED", "DELETED"]);
-    // The address is free again.
+    // The address is free again once the release is handed to the allocator, which the publisher does
+    // right after removing the finalizer (never before: the old status must be gone first).
+    wait_until("the address released", || async { running.store.releases().await.unwrap().is_empty().then_some(()) })
+        .await;
     h.api.apply(lb_service("ns", "b", 80));
     wait_ingress(&h.api, "ns", "b", vip("192.0.2.0")).await;
     running.stop().await.unwrap();

@@ -40,11 +40,7 @@ impl Store {
     /// disk, an I/O error); nothing is lost then, the WAL keeps the pages.
     pub async fn checkpoint(&self) -> Result<Checkpointed, StoreError> {
         let row = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&self.pool).await?;
-        Ok(Checkpointed {
-            busy: row.get::<i64, _>(0) != 0,
-            wal_frames: row.get(1),
-            checkpointed_frames: row.get(2),
-        })
+        Ok(Checkpointed { busy: row.get::<i64, _>(0) != 0, wal_frames: row.get(1), checkpointed_frames: row.get(2) })
     }
 
     /// Checkpoints every [`CHECKPOINT_INTERVAL`] until `cancel`. A failure is logged once (warning)
