@@ -265,7 +265,7 @@ impl Store {
                     uid: r.uid,
                     resource_version: r.resource_version,
                     view: r.view.into(),
-                    backends: r.backends,
+                    backends: r.backends.into(),
                 };
                 (r.key, tracked)
             })

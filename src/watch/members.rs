@@ -224,7 +224,7 @@ pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) 
     }
     let notice = |reason, note| Notice { key: key.clone(), uid: e.uid.clone(), warning: true, reason, note };
     let mut out = Vec::new();
-    for (mode, b) in &e.backends {
+    for (mode, b) in e.backends.iter() {
         let was_empty = before.and_then(|t| t.backends.get(mode)).is_some_and(|o| o.members().next().is_none());
         if b.members().next().is_none() && !was_empty {
             let why = b.reason.clone().unwrap_or_else(|| match mode {

@@ -71,12 +71,12 @@ impl Recorder {
                 self.members.noop();
                 continue;
             }
-            let obs = Observed { backends, ..super::observed(&key, t) };
+            let obs = Observed { backends: backends.into(), ..super::observed(&key, t) };
             let decision = decide_apply(Some(t), &obs);
             self.take(plan, &key, Cause::Backends, decision, Some(&obs));
         }
         for mut obs in held {
-            obs.backends = self.members.compute(&obs.key, &obs.view, &BackendSets::new());
+            obs.backends = self.members.compute(&obs.key, &obs.view, &BackendSets::new()).into();
             let decision = self.decide(&obs);
             let key = obs.key.clone();
             self.take(plan, &key, Cause::Watch, decision, Some(&obs));

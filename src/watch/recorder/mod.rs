@@ -273,8 +273,8 @@ impl Recorder {
     fn observe_members(&mut self, obs: &mut Observed) {
         if obs.in_scope {
             let empty = BackendSets::new();
-            let current = self.mirror.get(&obs.key).filter(|t| t.uid == obs.uid).map_or(&empty, |t| &t.backends);
-            obs.backends = self.members.compute(&obs.key, &obs.view, current);
+            let current = self.mirror.get(&obs.key).filter(|t| t.uid == obs.uid).map_or(&empty, |t| &*t.backends);
+            obs.backends = self.members.compute(&obs.key, &obs.view, current).into();
         }
         self.members.settled(&obs.key);
     }
@@ -300,7 +300,7 @@ impl Recorder {
             if self.ownership.allocator.manages(&view) {
                 view.allocation = self.ownership.allocator.published(&view);
             }
-            let none = BackendSets::new();
+            let none = Arc::new(BackendSets::new());
             return Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &view.into(), &none)]);
         }
         decide_apply(self.mirror.get(&obs.key), obs)
@@ -475,7 +475,7 @@ fn observed(key: &ServiceKey, t: &Tracked) -> Observed {
 
 /// Adds `delta` (+1 / -1) times the members of `t` to the per mode and state counts.
 fn count_members(counts: &mut BTreeMap<(BackendMode, MemberState), i64>, t: &Tracked, delta: i64) {
-    for (mode, b) in &t.backends {
+    for (mode, b) in t.backends.iter() {
         for (_, m) in b.members() {
             *counts.entry((*mode, m.state)).or_default() += delta;
         }
