@@ -214,8 +214,11 @@ async fn generic_rest_puts_the_vip_and_deletes_it_with_the_hostile_annotation_ke
 
     // The delivery log shows the rendered request, the token redacted.
     let api = Api::new(&vw);
-    let list = api.ok("/api/v1/deliveries?webhook=ipam-rest&state=succeeded").await;
-    let id = list["items"][0]["id"].as_i64().unwrap();
+    // The outcome is recorded after the appliance answered (with the relay's next round).
+    let id = wait_until("the delivery recorded as succeeded", || async {
+        api.ok("/api/v1/deliveries?webhook=ipam-rest&state=succeeded").await["items"][0]["id"].as_i64()
+    })
+    .await;
     let detail = api.ok(&format!("/api/v1/deliveries/{id}")).await;
     let step = &detail["attempts"][0]["request"][0];
     assert_eq!(step["method"], "PUT");
