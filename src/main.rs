@@ -10,6 +10,7 @@ use vipwatch::config::Config;
 use vipwatch::healthcheck::healthz_url;
 
 fn main() -> ExitCode {
+    limit_malloc_arenas();
     let cli = Cli::parse();
     init_tracing(&cli.command);
     let result = match cli.command {
@@ -30,6 +31,21 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("vipwatch: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// At most two glibc malloc arenas instead of up to eight per core: every thread that allocates
+/// (tokio's workers, its blocking pool, one thread per SQLite connection) otherwise gets an arena of
+/// its own that keeps freed memory, and peak RSS with 10,000 Services was ~10% higher (issue 13).
+/// `MALLOC_ARENA_MAX` in the environment still wins (glibc reads it at the first allocation, and
+/// this only runs when it is unset). Must run before any thread starts.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; no other thread exists yet.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
         }
     }
 }
