@@ -8,7 +8,16 @@ use common::receiver::{Receiver, Reply, SECRET, WAIT};
 use common::*;
 use serde_json::json;
 use vipwatch::model::ServiceView;
-use vipwatch::store::DeliveryFilter;
+use vipwatch::store::{DeliveryFilter, DeliveryRow, Store};
+
+/// Every delivery, once none is pending any more (outcomes are recorded after the receiver answered).
+async fn wait_recorded(store: &Store) -> Vec<DeliveryRow> {
+    wait_until("every outcome recorded", || async {
+        let rows = store.deliveries(&DeliveryFilter::default()).await.unwrap();
+        rows.iter().all(|d| d.state != "pending").then_some(rows)
+    })
+    .await
+}
 
 async fn wait_accepted(r: &Receiver, n: usize) -> Vec<receiver::Hit> {
     let what = format!("{n} accepted deliveries");
@@ -67,7 +76,8 @@ async fn an_added_service_is_delivered_signed_with_the_documented_payload() {
     let stamp = body["timestamp"].as_str().unwrap();
     assert!(stamp.ends_with('Z') && stamp.parse::<jiff::Timestamp>().is_ok(), "RFC 3339: {stamp}");
 
-    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    // The outcome is recorded once vipwatch has the receiver's answer, a moment after the hit.
+    let rows = wait_recorded(&vw.store).await;
     assert_eq!(rows.len(), 1);
     assert_eq!((rows[0].state.as_str(), rows[0].attempts, rows[0].event_id), ("succeeded", 1, Some(1)));
     assert_eq!(rows[0].payload.as_bytes(), &hit.body[..], "the stored payload is the exact body sent");
@@ -212,7 +222,7 @@ async fn per_service_order_holds_while_the_receiver_fails_every_other_request() 
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "strictly in event order: {ids:?}");
 
     // Every event was either delivered or superseded, never both, never lost.
-    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    let rows = wait_recorded(&vw.store).await;
     assert_eq!(rows.len(), 22);
     for row in &rows {
         let delivered = ids.contains(&row.event_id.unwrap());

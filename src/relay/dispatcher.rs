@@ -31,7 +31,8 @@ use crate::store::{Claimed, Completion, Outcome, Store, StoreError, now_ms};
 /// round is a transaction on the one write connection and writes its pages into the WAL; at 500
 /// changes/s a round per finished attempt plus one per commit of the watch cost more than the
 /// attempts themselves (issue 13). Attempts that finish within the interval are recorded together,
-/// with the claim of the next heads, in one round. Adds at most this much to a delivery's wait.
+/// with the claim of the next heads, in one round; the last attempt in flight is recorded at once.
+/// Adds at most this much to a delivery's wait.
 const ROUND_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Everything one endpoint's loop needs.
@@ -131,7 +132,8 @@ impl Dispatcher {
                 disabled = self.is_disabled().await;
                 health.disabled_now = false;
             }
-            if !disabled && !store.waiting() && store.unrecorded.is_empty() && !std::mem::take(&mut claimed) {
+            let just_claimed = std::mem::take(&mut claimed);
+            if !disabled && !store.waiting() && store.unrecorded.is_empty() && !just_claimed {
                 spaced(&mut last_round).await;
                 self.fill(&mut in_flight, &mut health.circuit, &mut store).await;
             }
@@ -147,15 +149,20 @@ impl Dispatcher {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
-                    spaced(&mut last_round).await;
+                    // Others still in flight may finish within the interval and share the round; the
+                    // last one out is recorded at once.
+                    if in_flight.is_empty() {
+                        last_round = tokio::time::Instant::now();
+                    } else {
+                        spaced(&mut last_round).await;
+                    }
                     let mut done = vec![joined];
                     while let Some(more) = in_flight.try_join_next() {
                         done.push(more);
                     }
                     let done = done.into_iter().filter_map(Result::ok).collect();
                     let refill = (!disabled).then_some(&mut in_flight);
-                    claimed = refill.is_some();
-                    self.finish(done, &mut health, &mut store, refill).await;
+                    claimed = self.finish(done, &mut health, &mut store, refill).await;
                 }
                 changed = committed.changed(), if committed_open && !backing_off => committed_open = changed.is_ok(),
                 _ = tokio::time::sleep(nap) => {}
@@ -275,14 +282,16 @@ impl Dispatcher {
 
     /// Records finished attempts in one transaction and applies their consequences. With `refill`
     /// (the attempts in flight; `None` while disabled or draining), the same transaction claims the
-    /// next heads for the slots that freed ([`Store::complete_and_claim`]) and starts them.
+    /// next heads for the slots that freed ([`Store::complete_and_claim`]) and starts them. Returns
+    /// whether that claim ran and nothing made more deliveries due since (a recovered endpoint's
+    /// catch-up): then the next pass need not claim again.
     async fn finish(
         &self,
         done: Vec<(Claimed, AttemptResult)>,
         health: &mut Health,
         store: &mut StoreRetry,
         refill: Option<&mut InFlight>,
-    ) {
+    ) -> bool {
         let now = now_ms();
         let mut completions = Vec::with_capacity(done.len());
         let mut recovered = false;
@@ -312,6 +321,7 @@ impl Dispatcher {
             }
             completions.push(Completion { delivery_id: claimed.id, attempt: result.record.clone(), outcome });
         }
+        let mut claimed = false;
         if !store.unrecorded.is_empty() || store.waiting() {
             // Earlier outcomes still wait for the database, or it is backed off: keep the order and
             // record them together later.
@@ -328,20 +338,23 @@ impl Dispatcher {
                     error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, attempts = completions.len(), "cannot record attempts; kept in memory and recorded when the database takes writes again (not sent again)");
                     store.unrecorded = completions;
                 }
-                Ok(claimed) => {
+                Ok(heads) => {
+                    claimed = claim.is_some();
                     store.succeeded();
                     if completions.iter().any(|c| c.outcome == Outcome::Succeeded) {
                         self.acked.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     if let Some(in_flight) = refill {
-                        self.start(claimed, in_flight, &mut health.circuit);
+                        self.start(heads, in_flight, &mut health.circuit);
                     }
                 }
             }
         }
         if recovered {
             self.catch_up(now).await;
+            claimed = false;
         }
+        claimed
     }
 
     async fn outcome(&self, claimed: &Claimed, result: &AttemptResult, now: i64) -> Outcome {

@@ -172,15 +172,17 @@ impl Prepared<'_> {
 
 impl Store {
     /// The id the next event will get: one past the highest ever given (`sqlite_sequence`, so ids of
-    /// pruned events are never reused). Read from the write connection.
+    /// pruned events are never reused, or the highest in the log if that is higher). Read from the
+    /// write connection.
     pub async fn next_event_id(&self) -> Result<i64, StoreError> {
-        let sql = "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0) + 1";
+        let sql = "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0), \
+                   COALESCE((SELECT MAX(id) FROM events), 0)) + 1";
         Ok(sqlx::query_scalar(sql).fetch_one(&self.write).await?)
     }
 
     /// Makes `changes` and `progress` ready to write: events get ids `first_id`, `first_id + 1`, ... in
-    /// order and the time `now` (Unix ms), `outbox` routes each into its deliveries, every row is
-    /// serialized. Nothing touches the database. Errors: [`StoreError::Json`] when a view does not
+    /// order and `now` (Unix ms) as their `observed_at`, `outbox` routes each into its deliveries, every
+    /// row is serialized. Nothing touches the database. Errors: [`StoreError::Json`] when a view does not
     /// serialize.
     pub fn prepare<'a>(
         &self,
@@ -210,31 +212,34 @@ impl Store {
     }
 
     /// Writes a prepared chunk in ONE transaction (one commit): all or nothing; the state table ends
-    /// as if each change were applied in order. Returns the event ids, ascending. Errors:
+    /// as if each change were applied in order. Rows other than the events (deliveries' `created_at`
+    /// and due time, `updated_at`s) take the time of this attempt, so a write retried for hours does
+    /// not enqueue deliveries that already look hours old. Returns the event ids, ascending. Errors:
     /// [`StoreError`]; nothing is written then. An id already taken (another writer, which the lock
     /// file rules out) fails as a unique-constraint error: see [`StoreError::is_event_id_taken`].
     pub async fn write(&self, p: &Prepared<'_>) -> Result<Vec<i64>, StoreError> {
         let mut conn = self.writer().await?;
+        let now = now_ms();
         let result = async {
             let mut tx = conn.begin().await?;
             insert_events(&mut tx, p.now, &p.events, &p.ids).await?;
-            super::outbox::insert_deliveries(&mut tx, p.now, &p.deliveries).await?;
+            super::outbox::insert_deliveries(&mut tx, now, &p.deliveries).await?;
             if let Some(rows) = &p.cleanups {
-                sqlx::query(INSERT_CLEANUPS).bind(p.now).bind(rows).execute(&mut *tx).await?;
+                sqlx::query(INSERT_CLEANUPS).bind(now).bind(rows).execute(&mut *tx).await?;
             }
             if let Some(rows) = &p.releases {
-                sqlx::query(INSERT_RELEASES).bind(p.now).bind(rows).execute(&mut *tx).await?;
+                sqlx::query(INSERT_RELEASES).bind(now).bind(rows).execute(&mut *tx).await?;
             }
             if let Some(rows) = &p.deletes {
                 sqlx::query(DELETE_SERVICES).bind(rows).execute(&mut *tx).await?;
             }
             if let Some(rows) = &p.upserts {
-                sqlx::query(UPSERT_SERVICES).bind(p.now).bind(rows).execute(&mut *tx).await?;
+                sqlx::query(UPSERT_SERVICES).bind(now).bind(rows).execute(&mut *tx).await?;
             }
-            super::nodes::write_nodes(&mut tx, p.now, p.changes).await?;
+            super::nodes::write_nodes(&mut tx, now, p.changes).await?;
             super::held::write_held(&mut tx, p.changes).await?;
             for progress in p.progress {
-                write_progress(&mut tx, p.now, progress).await?;
+                write_progress(&mut tx, now, progress).await?;
             }
             tx.commit().await?;
             Ok(p.ids.clone())

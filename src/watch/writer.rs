@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::Retryable;
+use backon::{BackoffBuilder, Retryable};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
@@ -136,9 +136,9 @@ impl Writer {
 
     /// Writes the plan in transactions of at most [`CHUNK_CHANGES`] changes, each retried with the
     /// store's backoff ([`Store::write_backoff`]: 0.1 s doubling to `database.write_retry_max_delay`,
-    /// jittered) until it commits. Each chunk is prepared ([`Store::prepare`]: ids, JSON, routed and
-    /// rendered deliveries) while the one before it is being written, so the write connection does
-    /// not wait for serialization. Nothing is reported (metrics, log, readiness, Kubernetes Events)
+    /// jittered) until it commits. Each chunk is prepared first ([`Store::prepare`]: ids, JSON, routed
+    /// and rendered deliveries), so the transaction, and with it the write connection the relay
+    /// shares, only runs statements. Nothing is reported (metrics, log, readiness, Kubernetes Events)
     /// before the last chunk committed, and `committed` only after each chunk did; a failed attempt
     /// left nothing behind (the store rolls it back and drops the connection).
     async fn commit(&mut self, plan: Plan) {
@@ -149,43 +149,33 @@ impl Writer {
         let chunks: Vec<&[StateChange]> =
             if plan.changes.is_empty() { vec![&[]] } else { plan.changes.chunks(CHUNK_CHANGES).collect() };
         let last = chunks.len() - 1;
-        let progress_of = |n: usize| if n == last { progress.as_slice() } else { &[] };
-        let now = crate::store::now_ms();
-        let mut n = 0;
-        let mut prepared = None;
-        while n <= last {
-            let Some(first_id) = self.first_id().await else { return };
-            let current = match prepared.take() {
-                Some(p) => p,
-                None => match self.prepare(chunks[n], progress_of(n), first_id, now) {
-                    Some(p) => p,
-                    None => return,
-                },
-            };
-            let next_id = current.next_id(first_id);
-            let ahead = chunks.get(n + 1).map(|chunk| (*chunk, progress_of(n + 1)));
-            let (written, next) = tokio::join!(self.write(&current), async {
-                ahead.and_then(|(chunk, progress)| self.prepare(chunk, progress, next_id, now))
-            });
-            match written {
-                Ok(ids) => {
-                    if let Some(id) = ids.last().copied() {
-                        self.signals.committed.send_replace(id);
+        for (n, chunk) in chunks.into_iter().enumerate() {
+            let progress = if n == last { progress.as_slice() } else { &[] };
+            let mut conflicts = self.store.write_backoff().build();
+            let ids = loop {
+                let Some(first_id) = self.first_id().await else { return };
+                let prepared = self.prepare(chunk, progress, first_id).await;
+                match self.write(&prepared).await {
+                    Ok(ids) => {
+                        self.next_id = Some(prepared.next_id(first_id));
+                        break ids;
                     }
-                    self.next_id = Some(next_id);
-                    prepared = next;
-                    n += 1;
+                    // Ids taken by someone else: read the next free one and prepare this chunk again.
+                    Err(e) if e.is_event_id_taken() => {
+                        let wait = conflicts.next().unwrap_or(Duration::from_secs(1));
+                        warn!(error = %e, retry_in = ?wait, "event ids already taken; reading the next free id");
+                        self.next_id = None;
+                        tokio::time::sleep(wait).await;
+                    }
+                    Err(e) => {
+                        error!(error = %e, "giving up storing changes");
+                        self.next_id = None;
+                        return;
+                    }
                 }
-                // Ids taken by someone else: read the next free one and prepare this chunk again.
-                Err(e) if e.is_event_id_taken() => {
-                    warn!(error = %e, "event ids already taken; reading the next free id");
-                    self.next_id = None;
-                }
-                Err(e) => {
-                    error!(error = %e, "giving up storing changes");
-                    self.next_id = None;
-                    return;
-                }
+            };
+            if let Some(id) = ids.last().copied() {
+                self.signals.committed.send_replace(id);
             }
         }
         self.after_commit(&plan);
@@ -212,18 +202,23 @@ impl Writer {
         }
     }
 
-    fn prepare<'a>(
+    /// [`Store::prepare`] of one chunk, observed now. A view that does not serialize is retried with
+    /// the store's backoff, like a write that fails: giving up would lose the changes.
+    async fn prepare<'a>(
         &self,
         chunk: &'a [StateChange],
         progress: &'a [WatchProgress],
         first_id: i64,
-        now: i64,
-    ) -> Option<Prepared<'a>> {
-        match self.store.prepare(chunk, progress, self.outbox.as_ref(), first_id, now) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                error!(error = %e, "giving up storing changes: cannot serialize them");
-                None
+    ) -> Prepared<'a> {
+        let mut backoff = self.store.write_backoff().build();
+        loop {
+            match self.store.prepare(chunk, progress, self.outbox.as_ref(), first_id, crate::store::now_ms()) {
+                Ok(p) => return p,
+                Err(e) => {
+                    let wait = backoff.next().unwrap_or(Duration::from_secs(1));
+                    error!(error = %e, retry_in = ?wait, "cannot serialize changes; retrying (nothing recorded yet)");
+                    tokio::time::sleep(wait).await;
+                }
             }
         }
     }
