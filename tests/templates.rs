@@ -94,15 +94,20 @@ fn every_shipped_example_passes_check_config() {
     }
 }
 
-#[test]
-fn check_config_names_the_template_line_and_reason() {
+/// `vipwatch check-config`'s error for the generic REST example with its ADDED body replaced by `body`.
+fn check_config_error_with_added_body(body: &str) -> String {
     let mut w = example("generic-rest", "https://lb.example.net");
     let t = w.template.as_mut().unwrap();
     let added = &mut t.on.get_mut("ADDED").unwrap()[0];
     added.body_file = None;
-    added.body = Some("{\n  \"name\": {{ service.nmae }}\n}".into());
+    added.body = Some(body.into());
     let c = Config { webhooks: vec![w], ..Config::default() };
-    let e = vipwatch::template::check_config(&c).unwrap_err().to_string();
+    vipwatch::template::check_config(&c).unwrap_err().to_string()
+}
+
+#[test]
+fn check_config_names_the_template_line_and_reason() {
+    let e = check_config_error_with_added_body("{\n  \"name\": {{ service.nmae }}\n}");
     assert_eq!(
         e,
         "invalid value for `webhooks.ipam-rest.template`: template `on.ADDED[0].body` line 2: undefined value: \
@@ -112,13 +117,7 @@ fn check_config_names_the_template_line_and_reason() {
 
 #[test]
 fn check_config_renders_each_event_with_its_own_shape_so_previous_on_added_fails_there() {
-    let mut w = example("generic-rest", "https://lb.example.net");
-    let t = w.template.as_mut().unwrap();
-    let added = &mut t.on.get_mut("ADDED").unwrap()[0];
-    added.body_file = None;
-    added.body = Some("{\"old\": {{ previous.vips }}}".into());
-    let c = Config { webhooks: vec![w], ..Config::default() };
-    let e = vipwatch::template::check_config(&c).unwrap_err().to_string();
+    let e = check_config_error_with_added_body("{\"old\": {{ previous.vips }}}");
     assert!(e.contains("template `on.ADDED[0].body` line 1"), "an ADDED has no previous: {e}");
 }
 

@@ -142,10 +142,10 @@ const DELETE_SERVICES: &str = "DELETE FROM services WHERE (namespace, name) IN \
      (SELECT j.value->>0, j.value->>1 FROM json_each(?1) AS j)";
 
 /// A chunk of changes made ready to write by [`Store::prepare`]: event ids assigned, rows serialized,
-/// deliveries routed and rendered. All the CPU work of a write happens here, outside the transaction
-/// (and, in the watch's writer, while the previous chunk is being written); [`Store::write`] then
-/// only runs statements.
+/// deliveries routed and rendered. All the CPU work of a write happens here, outside the transaction;
+/// [`Store::write`] then only runs statements.
 pub struct Prepared<'a> {
+    first_id: i64,
     changes: &'a [StateChange],
     progress: &'a [WatchProgress],
     now: i64,
@@ -159,14 +159,9 @@ pub struct Prepared<'a> {
 }
 
 impl Prepared<'_> {
-    /// The event ids this chunk writes, ascending (empty when it has no event).
-    pub fn ids(&self) -> &[i64] {
-        &self.ids
-    }
-
     /// The id after this chunk's last event: where the next chunk starts.
-    pub fn next_id(&self, first_id: i64) -> i64 {
-        self.ids.last().map_or(first_id, |last| last + 1)
+    pub fn next_id(&self) -> i64 {
+        self.first_id + self.ids.len() as i64
     }
 }
 
@@ -208,7 +203,7 @@ impl Store {
         let deliveries = super::outbox::route(outbox, &recorded);
         let (cleanups, releases) = cleanup_rows(changes, &ids)?;
         let (upserts, deletes) = state_rows(changes)?;
-        Ok(Prepared { changes, progress, now, ids, events, deliveries, cleanups, releases, upserts, deletes })
+        Ok(Prepared { first_id, changes, progress, now, ids, events, deliveries, cleanups, releases, upserts, deletes })
     }
 
     /// Writes a prepared chunk in ONE transaction (one commit): all or nothing; the state table ends

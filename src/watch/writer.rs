@@ -157,7 +157,7 @@ impl Writer {
                 let prepared = self.prepare(chunk, progress, first_id).await;
                 match self.write(&prepared).await {
                     Ok(ids) => {
-                        self.next_id = Some(prepared.next_id(first_id));
+                        self.next_id = Some(prepared.next_id());
                         break ids;
                     }
                     // Ids taken by someone else: read the next free one and prepare this chunk again.
