@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::publish::{self, Publisher};
 use crate::relay::{self, RelayError, Router};
-use crate::store::{Outbox, WriterLock};
+use crate::store::{Backend, Outbox, WriterLock};
 use crate::store::{Store, StoreError, now_ms};
 use crate::watch::{self, WatchError};
 
@@ -52,7 +52,7 @@ pub struct Running {
     committed: signal::Receiver<i64>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<Result<(), AppError>>>,
-    _lock: WriterLock,
+    lock: WriterLock,
 }
 
 impl Running {
@@ -86,6 +86,7 @@ impl Running {
             }
         }
         self.store.close().await;
+        self.lock.release().await;
         result
     }
 }
@@ -95,11 +96,14 @@ impl Running {
 pub async fn start(config: Config, listener: TcpListener) -> Result<Running, AppError> {
     relay::sender::install_crypto_provider();
     warn_blind_endpoints(&config);
-    let lock = WriterLock::acquire(&config.database.path)?;
+    let lock = WriterLock::for_database(&config.database).await?;
     let metrics = Metrics::new();
     let store =
-        Store::open(&config.database.path).await?.monitored(metrics.clone(), config.database.write_retry_max_delay);
-    info!(path = %config.database.path.display(), "database open");
+        Store::connect(&config.database).await?.monitored(metrics.clone(), config.database.write_retry_max_delay);
+    match store.backend() {
+        Backend::Sqlite => info!(path = %config.database.path.display(), "database open (SQLite)"),
+        Backend::Postgres => info!("database open (PostgreSQL)"),
+    }
     let watch_health = watch::WatchHealth::new(metrics.clone(), config.kubernetes.stale_after);
     let client = watch::connect_watched(&config.kubernetes, &watch_health).await?;
     let (ready_tx, ready) = signal::channel(false);
@@ -168,7 +172,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         committed,
         cancel,
         tasks: vec![watch_task, relay_task, prune_task, api_task, modes_task],
-        _lock: lock,
+        lock,
     })
 }
 

@@ -140,7 +140,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn resync(config: Config, webhook: Option<String>) -> anyhow::Result<()> {
-    let store = vipwatch::store::Store::open(&config.database.path).await?;
+    let store = vipwatch::store::Store::connect(&config.database).await?;
     for (name, n) in vipwatch::relay::resync(&store, &config, webhook.as_deref()).await? {
         println!("{name}: enqueued service.synced for {n} Services");
     }

@@ -146,7 +146,7 @@ async fn after_a_lost_database_a_terminating_services_address_stays_reserved_unt
     let running = h.start(config(&h, &rx, pools.clone())).await;
     wait_ingress(&h.api, "a", vip(X)).await;
     running.stop().await.unwrap();
-    std::fs::remove_file(h.db_path()).unwrap();
+    h.wipe_database().await;
     assert!(h.api.delete("ns", "a"));
     assert_eq!(ingress(&h.api, "a"), vip(X), "terminating, still showing its address");
     h.api.apply(lb_service("ns", "b", 80));

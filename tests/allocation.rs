@@ -160,7 +160,7 @@ async fn a_lost_database_never_renumbers_a_vip() {
     .await;
     let before: Vec<Value> = (0..50).map(|i| ingress(&h.api, "ns", &format!("s{i:02}"))).collect();
     running.stop().await.unwrap();
-    std::fs::remove_file(h.db_path()).unwrap();
+    h.wipe_database().await;
     // Service s00 is created first now: it must not take an address another Service already shows.
     h.api.delete_now("ns", "s00");
     h.api.apply(lb_service("ns", "s00", 80));
@@ -379,7 +379,7 @@ async fn after_a_lost_database_statuses_outside_the_pools_take_nothing_and_reque
     let running = h.start(config(&h, &rx, pools.clone())).await;
     wait_ingress(&h.api, "ns", "z2", vip("192.0.2.2")).await;
     running.stop().await.unwrap();
-    std::fs::remove_file(h.db_path()).unwrap();
+    h.wipe_database().await;
     // Sorted first: a Service showing an address of another controller, and one requesting z1's.
     let mut foreign = lb_service("ns", "a0", 80);
     foreign["status"] = json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.99"}]}});
@@ -413,7 +413,7 @@ async fn a_terminating_service_unknown_to_a_lost_database_still_gets_its_deleted
     wait_ingress(&h.api, "ns", "q1", vip("192.0.2.0")).await;
     running.stop().await.unwrap();
     h.api.delete("ns", "q1");
-    std::fs::remove_file(h.db_path()).unwrap();
+    h.wipe_database().await;
     let before = rx.accepted().len();
     let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.0/28"])])).await;
     wait_until("q1 is gone", || async { h.api.get("ns", "q1").is_none().then_some(()) }).await;

@@ -319,7 +319,7 @@ async fn graceful_stop_waits_for_attempts_in_flight_within_the_grace_period() {
     wait_hits(&rx, 1).await; // the attempt is in flight now
     vw.stop().await.unwrap();
     // stop() closed the database; reopen it to read what was recorded.
-    let store = vipwatch::store::Store::open(&h.db_path()).await.unwrap();
+    let store = h.store().await;
     let rows = store.deliveries(&DeliveryFilter::default()).await.unwrap();
     assert_eq!((rows[0].state.as_str(), rows[0].attempts), ("succeeded", 1), "the in-flight attempt finished");
 }
@@ -338,7 +338,7 @@ async fn graceful_stop_leaves_an_attempt_outlasting_the_grace_period_pending() {
     let started = std::time::Instant::now();
     vw.stop().await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(3), "stop took {:?}", started.elapsed());
-    let store = vipwatch::store::Store::open(&h.db_path()).await.unwrap();
+    let store = h.store().await;
     let rows = store.deliveries(&DeliveryFilter::default()).await.unwrap();
     assert_eq!((rows[0].state.as_str(), rows[0].attempts), ("pending", 0), "left pending, sent again at next start");
     assert_eq!(store.attempts(rows[0].id).await.unwrap().len(), 0);

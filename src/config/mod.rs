@@ -81,7 +81,7 @@ pub enum ConfigError {
 pub struct Config {
     /// `[kubernetes]`: where and what to watch.
     pub kubernetes: KubernetesConfig,
-    /// `[database]`: the SQLite file.
+    /// `[database]`: the SQLite file, or the PostgreSQL database replicas share.
     pub database: DatabaseConfig,
     /// `[server]`: the REST API listener.
     pub server: ServerConfig,
@@ -180,8 +180,12 @@ impl KubernetesConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
-    /// SQLite file, created if missing (WAL mode).
+    /// SQLite file, created if missing (WAL mode); ignored when `url` is set.
     pub path: PathBuf,
+    /// PostgreSQL database, `postgres://user:password@host:5432/vipwatch` (or a unix socket:
+    /// `postgres://user@localhost/vipwatch?host=/run/postgresql`): selects PostgreSQL instead of the
+    /// SQLite file, for two or more replicas. Also `VIPWATCH_DATABASE__URL`. Unset: SQLite.
+    pub url: Option<Secret>,
     /// How long events are kept, e.g. `"30d"` (humantime syntax).
     #[serde(with = "humantime_serde")]
     pub event_retention: Duration,
@@ -189,14 +193,32 @@ pub struct DatabaseConfig {
     /// error, database locked), e.g. `"5s"`; retries start at 100 ms and double up to it. 100ms–5m.
     #[serde(with = "humantime_serde")]
     pub write_retry_max_delay: Duration,
+    /// PostgreSQL only: how long a leader's lease lasts without renewal, e.g. `"15s"`. A replica that
+    /// stops renewing (crashed, paused, cut off) is replaced this long after its last renewal; it
+    /// stops acting itself a second or a renewal interval before that (whichever is longer). 3s–5m,
+    /// at least three renewal intervals. The upstream cloud-controller-manager's default.
+    #[serde(with = "humantime_serde")]
+    pub leader_ttl: Duration,
+    /// PostgreSQL only: how often the leader renews its lease and a follower tries to take an expired
+    /// one, e.g. `"2s"`. 100ms–1m.
+    #[serde(with = "humantime_serde")]
+    pub leader_renew: Duration,
+    /// PostgreSQL only: this replica's name in the lease and the API (`leader` of `/api/v1/status`).
+    /// Unset: the host name plus a random suffix, new at every start (a restarted replica is a new
+    /// holder). Also `VIPWATCH_DATABASE__REPLICA`; in Kubernetes the pod name.
+    pub replica: Option<String>,
 }
 
 impl Default for DatabaseConfig {
     fn default() -> Self {
         Self {
             path: PathBuf::from("vipwatch.db"),
+            url: None,
             event_retention: Duration::from_secs(30 * 86_400),
             write_retry_max_delay: Duration::from_secs(5),
+            leader_ttl: Duration::from_secs(15),
+            leader_renew: Duration::from_secs(2),
+            replica: None,
         }
     }
 }
@@ -279,6 +301,16 @@ impl Config {
             return Err(ConfigError::Value { key: "kubernetes.service_types", reason });
         }
         validate_namespaces(&k.namespaces)?;
+        if let Some(url) = &self.database.url {
+            let url = url.expose();
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                let reason = "must be a postgres:// or postgresql:// URL (unset it to use the SQLite file `path`)";
+                return Err(ConfigError::Value { key: "database.url", reason: reason.into() });
+            }
+            if let Err(e) = url.parse::<sqlx::postgres::PgConnectOptions>() {
+                return Err(ConfigError::Value { key: "database.url", reason: format!("not a PostgreSQL URL: {e}") });
+            }
+        }
         if self.database.path.as_os_str().is_empty() {
             return Err(ConfigError::Value { key: "database.path", reason: "must not be empty".into() });
         }
@@ -291,6 +323,7 @@ impl Config {
             let reason = "must be between 100ms and 5m".into();
             return Err(ConfigError::Value { key: "database.write_retry_max_delay", reason });
         }
+        self.validate_leader()?;
         if k.watch_timeout > Duration::from_secs(3600) {
             return Err(ConfigError::Value { key: "kubernetes.watch_timeout", reason: "must be at most 1h".into() });
         }
@@ -325,6 +358,32 @@ impl Config {
             if value < Duration::from_secs(1) {
                 return Err(ConfigError::Value { key, reason: "must be at least 1s".into() });
             }
+        }
+        Ok(())
+    }
+
+    /// `database.leader_ttl` and `database.leader_renew` in range, the lease outliving three renewals
+    /// (client-go's rule: the lease duration exceeds the renew deadline, which exceeds the retry
+    /// period times its jitter), and a replica name that is not blank.
+    fn validate_leader(&self) -> Result<(), ConfigError> {
+        let d = &self.database;
+        if !(Duration::from_secs(3)..=Duration::from_secs(300)).contains(&d.leader_ttl) {
+            return Err(ConfigError::Value { key: "database.leader_ttl", reason: "must be between 3s and 5m".into() });
+        }
+        if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&d.leader_renew) {
+            let reason = "must be between 100ms and 1m".into();
+            return Err(ConfigError::Value { key: "database.leader_renew", reason });
+        }
+        if d.leader_renew * 3 > d.leader_ttl {
+            let reason = format!(
+                "must be at least three times database.leader_renew ({}), or one missed renewal loses the lease",
+                humantime::format_duration(d.leader_renew)
+            );
+            return Err(ConfigError::Value { key: "database.leader_ttl", reason });
+        }
+        if d.replica.as_deref().is_some_and(|r| r.trim().is_empty() || r.len() > 200) {
+            let reason = "must not be blank and at most 200 characters; unset it for the host name".into();
+            return Err(ConfigError::Value { key: "database.replica", reason });
         }
         Ok(())
     }

@@ -10,7 +10,6 @@
 
 use std::time::Duration;
 
-use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -37,15 +36,23 @@ pub struct Checkpointed {
 impl Store {
     /// One `PASSIVE` checkpoint on a read connection: copies what the WAL holds into the database file
     /// as far as no reader still needs it, without blocking the writer. Errors: [`StoreError`] (a full
-    /// disk, an I/O error); nothing is lost then, the WAL keeps the pages.
+    /// disk, an I/O error); nothing is lost then, the WAL keeps the pages. On PostgreSQL, which
+    /// checkpoints by itself, nothing to do: all zero.
     pub async fn checkpoint(&self) -> Result<Checkpointed, StoreError> {
-        let row = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").fetch_one(&self.pool).await?;
+        if self.backend == super::Backend::Postgres {
+            return Ok(Checkpointed { busy: false, wal_frames: 0, checkpointed_frames: 0 });
+        }
+        let row = self.read_one(self.backend.query("PRAGMA wal_checkpoint(PASSIVE)")).await?;
         Ok(Checkpointed { busy: row.get::<i64, _>(0) != 0, wal_frames: row.get(1), checkpointed_frames: row.get(2) })
     }
 
     /// Checkpoints every [`CHECKPOINT_INTERVAL`] until `cancel`. A failure is logged once (warning)
-    /// and its end once (info); the write connection's own checkpoint stays as the fallback.
+    /// and its end once (info); the write connection's own checkpoint stays as the fallback. Returns
+    /// at once on PostgreSQL.
     pub async fn checkpoint_loop(self, cancel: CancellationToken) {
+        if self.backend == super::Backend::Postgres {
+            return;
+        }
         let mut tick = tokio::time::interval(CHECKPOINT_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;

@@ -2,10 +2,9 @@
 //! log queries.
 
 use serde::Serialize;
-use sqlx::Connection as _;
-use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use std::collections::BTreeMap;
 
+use super::db::{Dual, Filter, Row, Tx, values_sql};
 use super::outbox::{Claimed, DeliveryInsert, NewDelivery, insert_deliveries};
 use super::{Store, StoreError, now_ms};
 use crate::model::ServiceKey;
@@ -154,7 +153,7 @@ impl Store {
             record_attempts(&mut tx, now, done).await?;
             let claimed = match claim {
                 Some((webhook, at, lease_ms, limit)) if limit > 0 => {
-                    super::outbox::claim_in(&mut tx, webhook, at, lease_ms, limit).await?
+                    super::outbox::claim_in(tx.exec(), webhook, at, lease_ms, limit).await?
                 }
                 _ => Vec::new(),
             };
@@ -170,12 +169,12 @@ impl Store {
     /// dedupe still process it). Returns the new delivery id, or `None` if `id` does not exist.
     pub async fn replay(&self, id: i64, new_msg_id: &str) -> Result<Option<i64>, StoreError> {
         let sql = "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, created_at, \
-                   next_attempt_at) SELECT webhook, event_id, namespace, name, kind, ?2, payload, ?3, ?3 \
-                   FROM deliveries WHERE id = ?1 RETURNING id";
+                   next_attempt_at) SELECT webhook, event_id, namespace, name, kind, $2, payload, $3, $3 \
+                   FROM deliveries WHERE id = $1 RETURNING id";
         let now = now_ms();
         let mut conn = self.writer().await?;
-        let result = sqlx::query_scalar(sql).bind(id).bind(new_msg_id).bind(now).fetch_optional(&mut *conn).await;
-        self.settle(conn, result.map_err(StoreError::from))
+        let result = self.backend.query(sql).bind(id).bind(new_msg_id).bind(now).fetch_optional(conn.exec()).await;
+        self.settle(conn, result.map(|row| row.map(|r| r.get(0))))
     }
 
     /// Enqueues a resync's deliveries (each on the queue of its Service key), in one transaction.
@@ -195,55 +194,46 @@ impl Store {
 
     /// Deliveries matching `filter`, by id ascending.
     pub async fn deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<DeliveryRow>, StoreError> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(DELIVERY_COLUMNS);
-        q.push(" WHERE 1 = 1");
+        let mut w = Filter::default();
         if let Some(v) = filter.after_id {
-            q.push(" AND id > ").push_bind(v);
+            w.int("id", ">", v);
         }
         if let Some(v) = filter.event_id {
-            q.push(" AND event_id = ").push_bind(v);
+            w.int("event_id", "=", v);
         }
-        for (column, value) in [
-            ("webhook", &filter.webhook),
-            ("state", &filter.state),
-            ("namespace", &filter.namespace),
-            ("name", &filter.name),
-        ] {
-            if let Some(v) = value {
-                q.push(format!(" AND {column} = ")).push_bind(v.clone());
-            }
-        }
-        q.push(" ORDER BY id");
-        if let Some(limit) = filter.limit {
-            q.push(format!(" LIMIT {limit}")); // a literal: see the `store` module docs
-        }
-        let rows = q.build().fetch_all(&self.pool).await?;
+        w.eq_opt("webhook", &filter.webhook).eq_opt("state", &filter.state);
+        w.eq_opt("namespace", &filter.namespace).eq_opt("name", &filter.name);
+        // LIMIT as a literal: see the `store` module docs.
+        let limit = filter.limit.map(|l| format!(" LIMIT {l}")).unwrap_or_default();
+        let rows = self.read_all(w.query(self.backend, DELIVERY_COLUMNS, &format!(" ORDER BY id{limit}"))).await?;
         Ok(rows.iter().map(delivery_row).collect())
     }
 
     /// The attempt log of one delivery, oldest first.
     pub async fn attempts(&self, delivery_id: i64) -> Result<Vec<AttemptRow>, StoreError> {
         let sql = "SELECT started_at, duration_ms, status_code, error_class, error, location, response_body, request \
-                   FROM attempts WHERE delivery_id = ? ORDER BY id";
-        let rows = sqlx::query(sql).bind(delivery_id).fetch_all(&self.pool).await?;
+                   FROM attempts WHERE delivery_id = $1 ORDER BY id";
+        let rows = self.read_all(self.backend.query(sql).bind(delivery_id)).await?;
         Ok(rows.iter().map(attempt_row).collect())
     }
 
     /// Marks `webhook` disabled (a 410 from `url`).
     pub async fn disable_webhook(&self, webhook: &str, reason: &str, url: &str) -> Result<(), StoreError> {
-        let sql = "INSERT INTO webhook_state (name, disabled_reason, disabled_at, disabled_url) VALUES (?, ?, ?, ?) \
+        let sql = "INSERT INTO webhook_state (name, disabled_reason, disabled_at, disabled_url) VALUES ($1, $2, $3, $4) \
                    ON CONFLICT (name) DO UPDATE SET disabled_reason = excluded.disabled_reason, \
                    disabled_at = excluded.disabled_at, disabled_url = excluded.disabled_url";
         let mut conn = self.writer().await?;
-        let result = sqlx::query(sql).bind(webhook).bind(reason).bind(now_ms()).bind(url).execute(&mut *conn).await;
-        self.settle(conn, result.map(drop).map_err(StoreError::from))
+        let q = self.backend.query(sql).bind(webhook).bind(reason).bind(now_ms()).bind(url);
+        let result = q.execute(conn.exec()).await;
+        self.settle(conn, result.map(drop))
     }
 
     /// Re-enables `webhook`; returns whether it was disabled.
     pub async fn enable_webhook(&self, webhook: &str) -> Result<bool, StoreError> {
         let mut conn = self.writer().await?;
-        let result = sqlx::query("DELETE FROM webhook_state WHERE name = ?").bind(webhook).execute(&mut *conn).await;
-        self.settle(conn, result.map(|done| done.rows_affected() > 0).map_err(StoreError::from))
+        let sql = "DELETE FROM webhook_state WHERE name = $1";
+        let result = self.backend.query(sql).bind(webhook).execute(conn.exec()).await;
+        self.settle(conn, result.map(|done| done > 0))
     }
 
     /// Records `modes` (endpoint name → its default backend mode) as the ones in effect and returns
@@ -256,7 +246,7 @@ impl Store {
         let mut conn = self.writer().await?;
         let result = async {
             let mut tx = conn.begin().await?;
-            let rows = sqlx::query("SELECT name, mode FROM endpoint_modes").fetch_all(&mut *tx).await?;
+            let rows = self.backend.query("SELECT name, mode FROM endpoint_modes").fetch_all(tx.exec()).await?;
             let before: BTreeMap<String, String> = rows.iter().map(|r| (r.get("name"), r.get("mode"))).collect();
             let switched = modes
                 .iter()
@@ -265,9 +255,9 @@ impl Store {
                 })
                 .collect();
             for (name, mode) in modes {
-                let sql = "INSERT INTO endpoint_modes (name, mode) VALUES (?, ?) \
+                let sql = "INSERT INTO endpoint_modes (name, mode) VALUES ($1, $2) \
                            ON CONFLICT (name) DO UPDATE SET mode = excluded.mode";
-                sqlx::query(sql).bind(name).bind(mode).execute(&mut *tx).await?;
+                self.backend.query(sql).bind(name).bind(mode).execute(tx.exec()).await?;
             }
             tx.commit().await?;
             Ok(switched)
@@ -278,8 +268,8 @@ impl Store {
 
     /// The stored state of `webhook` (`None` when enabled and never disabled).
     pub async fn webhook_state(&self, webhook: &str) -> Result<Option<WebhookState>, StoreError> {
-        let sql = "SELECT name, disabled_reason, disabled_at, disabled_url FROM webhook_state WHERE name = ?";
-        let row = sqlx::query(sql).bind(webhook).fetch_optional(&self.pool).await?;
+        let sql = "SELECT name, disabled_reason, disabled_at, disabled_url FROM webhook_state WHERE name = $1";
+        let row = self.read_optional(self.backend.query(sql).bind(webhook)).await?;
         Ok(row.map(|r| WebhookState {
             name: r.get("name"),
             disabled_reason: r.get("disabled_reason"),
@@ -310,7 +300,7 @@ pub struct AttemptRow {
     pub request: Option<String>,
 }
 
-fn delivery_row(r: &sqlx::sqlite::SqliteRow) -> DeliveryRow {
+fn delivery_row(r: &Row) -> DeliveryRow {
     DeliveryRow {
         id: r.get("id"),
         webhook: r.get("webhook"),
@@ -329,7 +319,7 @@ fn delivery_row(r: &sqlx::sqlite::SqliteRow) -> DeliveryRow {
     }
 }
 
-pub(super) fn attempt_row(r: &sqlx::sqlite::SqliteRow) -> AttemptRow {
+pub(super) fn attempt_row(r: &Row) -> AttemptRow {
     AttemptRow {
         started_at: r.get("started_at"),
         duration_ms: r.get("duration_ms"),
@@ -348,37 +338,46 @@ const ATTEMPT_ROWS: usize = 64;
 /// Sets each delivery's state after its attempt, from the JSON array ?1 of `{id, state, next,
 /// finished, status, error}` (one per delivery; ids are unique within a call: a delivery is claimed
 /// again only after its attempt was recorded).
-const COMPLETE: &str = "UPDATE deliveries SET state = u.state, attempts = attempts + 1, claimed_until = NULL, \
+const COMPLETE: Dual = Dual {
+    lite: "UPDATE deliveries SET state = u.state, attempts = attempts + 1, claimed_until = NULL, \
     next_attempt_at = COALESCE(u.next, next_attempt_at), finished_at = u.finished, last_status = u.status, \
     last_error = u.error FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.state') AS state, \
     json_extract(value, '$.next') AS next, json_extract(value, '$.finished') AS finished, \
-    json_extract(value, '$.status') AS status, json_extract(value, '$.error') AS error FROM json_each(?1)) AS u \
-    WHERE deliveries.id = u.id";
+    json_extract(value, '$.status') AS status, json_extract(value, '$.error') AS error FROM json_each($1)) AS u \
+    WHERE deliveries.id = u.id",
+    pg: "UPDATE deliveries SET state = u.state, attempts = deliveries.attempts + 1, claimed_until = NULL, \
+    next_attempt_at = COALESCE(u.next, deliveries.next_attempt_at), finished_at = u.finished, last_status = u.status, \
+    last_error = u.error FROM jsonb_to_recordset($1::jsonb) \
+    AS u(id bigint, state text, next bigint, finished bigint, status bigint, error text) WHERE deliveries.id = u.id",
+};
+
+/// Columns of an attempt row, in [`values_sql`] order.
+const ATTEMPT_INSERT: &str = "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, \
+    error, location, response_body, request)";
 
 /// Records each attempt of `done` and the delivery's new state, then supersedes the retried ones a
 /// DELETED or SYNCED queued behind makes redundant.
-async fn record_attempts(tx: &mut Transaction<'_, Sqlite>, now: i64, done: &[Completion]) -> Result<(), StoreError> {
+async fn record_attempts(tx: &mut Tx<'_>, now: i64, done: &[Completion]) -> Result<(), StoreError> {
     // Two statements per 64 attempts rather than two per attempt: each statement is a round trip to
     // SQLite's connection thread, and a relay round of 32 attempts made 64 of them while the watch's
     // writer waited for its turn.
     let mut retried = Vec::new();
     for chunk in done.chunks(ATTEMPT_ROWS) {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, error, location, response_body, request) ",
-        );
-        q.push_values(chunk, |mut b, c| {
+        let mut q = tx.backend().query_dyn(values_sql(ATTEMPT_INSERT, chunk.len(), 9, ""));
+        for c in chunk {
             let a = &c.attempt;
-            b.push_bind(c.delivery_id)
-                .push_bind(a.started_at)
-                .push_bind(a.duration_ms)
-                .push_bind(a.status_code.map(i64::from))
-                .push_bind(a.error_class)
-                .push_bind(&a.error)
-                .push_bind(&a.location)
-                .push_bind(&a.response_body)
-                .push_bind(&a.request);
-        });
-        q.build().execute(&mut **tx).await?;
+            q = q
+                .bind(c.delivery_id)
+                .bind(a.started_at)
+                .bind(a.duration_ms)
+                .bind(a.status_code.map(i64::from))
+                .bind(a.error_class)
+                .bind(&a.error)
+                .bind(&a.location)
+                .bind(&a.response_body)
+                .bind(&a.request);
+        }
+        q.execute(tx.exec()).await?;
         let rows: Vec<serde_json::Value> = chunk
             .iter()
             .map(|c| {
@@ -395,7 +394,7 @@ async fn record_attempts(tx: &mut Transaction<'_, Sqlite>, now: i64, done: &[Com
             })
             .collect();
         let rows = serde_json::Value::Array(rows).to_string();
-        sqlx::query(COMPLETE).bind(rows).execute(&mut **tx).await?;
+        tx.backend().dual(&COMPLETE).bind(rows).execute(tx.exec()).await?;
     }
     super::outbox::supersede_retried(tx, now, &retried).await
 }

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 /// A storage failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database file cannot be opened, created or migrated.
-    #[error("cannot open database {}", path.display())]
+    /// The database cannot be opened, created or migrated.
+    #[error("cannot open database {target}")]
     Open {
-        /// The configured `database.path`.
-        path: PathBuf,
+        /// The configured `database.path`, or `database.url` without its password.
+        target: String,
         /// Why.
         #[source]
         source: Box<StoreError>,
@@ -27,6 +27,15 @@ pub enum StoreError {
         path: PathBuf,
         /// The lock file.
         lock: PathBuf,
+    },
+    /// Another `vipwatch serve` serves this PostgreSQL database (it holds the advisory lock
+    /// `store::POSTGRES_LOCK_KEY`). Until leader election lands, one instance serves a database.
+    #[error(
+        "database {target} is in use by another `vipwatch serve` (it holds the advisory lock); only one instance may serve a database"
+    )]
+    InUse {
+        /// `database.url` without its password.
+        target: String,
     },
     /// The lock file cannot be created.
     #[error("cannot create lock file {}", path.display())]

@@ -1,13 +1,11 @@
 //! Reading the event log, and pruning it by age.
 
 use serde::Serialize;
-use sqlx::Connection as _;
-use sqlx::{QueryBuilder, Row, Sqlite};
-
 use std::collections::BTreeMap;
 
 use vipwatch_contract::{BackendMode, BackendsDiff};
 
+use super::db::{Filter, Row};
 use super::{Store, StoreError};
 use crate::model::backends::BackendSets;
 use crate::model::{ServiceKey, ServiceView};
@@ -68,32 +66,27 @@ const EVENT_COLUMNS: &str = "SELECT id, observed_at, type, namespace, name, uid,
 impl Store {
     /// Events matching `filter`, by id ascending.
     pub async fn events(&self, filter: &EventFilter) -> Result<Vec<EventRow>, StoreError> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(EVENT_COLUMNS);
-        q.push(" WHERE 1 = 1");
+        let mut w = Filter::default();
         if let Some(v) = filter.after_id {
-            q.push(" AND id > ").push_bind(v);
+            w.int("id", ">", v);
         }
-        push_eq(&mut q, "namespace", &filter.namespace);
-        push_eq(&mut q, "name", &filter.name);
-        push_eq(&mut q, "type", &filter.event_type);
-        push_eq(&mut q, "cause", &filter.cause);
+        w.eq_opt("namespace", &filter.namespace).eq_opt("name", &filter.name);
+        w.eq_opt("type", &filter.event_type).eq_opt("cause", &filter.cause);
         if let Some(v) = filter.since_ms {
-            q.push(" AND observed_at >= ").push_bind(v);
+            w.int("observed_at", ">=", v);
         }
         if let Some(v) = filter.until_ms {
-            q.push(" AND observed_at < ").push_bind(v);
+            w.int("observed_at", "<", v);
         }
-        q.push(" ORDER BY id");
-        if let Some(limit) = filter.limit {
-            q.push(format!(" LIMIT {limit}")); // a literal: see the `store` module docs
-        }
-        let rows = q.build().fetch_all(&self.pool).await?;
+        // LIMIT as a literal: see the `store` module docs.
+        let limit = filter.limit.map(|l| format!(" LIMIT {l}")).unwrap_or_default();
+        let rows = self.read_all(w.query(self.backend, EVENT_COLUMNS, &format!(" ORDER BY id{limit}"))).await?;
         rows.iter().map(event_row).collect()
     }
 
     /// Number of rows in the event log.
     pub async fn event_count(&self) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM events").fetch_one(&self.pool).await?)
+        Ok(self.read_one(self.backend.query("SELECT COUNT(*) FROM events")).await?.get(0))
     }
 
     /// Deletes events observed before `cutoff_ms` (Unix ms), and finished deliveries (succeeded,
@@ -103,25 +96,19 @@ impl Store {
         let mut conn = self.writer().await?;
         let result = async {
             let mut tx = conn.begin().await?;
-            let done =
-                sqlx::query("DELETE FROM events WHERE observed_at < ?").bind(cutoff_ms).execute(&mut *tx).await?;
-            let finished = "DELETE FROM deliveries WHERE state <> 'pending' AND finished_at < ?";
-            sqlx::query(finished).bind(cutoff_ms).execute(&mut *tx).await?;
+            let sql = "DELETE FROM events WHERE observed_at < $1";
+            let done = self.backend.query(sql).bind(cutoff_ms).execute(tx.exec()).await?;
+            let finished = "DELETE FROM deliveries WHERE state <> 'pending' AND finished_at < $1";
+            self.backend.query(finished).bind(cutoff_ms).execute(tx.exec()).await?;
             tx.commit().await?;
-            Ok(done.rows_affected())
+            Ok(done)
         }
         .await;
         self.settle(conn, result)
     }
 }
 
-fn push_eq(q: &mut QueryBuilder<Sqlite>, column: &str, value: &Option<String>) {
-    if let Some(v) = value {
-        q.push(format!(" AND {column} = ")).push_bind(v.clone());
-    }
-}
-
-fn event_row(r: &sqlx::sqlite::SqliteRow) -> Result<EventRow, StoreError> {
+fn event_row(r: &Row) -> Result<EventRow, StoreError> {
     let previous: Option<&str> = r.get("previous");
     let changed: Option<&str> = r.get("changed");
     let backends: Option<&str> = r.get("backends");

@@ -2,9 +2,6 @@
 //! reference), a declaration the guard holds, the operator's confirmation, and enqueueing a
 //! declaration outside an event (start, periodic resend, resync).
 
-use sqlx::Connection as _;
-use sqlx::Row;
-
 use super::outbox::{ENDPOINT_QUEUE, NewDelivery, insert_deliveries};
 use super::{Store, StoreError, now_ms};
 
@@ -25,8 +22,8 @@ impl Store {
     /// The full-state record of `webhook` (empty when it never declared anything).
     pub async fn full_state(&self, webhook: &str) -> Result<FullStateRow, StoreError> {
         let sql = "SELECT told, told_at, held_digest, held_removed, held_total, confirmed_digest FROM full_state \
-                   WHERE webhook = ?";
-        let Some(r) = sqlx::query(sql).bind(webhook).fetch_optional(&self.pool).await? else {
+                   WHERE webhook = $1";
+        let Some(r) = self.read_optional(self.backend.query(sql).bind(webhook)).await? else {
             return Ok(FullStateRow::default());
         };
         let digest: Option<String> = r.get("held_digest");
@@ -42,12 +39,12 @@ impl Store {
     /// any hold and confirmation.
     pub async fn full_state_told(&self, webhook: &str, told: &[String]) -> Result<(), StoreError> {
         let told = serde_json::to_string(told)?;
-        let sql = "INSERT INTO full_state (webhook, told, told_at) VALUES (?1, ?2, ?3) ON CONFLICT (webhook) DO UPDATE \
+        let sql = "INSERT INTO full_state (webhook, told, told_at) VALUES ($1, $2, $3) ON CONFLICT (webhook) DO UPDATE \
                    SET told = excluded.told, told_at = excluded.told_at, held_digest = NULL, held_removed = NULL, \
                    held_total = NULL, held_at = NULL, confirmed_digest = NULL";
         let mut conn = self.writer().await?;
-        let result = sqlx::query(sql).bind(webhook).bind(told).bind(now_ms()).execute(&mut *conn).await;
-        self.settle(conn, result.map(drop).map_err(StoreError::from))
+        let result = self.backend.query(sql).bind(webhook).bind(told).bind(now_ms()).execute(conn.exec()).await;
+        self.settle(conn, result.map(drop))
     }
 
     /// Records that the removal guard holds a declaration (Service-set `digest`, removing `removed` of
@@ -60,30 +57,32 @@ impl Store {
         total: i64,
     ) -> Result<(), StoreError> {
         let sql = "INSERT INTO full_state (webhook, held_digest, held_removed, held_total, held_at) \
-                   VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (webhook) DO UPDATE SET held_digest = excluded.held_digest, \
+                   VALUES ($1, $2, $3, $4, $5) ON CONFLICT (webhook) DO UPDATE SET held_digest = excluded.held_digest, \
                    held_removed = excluded.held_removed, held_total = excluded.held_total, \
                    held_at = COALESCE(CASE WHEN full_state.held_digest = excluded.held_digest THEN full_state.held_at END, \
                    excluded.held_at)";
         let mut conn = self.writer().await?;
-        let result = sqlx::query(sql)
+        let result = self
+            .backend
+            .query(sql)
             .bind(webhook)
             .bind(digest)
             .bind(removed)
             .bind(total)
             .bind(now_ms())
-            .execute(&mut *conn)
+            .execute(conn.exec())
             .await;
-        self.settle(conn, result.map(drop).map_err(StoreError::from))
+        self.settle(conn, result.map(drop))
     }
 
     /// Confirms the held declaration of `webhook` (it goes out at its next attempt, made due now).
     /// Returns `(removed, total)` of what was held, or `None` when nothing is held.
     pub async fn full_state_confirm(&self, webhook: &str) -> Result<Option<(i64, i64)>, StoreError> {
-        let sql = "UPDATE full_state SET confirmed_digest = held_digest WHERE webhook = ?1 AND held_digest IS NOT NULL \
+        let sql = "UPDATE full_state SET confirmed_digest = held_digest WHERE webhook = $1 AND held_digest IS NOT NULL \
                    RETURNING held_removed, held_total";
         let mut conn = self.writer().await?;
-        let result = sqlx::query(sql).bind(webhook).fetch_optional(&mut *conn).await;
-        let held = self.settle(conn, result.map_err(StoreError::from))?;
+        let result = self.backend.query(sql).bind(webhook).fetch_optional(conn.exec()).await;
+        let held = self.settle(conn, result)?;
         let held = held.map(|r| (r.get(0), r.get(1)));
         if held.is_some() {
             self.make_due(webhook, now_ms()).await?;

@@ -12,8 +12,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use backon::ExponentialBuilder;
-use sqlx::pool::PoolConnection;
-use sqlx::{Connection, Sqlite};
 use tracing::{error, info};
 
 use super::{Store, StoreError, now_ms};
@@ -85,7 +83,9 @@ impl StoreError {
             Self::Sqlx(e) => sqlx_fault(e),
             Self::Open { source, .. } => source.fault().or(Some(FaultKind::Other)),
             Self::Json(_) => None,
-            Self::Locked { .. } | Self::LockFile { .. } | Self::Migrate(_) => Some(FaultKind::Other),
+            Self::Locked { .. } | Self::InUse { .. } | Self::LockFile { .. } | Self::Migrate(_) => {
+                Some(FaultKind::Other)
+            }
         }
     }
 
@@ -98,7 +98,8 @@ impl StoreError {
     /// events since the writer read [`Store::next_event_id`] (the lock file rules that out; the writer
     /// then reads the next id again and prepares anew rather than retrying the same ids).
     pub fn is_event_id_taken(&self) -> bool {
-        matches!(self, Self::Sqlx(sqlx::Error::Database(e)) if e.is_unique_violation() && e.message().contains("events.id"))
+        matches!(self, Self::Sqlx(sqlx::Error::Database(e)) if e.is_unique_violation()
+            && (e.message().contains("events.id") || e.constraint() == Some("events_pkey")))
     }
 
     /// The underlying reason in a few words, e.g. SQLite's `database or disk is full`.
@@ -115,6 +116,9 @@ impl StoreError {
 
 fn sqlx_fault(e: &sqlx::Error) -> Option<FaultKind> {
     match e {
+        sqlx::Error::Database(db) if db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some() => {
+            postgres_fault(db.code().as_deref().unwrap_or(""))
+        }
         sqlx::Error::Database(db) => {
             let code: i32 = db.code().and_then(|c| c.parse().ok()).unwrap_or(0);
             // Primary result codes (the low byte of the extended code), from sqlite3.h.
@@ -136,6 +140,20 @@ fn sqlx_fault(e: &sqlx::Error) -> Option<FaultKind> {
         | sqlx::Error::ColumnIndexOutOfBounds { .. }
         | sqlx::Error::TypeNotFound { .. }
         | sqlx::Error::Decode(_) => None,
+        _ => Some(FaultKind::Other),
+    }
+}
+
+/// The fault of a PostgreSQL error by its SQLSTATE (PostgreSQL manual, appendix A "Error Codes").
+fn postgres_fault(sqlstate: &str) -> Option<FaultKind> {
+    match sqlstate {
+        "53100" => Some(FaultKind::Full),                     // disk_full
+        "25006" => Some(FaultKind::ReadOnly),                 // read_only_sql_transaction (a standby)
+        "55P03" => Some(FaultKind::Locked),                   // lock_not_available
+        "40001" | "40P01" | "53300" => Some(FaultKind::Busy), // serialization, deadlock, too many connections
+        "57014" => Some(FaultKind::Timeout),                  // query_canceled (statement_timeout)
+        s if s.starts_with("08") || s.starts_with("57P") || s.starts_with("58") => Some(FaultKind::Io), // connection, shutdown, system
+        s if s.starts_with("23") || s.starts_with("22") => None, // constraint, data exception: not the storage's fault
         _ => Some(FaultKind::Other),
     }
 }
@@ -248,14 +266,14 @@ impl Health {
 }
 
 /// The write connection during one in-process writer's turn (see [`Store::writer`]); dereferences
-/// to the SQLite connection.
+/// to the pooled connection.
 pub(super) struct WriteConn {
-    conn: PoolConnection<Sqlite>,
+    conn: super::db::Pooled,
     _turn: tokio::sync::OwnedMutexGuard<()>,
 }
 
 impl std::ops::Deref for WriteConn {
-    type Target = sqlx::SqliteConnection;
+    type Target = super::db::Pooled;
 
     fn deref(&self) -> &Self::Target {
         &self.conn
@@ -298,7 +316,8 @@ impl Store {
 
     /// `/readyz`'s check: probes the database (at most [`PROBE_TIMEOUT`], never waiting on a lock
     /// longer) and returns why it cannot be written, or `None`. The probe takes the write lock
-    /// (`BEGIN IMMEDIATE`, rolled back); while a disk fault is reported it also writes one small row,
+    /// (SQLite's `BEGIN IMMEDIATE`, rolled back; on PostgreSQL a transaction on the write
+    /// connection); while a disk fault is reported it also writes one small row,
     /// so recovery is seen even when no other write runs.
     pub async fn check_writable(&self) -> Option<Unwritable> {
         let (write, recent) = match self.health.report() {
@@ -334,13 +353,13 @@ impl Store {
 
     async fn probe(&self, write: bool) -> Result<(), StoreError> {
         let _turn = self.turn.clone().lock_owned().await;
-        let mut conn = self.write.acquire().await?;
+        let mut conn = self.pools.write().await?;
         let result: Result<(), StoreError> = async {
-            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+            let mut tx = conn.begin_immediate().await?;
             if write {
-                let sql = "INSERT INTO meta (key, value) VALUES ('write_probe', ?) \
+                let sql = "INSERT INTO meta (key, value) VALUES ('write_probe', $1) \
                            ON CONFLICT (key) DO UPDATE SET value = excluded.value";
-                sqlx::query(sql).bind(now_ms().to_string()).execute(&mut *tx).await?;
+                self.backend.query(sql).bind(now_ms().to_string()).execute(tx.exec()).await?;
                 tx.commit().await?;
             } else {
                 tx.rollback().await?;
@@ -361,7 +380,7 @@ impl Store {
     /// connection comes (recorded as a write fault).
     pub(super) async fn writer(&self) -> Result<WriteConn, StoreError> {
         let turn = self.turn.clone().lock_owned().await;
-        match self.write.acquire().await {
+        match self.pools.write().await {
             Ok(conn) => Ok(WriteConn { conn, _turn: turn }),
             Err(e) => {
                 let e = StoreError::from(e);

@@ -3,8 +3,7 @@
 
 use std::collections::HashSet;
 
-use sqlx::{Row, Sqlite, Transaction};
-
+use super::db::{Dual, Tx};
 use super::state::StateChange;
 use super::{Store, StoreError};
 use crate::model::{Cause, ServiceKey};
@@ -27,15 +26,26 @@ pub struct HeldDeletion {
     pub held_at: i64,
 }
 
-const UPSERT: &str = "INSERT OR REPLACE INTO held_deletions (namespace, name, uid, scope, cause, reason, held_at) \
+const UPSERT: Dual = Dual {
+    lite: "INSERT OR REPLACE INTO held_deletions (namespace, name, uid, scope, cause, reason, held_at) \
      SELECT j.value->>'ns', j.value->>'name', j.value->>'uid', j.value->>'scope', j.value->>'cause', \
-     j.value->>'reason', j.value->>'at' FROM json_each(?1) AS j";
+     j.value->>'reason', j.value->>'at' FROM json_each($1) AS j",
+    pg: "INSERT INTO held_deletions (namespace, name, uid, scope, cause, reason, held_at) \
+     SELECT j.ns, j.name, j.uid, j.scope, j.cause, j.reason, j.at FROM jsonb_to_recordset($1::jsonb) \
+     AS j(ns text, name text, uid text, scope text, cause text, reason text, at bigint) \
+     ON CONFLICT (namespace, name) DO UPDATE SET uid = excluded.uid, scope = excluded.scope, \
+     cause = excluded.cause, reason = excluded.reason, held_at = excluded.held_at",
+};
 
-const DELETE: &str = "DELETE FROM held_deletions WHERE (namespace, name) IN \
-     (SELECT j.value->>0, j.value->>1 FROM json_each(?1) AS j)";
+const DELETE: Dual = Dual {
+    lite: "DELETE FROM held_deletions WHERE (namespace, name) IN \
+     (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j)",
+    pg: "DELETE FROM held_deletions WHERE (namespace, name) IN \
+     (SELECT j->>0, j->>1 FROM jsonb_array_elements($1::jsonb) AS j)",
+};
 
 /// Applies the [`StateChange::Held`] changes of a batch, in order (the last one per Service wins).
-pub(super) async fn write_held(tx: &mut Transaction<'_, Sqlite>, changes: &[StateChange]) -> Result<(), StoreError> {
+pub(super) async fn write_held(tx: &mut Tx<'_>, changes: &[StateChange]) -> Result<(), StoreError> {
     let mut last = std::collections::HashMap::new();
     for change in changes {
         if let StateChange::Held { key, held } = change {
@@ -51,10 +61,10 @@ pub(super) async fn write_held(tx: &mut Transaction<'_, Sqlite>, changes: &[Stat
         }
     }
     if !deletes.is_empty() {
-        sqlx::query(DELETE).bind(serde_json::to_string(&deletes)?).execute(&mut **tx).await?;
+        tx.backend().dual(&DELETE).bind(serde_json::to_string(&deletes)?).execute(tx.exec()).await?;
     }
     if !upserts.is_empty() {
-        sqlx::query(UPSERT).bind(serde_json::to_string(&upserts)?).execute(&mut **tx).await?;
+        tx.backend().dual(&UPSERT).bind(serde_json::to_string(&upserts)?).execute(tx.exec()).await?;
     }
     Ok(())
 }
@@ -64,7 +74,7 @@ impl Store {
     pub async fn held_deletions(&self) -> Result<Vec<HeldDeletion>, StoreError> {
         let sql = "SELECT namespace, name, uid, scope, cause, reason, held_at FROM held_deletions \
                    ORDER BY namespace, name";
-        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.query(sql)).await?;
         Ok(rows
             .iter()
             .map(|r| HeldDeletion {
@@ -80,7 +90,7 @@ impl Store {
 
     /// The Services whose deletion is held (for `held_deletion` in the API).
     pub async fn held_keys(&self) -> Result<HashSet<ServiceKey>, StoreError> {
-        let rows = sqlx::query("SELECT namespace, name FROM held_deletions").fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.query("SELECT namespace, name FROM held_deletions")).await?;
         Ok(rows.iter().map(|r| ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name"))).collect())
     }
 }

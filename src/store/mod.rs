@@ -1,5 +1,7 @@
-//! The SQLite store: event log, current-state table, watch bookkeeping. Owns every SQL statement;
-//! other modules call its typed methods. Schema under `migrations/`, applied at open.
+//! The store: event log, current-state table, outbox, watch bookkeeping, on SQLite (the embedded
+//! default, one process) or PostgreSQL (shared by replicas). Owns every SQL statement; other modules
+//! call its typed methods. Schemas under `migrations/sqlite` and `migrations/postgres`, applied at
+//! open; statements run through [`db`]'s one API over both backends.
 //!
 //! Every `LIMIT` is written into the SQL as an integer literal, never bound (`LIMIT ?`): SQLite as
 //! bundled by sqlx (3.5x) looks at a bound LIMIT while planning, so such a statement is prepared
@@ -8,6 +10,7 @@
 //! limit is its own cached statement.
 
 mod checkpoint;
+mod db;
 mod deliveries;
 mod error;
 mod events;
@@ -23,6 +26,7 @@ mod queries;
 mod state;
 
 pub use checkpoint::{CHECKPOINT_INTERVAL, Checkpointed, WRITER_AUTOCHECKPOINT_PAGES};
+pub use db::Backend;
 pub use deliveries::{
     AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, ERROR_CLASSES, Outcome, WebhookState,
 };
@@ -32,28 +36,49 @@ pub use full_state::FullStateRow;
 pub use health::{FaultKind, PROBE_TIMEOUT, Unwritable};
 pub use held::HeldDeletion;
 pub use nodes::NodeRow;
-pub use open::WriterLock;
+pub use open::{POSTGRES_LOCK_KEY, WriterLock};
 pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, RecordedEvent};
 pub use progress::{ProgressRow, WatchProgress};
 pub use publish::{Acks, CleanupWork, ReleaseWork, StatusWork};
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};
 pub use state::{Cleanup, Prepared, ServiceRow, StateChange};
 
-use sqlx::SqlitePool;
-
-/// Handle on the SQLite database. Cheap to clone. Reads use a pool of connections; every write goes
+/// Handle on the database. Cheap to clone. Reads use a pool of connections; every write goes
 /// through one dedicated connection, so writers queue in-process instead of meeting SQLite's busy
-/// handler (which sleeps in steps of up to 100 ms and made delivery latency spiky). A failed write
-/// closes that connection and marks the database unwritable until a write succeeds again
-/// ([`Store::unwritable`], [`Store::check_writable`]).
+/// handler (which sleeps in steps of up to 100 ms and made delivery latency spiky), and on PostgreSQL
+/// event and delivery ids commit in the order they were given (the relay's cursor and SSE resume
+/// read `id > last`). A failed write closes that connection and marks the database unwritable until
+/// a write succeeds again ([`Store::unwritable`], [`Store::check_writable`]).
 #[derive(Debug, Clone)]
 pub struct Store {
-    pool: SqlitePool,
-    write: SqlitePool,
+    backend: Backend,
+    pools: db::Pools,
     /// Whose turn it is on `write` (see `Store::writer`).
     turn: std::sync::Arc<tokio::sync::Mutex<()>>,
     log_id: std::sync::Arc<str>,
     health: std::sync::Arc<health::Health>,
+}
+
+impl Store {
+    /// Which database this store runs on.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// `q` on a read connection: every row.
+    async fn read_all(&self, q: db::Query) -> Result<Vec<db::Row>, StoreError> {
+        q.fetch_all(self.pools.read().await?.exec()).await
+    }
+
+    /// `q` on a read connection: the first row, if any.
+    async fn read_optional(&self, q: db::Query) -> Result<Option<db::Row>, StoreError> {
+        q.fetch_optional(self.pools.read().await?.exec()).await
+    }
+
+    /// `q` on a read connection: exactly one row.
+    async fn read_one(&self, q: db::Query) -> Result<db::Row, StoreError> {
+        q.fetch_one(self.pools.read().await?.exec()).await
+    }
 }
 
 /// Current time as Unix milliseconds (UTC), the unit of every `*_at` column.

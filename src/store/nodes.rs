@@ -3,17 +3,25 @@
 
 use std::collections::HashMap;
 
-use sqlx::{Row, Sqlite, Transaction};
-
+use super::db::{Dual, Tx};
 use super::{StateChange, Store, StoreError};
 use crate::model::backends::{NodeView, ObservedNode};
 
-const UPSERT_NODES: &str = "INSERT INTO nodes (name, uid, resource_version, view, updated_at) \
-     SELECT j.value->>'name', j.value->>'uid', j.value->>'rv', j.value->>'view', ?1 FROM json_each(?2) AS j WHERE true \
+const UPSERT_NODES: Dual = Dual {
+    lite: "INSERT INTO nodes (name, uid, resource_version, view, updated_at) \
+     SELECT j.value->>'name', j.value->>'uid', j.value->>'rv', j.value->>'view', $1 FROM json_each($2) AS j WHERE true \
      ON CONFLICT (name) DO UPDATE SET uid = excluded.uid, resource_version = excluded.resource_version, \
-     view = excluded.view, updated_at = excluded.updated_at";
+     view = excluded.view, updated_at = excluded.updated_at",
+    pg: "INSERT INTO nodes (name, uid, resource_version, view, updated_at) \
+     SELECT j.name, j.uid, j.rv, j.view, $1 FROM jsonb_to_recordset($2::jsonb) AS j(name text, uid text, rv text, view text) \
+     ON CONFLICT (name) DO UPDATE SET uid = excluded.uid, resource_version = excluded.resource_version, \
+     view = excluded.view, updated_at = excluded.updated_at",
+};
 
-const DELETE_NODES: &str = "DELETE FROM nodes WHERE name IN (SELECT j.value FROM json_each(?1) AS j)";
+const DELETE_NODES: Dual = Dual {
+    lite: "DELETE FROM nodes WHERE name IN (SELECT j.value FROM json_each($1) AS j)",
+    pg: "DELETE FROM nodes WHERE name IN (SELECT jsonb_array_elements_text($1::jsonb))",
+};
 
 /// One row of the `nodes` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,11 +39,7 @@ pub struct NodeRow {
 }
 
 /// Folds the Node changes of a batch into the last one per Node, then one upsert and one delete.
-pub(super) async fn write_nodes(
-    tx: &mut Transaction<'_, Sqlite>,
-    now: i64,
-    changes: &[StateChange],
-) -> Result<(), StoreError> {
+pub(super) async fn write_nodes(tx: &mut Tx<'_>, now: i64, changes: &[StateChange]) -> Result<(), StoreError> {
     let mut last: HashMap<&str, Option<&ObservedNode>> = HashMap::new();
     for change in changes {
         if let StateChange::Node { name, node } = change {
@@ -52,10 +56,10 @@ pub(super) async fn write_nodes(
         }
     }
     if !deletes.is_empty() {
-        sqlx::query(DELETE_NODES).bind(serde_json::to_string(&deletes)?).execute(&mut **tx).await?;
+        tx.backend().dual(&DELETE_NODES).bind(serde_json::to_string(&deletes)?).execute(tx.exec()).await?;
     }
     if !upserts.is_empty() {
-        sqlx::query(UPSERT_NODES).bind(now).bind(serde_json::to_string(&upserts)?).execute(&mut **tx).await?;
+        tx.backend().dual(&UPSERT_NODES).bind(now).bind(serde_json::to_string(&upserts)?).execute(tx.exec()).await?;
     }
     Ok(())
 }
@@ -73,10 +77,10 @@ impl Store {
     /// At most `limit` Nodes with a name after `after`, by name.
     pub async fn nodes_page(&self, after: Option<&str>, limit: i64) -> Result<Vec<NodeRow>, StoreError> {
         // LIMIT as a literal: see the `store` module docs.
-        let mut q: sqlx::QueryBuilder<sqlx::Sqlite> =
-            sqlx::QueryBuilder::new("SELECT name, uid, resource_version, view, updated_at FROM nodes WHERE name > ");
-        q.push_bind(after.unwrap_or("")).push(format!(" ORDER BY name LIMIT {limit}"));
-        let rows = q.build().fetch_all(&self.pool).await?;
+        let sql = format!(
+            "SELECT name, uid, resource_version, view, updated_at FROM nodes WHERE name > $1 ORDER BY name LIMIT {limit}"
+        );
+        let rows = self.read_all(self.backend.query_dyn(sql).bind(after.unwrap_or(""))).await?;
         rows.iter()
             .map(|r| {
                 Ok(NodeRow {

@@ -1,21 +1,58 @@
-//! Opening the database: create if missing, WAL, pragmas, embedded migrations.
+//! Opening the database: a SQLite file (create if missing, WAL, pragmas) or a PostgreSQL database,
+//! each with its own embedded migrations (`migrations/sqlite`, `migrations/postgres`).
 
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+use super::db::{Backend, Pools};
 use super::{Store, StoreError};
 
+/// Read connections per store.
+const READ_CONNECTIONS: u32 = 4;
+
 impl Store {
+    /// Opens the database `config` names: PostgreSQL when `database.url` is set, else the SQLite file
+    /// `database.path`. Errors: as [`Store::open`] and [`Store::open_postgres`].
+    pub async fn connect(config: &crate::config::DatabaseConfig) -> Result<Self, StoreError> {
+        match &config.url {
+            Some(url) => Self::open_postgres(url.expose()).await,
+            None => Self::open(&config.path).await,
+        }
+    }
+
+    /// Connects to the PostgreSQL database at `url` (`postgres://user:password@host:port/db`, or a
+    /// unix socket with `?host=/dir`) and applies the migrations embedded from
+    /// `migrations/postgres` (sqlx holds an advisory lock meanwhile, so replicas starting together
+    /// migrate once). Errors: [`StoreError::Open`] naming the URL without its password, wrapping why
+    /// it cannot connect or migrate.
+    pub async fn open_postgres(url: &str) -> Result<Self, StoreError> {
+        Self::open_postgres_inner(url).await.map_err(|e| StoreError::Open { target: redact(url), source: Box::new(e) })
+    }
+
+    async fn open_postgres_inner(url: &str) -> Result<Self, StoreError> {
+        let options = PgConnectOptions::from_str(url)?.application_name("vipwatch");
+        let pool = |n| PgPoolOptions::new().max_connections(n).acquire_timeout(Duration::from_secs(5));
+        let write = pool(1).connect_with(options.clone()).await?;
+        sqlx::migrate!("./migrations/postgres").run(&write).await?;
+        let read = pool(READ_CONNECTIONS).connect_lazy_with(options);
+        let pools = Pools::Pg { read, write };
+        let log_id = log_id(Backend::Postgres, &pools).await?;
+        Ok(Self { backend: Backend::Postgres, pools, turn: Default::default(), log_id, health: Default::default() })
+    }
+
     /// Opens (creating if missing) the SQLite file at `path` in WAL mode with `synchronous=NORMAL`
     /// (durable across process crashes; a power loss may lose the last transactions) and a 5 s busy
     /// timeout, then applies the migrations embedded from `migrations/`.
     /// Errors: [`StoreError::Sqlx`] when the file cannot be opened, [`StoreError::Migrate`] when the
     /// schema cannot be brought up to date.
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
-        Self::open_inner(path).await.map_err(|e| StoreError::Open { path: path.to_owned(), source: Box::new(e) })
+        Self::open_inner(path)
+            .await
+            .map_err(|e| StoreError::Open { target: path.display().to_string(), source: Box::new(e) })
     }
 
     async fn open_inner(path: &Path) -> Result<Self, StoreError> {
@@ -35,10 +72,11 @@ impl Store {
             .pragma("wal_autocheckpoint", autocheckpoint)
             .pragma("journal_size_limit", (16 << 20).to_string());
         let write = SqlitePoolOptions::new().max_connections(1).connect_with(write_options).await?;
-        sqlx::migrate!("./migrations").run(&write).await?;
-        let log_id = log_id(&write).await?;
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
-        Ok(Self { pool, write, turn: Default::default(), log_id, health: Default::default() })
+        sqlx::migrate!("./migrations/sqlite").run(&write).await?;
+        let read = SqlitePoolOptions::new().max_connections(READ_CONNECTIONS).connect_with(options).await?;
+        let pools = Pools::Lite { read, write };
+        let log_id = log_id(Backend::Sqlite, &pools).await?;
+        Ok(Self { backend: Backend::Sqlite, pools, turn: Default::default(), log_id, health: Default::default() })
     }
 
     /// The identity of this database's event log (`data.log_id` of every delivery): a UUID made
@@ -49,19 +87,62 @@ impl Store {
 
     /// Closes every connection (waits for running statements).
     pub async fn close(&self) {
-        self.write.close().await;
-        self.pool.close().await;
+        self.pools.close().await;
     }
 }
 
-/// Held while a `vipwatch serve` owns a database: an exclusive lock on `<database.path>.lock`
-/// (`flock`, released by the OS when the process ends, even on `kill -9`).
+/// Held while a `vipwatch serve` owns a database. SQLite: an exclusive lock on
+/// `<database.path>.lock` (`flock`, released by the OS when the process ends, even on `kill -9`).
+/// PostgreSQL: a session advisory lock ([`POSTGRES_LOCK_KEY`]) on a connection of its own, released
+/// by the server when that session ends (process exit, `kill -9`, a broken connection).
 #[derive(Debug)]
 pub struct WriterLock {
-    _file: std::fs::File,
+    held: Held,
 }
 
+#[derive(Debug)]
+enum Held {
+    File(#[allow(dead_code)] std::fs::File),
+    Postgres(#[allow(dead_code)] sqlx::PgConnection),
+}
+
+/// The advisory lock key of a serving instance on PostgreSQL: "vipwatch" in ASCII, as a bigint.
+pub const POSTGRES_LOCK_KEY: i64 = 0x7669_7077_6174_6368;
+
 impl WriterLock {
+    /// The lock for the database `config` names: [`WriterLock::acquire`] for the SQLite file, the
+    /// advisory lock on PostgreSQL. Errors: [`StoreError::Locked`] / [`StoreError::InUse`] when
+    /// another instance holds it; [`StoreError::Open`] when PostgreSQL cannot be reached.
+    pub async fn for_database(config: &crate::config::DatabaseConfig) -> Result<Self, StoreError> {
+        let Some(url) = &config.url else { return Self::acquire(&config.path) };
+        let url = url.expose();
+        let open = |e: StoreError| StoreError::Open { target: redact(url), source: Box::new(e) };
+        let options = PgConnectOptions::from_str(url).map_err(|e| open(e.into()))?.application_name("vipwatch-lock");
+        let mut conn =
+            <sqlx::PgConnection as sqlx::Connection>::connect_with(&options).await.map_err(|e| open(e.into()))?;
+        let row = Backend::Postgres
+            .query("SELECT pg_try_advisory_lock($1)")
+            .bind(POSTGRES_LOCK_KEY)
+            .fetch_one(super::db::Exec::Pg(&mut conn))
+            .await
+            .map_err(open)?;
+        if !row.get::<bool, _>(0) {
+            return Err(StoreError::InUse { target: redact(url) });
+        }
+        Ok(Self { held: Held::Postgres(conn) })
+    }
+
+    /// Lets go at once: unlocks and closes the PostgreSQL session (so an instance started right after
+    /// finds the advisory lock free) or closes the lock file. Dropping
+    /// the lock also releases it, a moment later on PostgreSQL.
+    pub async fn release(self) {
+        if let Held::Postgres(mut conn) = self.held {
+            let unlock = Backend::Postgres.query("SELECT pg_advisory_unlock($1)").bind(POSTGRES_LOCK_KEY);
+            let _ = unlock.execute(super::db::Exec::Pg(&mut conn)).await;
+            let _ = sqlx::Connection::close(conn).await;
+        }
+    }
+
     /// Takes the lock for the database at `path` without waiting. Errors: [`StoreError::Locked`] when
     /// another process holds it, [`StoreError::LockFile`] when the lock file cannot be created.
     pub fn acquire(path: &Path) -> Result<Self, StoreError> {
@@ -75,7 +156,7 @@ impl WriterLock {
             .open(&lock)
             .map_err(|source| StoreError::LockFile { path: lock.clone(), source })?;
         match file.try_lock() {
-            Ok(()) => Ok(Self { _file: file }),
+            Ok(()) => Ok(Self { held: Held::File(file) }),
             Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked { path: path.to_owned(), lock }),
             Err(std::fs::TryLockError::Error(source)) => Err(StoreError::LockFile { path: lock, source }),
         }
@@ -83,9 +164,16 @@ impl WriterLock {
 }
 
 /// Reads the log id, making it first when the database is new.
-async fn log_id(write: &sqlx::SqlitePool) -> Result<std::sync::Arc<str>, sqlx::Error> {
+async fn log_id(backend: Backend, pools: &Pools) -> Result<std::sync::Arc<str>, StoreError> {
     let fresh = uuid::Uuid::new_v4().to_string();
-    sqlx::query("INSERT OR IGNORE INTO meta (key, value) VALUES ('log_id', ?)").bind(fresh).execute(write).await?;
-    let id: String = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'log_id'").fetch_one(write).await?;
-    Ok(id.into())
+    let mut conn = pools.write().await?;
+    let insert = "INSERT INTO meta (key, value) VALUES ('log_id', $1) ON CONFLICT (key) DO NOTHING";
+    backend.query(insert).bind(fresh).execute(conn.exec()).await?;
+    let row = backend.query("SELECT value FROM meta WHERE key = 'log_id'").fetch_one(conn.exec()).await?;
+    Ok(row.get::<String, _>(0).into())
+}
+
+/// `url` for errors and logs: its password and query values redacted ([`crate::config::redact_url`]).
+fn redact(url: &str) -> String {
+    url::Url::parse(url).map_or_else(|_| "(unparsable database URL)".to_owned(), |u| crate::config::redact_url(&u))
 }

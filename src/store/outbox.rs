@@ -2,8 +2,7 @@
 //! completed with an attempt row. Per (endpoint, Service) the pending deliveries form a FIFO queue
 //! whose head (lowest id) is the only one ever claimed, which is what keeps per-Service order.
 
-use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
-
+use super::db::{Dual, Exec, Tx, values_sql};
 use super::{Store, StoreError};
 use crate::model::{Cause, Recorded, ServiceKey};
 
@@ -44,11 +43,16 @@ pub struct NewDelivery {
 /// full-state declarations): empty namespace and name.
 pub static ENDPOINT_QUEUE: ServiceKey = ServiceKey { namespace: String::new(), name: String::new() };
 
-/// Pushes back the waiting (pending, not leased) full-state delivery of endpoint ?1 to at least ?3
+/// Pushes back the waiting (pending, not leased) full-state delivery of endpoint $1 to at least $3
 /// (its retry schedule still wins when later); returns its id.
-const COALESCE: &str = "UPDATE deliveries SET next_attempt_at = MAX(next_attempt_at, ?3) WHERE id = ( \
-    SELECT id FROM deliveries WHERE webhook = ?1 AND namespace = '' AND name = '' AND state = 'pending' \
-      AND (claimed_until IS NULL OR claimed_until < ?2) ORDER BY id DESC LIMIT 1) RETURNING id";
+const COALESCE: Dual = Dual {
+    lite: "UPDATE deliveries SET next_attempt_at = MAX(next_attempt_at, $3) WHERE id = ( \
+    SELECT id FROM deliveries WHERE webhook = $1 AND namespace = '' AND name = '' AND state = 'pending' \
+      AND (claimed_until IS NULL OR claimed_until < $2) ORDER BY id DESC LIMIT 1) RETURNING id",
+    pg: "UPDATE deliveries SET next_attempt_at = GREATEST(next_attempt_at, $3) WHERE id = ( \
+    SELECT id FROM deliveries WHERE webhook = $1 AND namespace = '' AND name = '' AND state = 'pending' \
+      AND (claimed_until IS NULL OR claimed_until < $2) ORDER BY id DESC LIMIT 1) RETURNING id",
+};
 
 /// Routes a recorded event to endpoints; called inside the event's transaction, so it must not block.
 pub trait Outbox: Send + Sync {
@@ -87,57 +91,112 @@ pub struct Claimed {
     pub event_id: Option<i64>,
 }
 
+/// Columns of a delivery row, in [`values_sql`] order.
+const DELIVERY_INSERT: &str = "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, \
+    created_at, next_attempt_at, held)";
+
 /// Rows per multi-row delivery INSERT (10 parameters each), cut as 128, 64, ..., 1.
 const CHUNK: usize = 128;
 
-/// Supersedes, among deliveries touched by this batch (a newer pending MODIFIED with id >= ?2), every
+/// Supersedes, among deliveries touched by this batch (a newer pending MODIFIED with id >= $2), every
 /// pending MODIFIED that is not its queue's head and is followed by a newer pending MODIFIED with no
 /// pending ADDED/DELETED/SYNCED in between. ADDED, DELETED and SYNCED are never superseded.
 ///
 /// The newer deliveries `m` drive the join (`CROSS JOIN` fixes SQLite's loop order: a rowid range
 /// over this batch's rows, then each one's queue by index `deliveries_queue`); the planner's own
 /// choice scanned every pending delivery, 14 ms per batch with 2,000 pending during a burst.
-const SUPERSEDE: &str = "UPDATE deliveries SET state = 'superseded', finished_at = ?1 WHERE id IN ( \
-    SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON d.webhook = m.webhook \
+/// PostgreSQL has neither hint; its planner takes the same path (a plain join).
+const SUPERSEDE: Dual = Dual {
+    lite: concat!(
+        "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
+    SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON ",
+        supersede_modified!()
+    ),
+    pg: concat!(
+        "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
+    SELECT d.id FROM deliveries m JOIN deliveries d ON ",
+        supersede_modified!()
+    ),
+};
+
+/// The rest of [`SUPERSEDE`], after the join of the newer deliveries `m` to the older `d`.
+macro_rules! supersede_modified {
+    () => {
+        "d.webhook = m.webhook \
       AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' AND d.id < m.id \
-    WHERE m.id >= ?2 AND m.state = 'pending' AND m.kind = 'MODIFIED' AND d.kind = 'MODIFIED' \
+    WHERE m.id >= $2 AND m.state = 'pending' AND m.kind = 'MODIFIED' AND d.kind = 'MODIFIED' \
       AND EXISTS (SELECT 1 FROM deliveries p WHERE p.webhook = d.webhook AND p.namespace = d.namespace \
                   AND p.name = d.name AND p.state = 'pending' AND p.id < d.id) \
       AND NOT EXISTS (SELECT 1 FROM deliveries x WHERE x.webhook = d.webhook AND x.namespace = d.namespace \
                   AND x.name = d.name AND x.state = 'pending' AND x.kind <> 'MODIFIED' \
-                  AND x.id > d.id AND x.id < m.id))";
+                  AND x.id > d.id AND x.id < m.id))"
+    };
+}
+use supersede_modified;
 
-/// Supersedes every pending ADDED or MODIFIED that is not in flight (no live lease at ?1) and is
-/// followed in its queue by a pending DELETED or SYNCED with id >= ?2: those carry the whole state, so
+/// Supersedes every pending ADDED or MODIFIED that is not in flight (no live lease at $1) and is
+/// followed in its queue by a pending DELETED or SYNCED with id >= $2: those carry the whole state, so
 /// what was queued before them says nothing the receiver still needs — and a delivery the receiver
 /// refuses for good (a 422 retried for a day) no longer holds back the Service's DELETED or its
 /// resync. A DELETED or SYNCED is never superseded. Driven by the batch's rows like [`SUPERSEDE`].
-const SUPERSEDE_BY_FULL: &str = "UPDATE deliveries SET state = 'superseded', finished_at = ?1 WHERE id IN ( \
-    SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON d.webhook = m.webhook \
-      AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' AND d.id < m.id \
-    WHERE m.id >= ?2 AND m.state = 'pending' AND m.kind IN ('DELETED', 'SYNCED') \
-      AND d.kind IN ('ADDED', 'MODIFIED') AND (d.claimed_until IS NULL OR d.claimed_until < ?1))";
+const SUPERSEDE_BY_FULL: Dual = Dual {
+    lite: concat!(
+        "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
+    SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON ",
+        supersede_by_full!()
+    ),
+    pg: concat!(
+        "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
+    SELECT d.id FROM deliveries m JOIN deliveries d ON ",
+        supersede_by_full!()
+    ),
+};
 
-/// [`SUPERSEDE_BY_FULL`] for the deliveries whose ids are in the JSON array ?2 (attempts that just
+/// The rest of [`SUPERSEDE_BY_FULL`], after the join.
+macro_rules! supersede_by_full {
+    () => {
+        "d.webhook = m.webhook \
+      AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' AND d.id < m.id \
+    WHERE m.id >= $2 AND m.state = 'pending' AND m.kind IN ('DELETED', 'SYNCED') \
+      AND d.kind IN ('ADDED', 'MODIFIED') AND (d.claimed_until IS NULL OR d.claimed_until < $1))"
+    };
+}
+use supersede_by_full;
+
+/// [`SUPERSEDE_BY_FULL`] for the deliveries whose ids are in the JSON array $2 (attempts that just
 /// failed and were in flight when a DELETED or SYNCED queued behind them).
-const SUPERSEDE_RETRIED: &str = "UPDATE deliveries SET state = 'superseded', finished_at = ?1 WHERE id IN ( \
-    SELECT d.id FROM deliveries d WHERE d.id IN (SELECT value FROM json_each(?2)) AND d.state = 'pending' \
+const SUPERSEDE_RETRIED: Dual = Dual {
+    lite: concat!(
+        "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
+    SELECT d.id FROM deliveries d WHERE d.id IN (SELECT value FROM json_each($2)) AND ",
+        retried_tail!()
+    ),
+    pg: concat!(
+        "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
+    SELECT d.id FROM deliveries d WHERE d.id IN (SELECT jsonb_array_elements_text($2::jsonb)::bigint) AND ",
+        retried_tail!()
+    ),
+};
+
+/// The rest of [`SUPERSEDE_RETRIED`], after the ids.
+macro_rules! retried_tail {
+    () => {
+        "d.state = 'pending' \
       AND d.kind IN ('ADDED', 'MODIFIED') \
       AND EXISTS (SELECT 1 FROM deliveries m WHERE m.webhook = d.webhook AND m.namespace = d.namespace \
-                  AND m.name = d.name AND m.state = 'pending' AND m.kind IN ('DELETED', 'SYNCED') AND m.id > d.id))";
+                  AND m.name = d.name AND m.state = 'pending' AND m.kind IN ('DELETED', 'SYNCED') AND m.id > d.id))"
+    };
+}
+use retried_tail;
 
 /// Supersedes the retried deliveries `ids` that a DELETED or SYNCED queued behind makes redundant
 /// ([`SUPERSEDE_RETRIED`]); part of recording their attempts.
-pub(super) async fn supersede_retried(
-    tx: &mut Transaction<'_, Sqlite>,
-    now: i64,
-    ids: &[i64],
-) -> Result<(), StoreError> {
+pub(super) async fn supersede_retried(tx: &mut Tx<'_>, now: i64, ids: &[i64]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
     let ids = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
-    sqlx::query(SUPERSEDE_RETRIED).bind(now).bind(ids).execute(&mut **tx).await?;
+    tx.backend().dual(&SUPERSEDE_RETRIED).bind(now).bind(ids).execute(tx.exec()).await?;
     Ok(())
 }
 
@@ -163,7 +222,7 @@ pub(super) type DeliveryInsert<'a> = (NewDelivery, Option<i64>, &'a ServiceKey, 
 
 /// Inserts deliveries (multi-row), then supersedes what they make redundant.
 pub(super) async fn insert_deliveries(
-    tx: &mut Transaction<'_, Sqlite>,
+    tx: &mut Tx<'_>,
     now: i64,
     rows: &[DeliveryInsert<'_>],
 ) -> Result<(), StoreError> {
@@ -177,23 +236,21 @@ pub(super) async fn insert_deliveries(
     while !rest.is_empty() {
         let n = if rest.len() >= CHUNK { CHUNK } else { 1 << rest.len().ilog2() };
         let (chunk, tail) = rest.split_at(n);
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, created_at, next_attempt_at, held) ",
-        );
-        q.push_values(chunk, |mut b, (d, event_id, key, held)| {
-            b.push_bind(&d.webhook)
-                .push_bind(*event_id)
-                .push_bind(&key.namespace)
-                .push_bind(&key.name)
-                .push_bind(d.kind)
-                .push_bind(&d.msg_id)
-                .push_bind(&d.payload)
-                .push_bind(now)
-                .push_bind(now)
-                .push_bind(i64::from(*held));
-        });
-        q.push(" RETURNING id, kind");
-        for row in q.build().fetch_all(&mut **tx).await? {
+        let mut q = tx.backend().query_dyn(values_sql(DELIVERY_INSERT, chunk.len(), 10, " RETURNING id, kind"));
+        for (d, event_id, key, held) in chunk {
+            q = q
+                .bind(&d.webhook)
+                .bind(*event_id)
+                .bind(&key.namespace)
+                .bind(&key.name)
+                .bind(d.kind)
+                .bind(&d.msg_id)
+                .bind(&d.payload)
+                .bind(now)
+                .bind(now)
+                .bind(i64::from(*held));
+        }
+        for row in q.fetch_all(tx.exec()).await? {
             let id: i64 = row.get("id");
             let first = match row.get::<&str, _>("kind") {
                 "MODIFIED" => &mut first_modified,
@@ -205,25 +262,26 @@ pub(super) async fn insert_deliveries(
         rest = tail;
     }
     if let Some(first) = first_modified {
-        sqlx::query(SUPERSEDE).bind(now).bind(first).execute(&mut **tx).await?;
+        tx.backend().dual(&SUPERSEDE).bind(now).bind(first).execute(tx.exec()).await?;
     }
     if let Some(first) = first_full {
-        sqlx::query(SUPERSEDE_BY_FULL).bind(now).bind(first).execute(&mut **tx).await?;
+        tx.backend().dual(&SUPERSEDE_BY_FULL).bind(now).bind(first).execute(tx.exec()).await?;
     }
     Ok(())
 }
 
-/// [`Store::claim`] on `conn` (the write connection, or a transaction on it).
+/// [`Store::claim`] on `exec` (the write connection, or a transaction on it).
 pub(super) async fn claim_in(
-    conn: &mut sqlx::SqliteConnection,
+    exec: Exec<'_>,
     webhook: &str,
     now: i64,
     lease_ms: i64,
     limit: usize,
 ) -> Result<Vec<Claimed>, StoreError> {
-    let sql = format!("{CLAIM}{limit}{CLAIM_RETURNING}");
-    let mut q = QueryBuilder::<Sqlite>::new(sql);
-    let rows = q.build().bind(webhook).bind(now).bind(now + lease_ms).fetch_all(conn).await?;
+    let backend = exec.backend();
+    let sql = format!("{}{limit}{}{CLAIM_RETURNING}", backend.pick(CLAIM.lite, CLAIM.pg), backend.pick("", CLAIM_LOCK));
+    let q = backend.query_dyn(sql).bind(webhook).bind(now).bind(now + lease_ms);
+    let rows = q.fetch_all(exec).await?;
     let mut claimed: Vec<Claimed> = rows
         .iter()
         .map(|r| Claimed {
@@ -242,19 +300,15 @@ pub(super) async fn claim_in(
 }
 
 /// Enqueues full-state delivery `d` on its endpoint's queue, or pushes back the one already waiting.
-async fn coalesce(
-    tx: &mut Transaction<'_, Sqlite>,
-    now: i64,
-    d: &NewDelivery,
-    event_id: Option<i64>,
-) -> Result<(), StoreError> {
+async fn coalesce(tx: &mut Tx<'_>, now: i64, d: &NewDelivery, event_id: Option<i64>) -> Result<(), StoreError> {
     let due = now + d.coalesce_ms.unwrap_or(0);
-    let waiting: Option<i64> =
-        sqlx::query_scalar(COALESCE).bind(&d.webhook).bind(now).bind(due).fetch_optional(&mut **tx).await?;
+    let q = tx.backend().dual(&COALESCE).bind(&d.webhook).bind(now).bind(due);
+    let waiting = q.fetch_optional(tx.exec()).await?;
     if waiting.is_none() {
         let sql = "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, created_at, \
-                   next_attempt_at, held) VALUES (?, ?, '', '', ?, ?, ?, ?, ?, 0)";
-        sqlx::query(sql)
+                   next_attempt_at, held) VALUES ($1, $2, '', '', $3, $4, $5, $6, $7, 0)";
+        tx.backend()
+            .query(sql)
             .bind(&d.webhook)
             .bind(event_id)
             .bind(d.kind)
@@ -262,7 +316,7 @@ async fn coalesce(
             .bind(&d.payload)
             .bind(now)
             .bind(due)
-            .execute(&mut **tx)
+            .execute(tx.exec())
             .await?;
     }
     Ok(())
@@ -279,22 +333,52 @@ macro_rules! is_head {
 }
 
 /// The claim, up to its LIMIT (a literal, see the `store` module docs; one cached statement per limit,
-/// at most `relay.concurrency` of them).
-const CLAIM: &str = concat!(
-    "UPDATE deliveries SET claimed_until = ?3 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_pending \
-     WHERE d.webhook = ?1 AND d.state = 'pending' AND d.held = 0 AND d.next_attempt_at <= ?2 \
-     AND (d.claimed_until IS NULL OR d.claimed_until < ?2) AND ",
-    is_head!(),
-    " ORDER BY d.id LIMIT "
-);
+/// at most `relay.concurrency` of them). On PostgreSQL the candidate rows are locked `FOR UPDATE SKIP
+/// LOCKED` ([`CLAIM_LOCK`]): under read committed, two claims running at once would otherwise both
+/// read the same heads and both lease them (shared/reference/ha-postgres.md §0.6, verified there).
+const CLAIM: Dual = Dual {
+    lite: concat!(
+        "UPDATE deliveries SET claimed_until = $3 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_pending \
+     WHERE ",
+        claim_where!(),
+        " ORDER BY d.id LIMIT "
+    ),
+    pg: concat!(
+        "UPDATE deliveries SET claimed_until = $3 WHERE id IN (SELECT d.id FROM deliveries d WHERE ",
+        claim_where!(),
+        " ORDER BY d.id LIMIT "
+    ),
+};
+
+/// The claim's row locks on PostgreSQL, after its LIMIT.
+const CLAIM_LOCK: &str = " FOR UPDATE SKIP LOCKED";
+
+/// Which deliveries of endpoint $1 a claim at $2 may take: pending, not held, due, not leased, heads.
+macro_rules! claim_where {
+    () => {
+        concat!(
+            "d.webhook = $1 AND d.state = 'pending' AND d.held = 0 AND d.next_attempt_at <= $2 \
+     AND (d.claimed_until IS NULL OR d.claimed_until < $2) AND ",
+            is_head!()
+        )
+    };
+}
+use claim_where;
 
 const CLAIM_RETURNING: &str = ") RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id";
 
-const NEXT_DUE: &str = concat!(
-    "SELECT MIN(MAX(d.next_attempt_at, COALESCE(d.claimed_until, 0))) FROM deliveries d INDEXED BY deliveries_pending \
-     WHERE d.webhook = ?1 AND d.state = 'pending' AND d.held = 0 AND ",
-    is_head!()
-);
+const NEXT_DUE: Dual = Dual {
+    lite: concat!(
+        "SELECT MIN(MAX(d.next_attempt_at, COALESCE(d.claimed_until, 0))) FROM deliveries d INDEXED BY deliveries_pending \
+     WHERE d.webhook = $1 AND d.state = 'pending' AND d.held = 0 AND ",
+        is_head!()
+    ),
+    pg: concat!(
+        "SELECT MIN(GREATEST(d.next_attempt_at, COALESCE(d.claimed_until, 0))) FROM deliveries d \
+     WHERE d.webhook = $1 AND d.state = 'pending' AND d.held = 0 AND ",
+        is_head!()
+    ),
+};
 
 impl Store {
     /// Claims up to `limit` due queue heads of `webhook` for `lease_ms`: each is the lowest pending id
@@ -307,35 +391,35 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut conn = self.writer().await?;
-        let result = claim_in(&mut conn, webhook, now, lease_ms, limit).await;
+        let result = claim_in(conn.exec(), webhook, now, lease_ms, limit).await;
         self.settle(conn, result)
     }
 
     /// When the next queue head of `webhook` becomes claimable (Unix ms), if any is pending.
     pub async fn next_due(&self, webhook: &str) -> Result<Option<i64>, StoreError> {
-        Ok(sqlx::query_scalar(NEXT_DUE).bind(webhook).fetch_one(&self.pool).await?)
+        Ok(self.read_one(self.backend.dual(&NEXT_DUE).bind(webhook)).await?.get(0))
     }
 
     /// Clears every lease: after a crash the attempts that were in flight are due again at once.
     pub async fn release_leases(&self) -> Result<u64, StoreError> {
         let sql = "UPDATE deliveries SET claimed_until = NULL WHERE state = 'pending' AND claimed_until IS NOT NULL";
         let mut conn = self.writer().await?;
-        let result = sqlx::query(sql).execute(&mut *conn).await;
-        self.settle(conn, result.map(|done| done.rows_affected()).map_err(StoreError::from))
+        let result = self.backend.query(sql).execute(conn.exec()).await;
+        self.settle(conn, result)
     }
 
     /// Makes every pending delivery of `webhook` due at `now` (the endpoint recovered).
     pub async fn make_due(&self, webhook: &str, now: i64) -> Result<u64, StoreError> {
-        let sql = "UPDATE deliveries SET next_attempt_at = ?2 WHERE webhook = ?1 AND state = 'pending' AND next_attempt_at > ?2";
+        let sql = "UPDATE deliveries SET next_attempt_at = $2 WHERE webhook = $1 AND state = 'pending' AND next_attempt_at > $2";
         let mut conn = self.writer().await?;
-        let result = sqlx::query(sql).bind(webhook).bind(now).execute(&mut *conn).await;
-        self.settle(conn, result.map(|done| done.rows_affected()).map_err(StoreError::from))
+        let result = self.backend.query(sql).bind(webhook).bind(now).execute(conn.exec()).await;
+        self.settle(conn, result)
     }
 
     /// Pending deliveries per endpoint: `(webhook, count, oldest created_at)`.
     pub async fn outbox_depth(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
         let sql = "SELECT webhook, COUNT(*), MIN(created_at) FROM deliveries WHERE state = 'pending' GROUP BY webhook";
-        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.query(sql)).await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
     }
 }

@@ -1,7 +1,6 @@
 //! Watch bookkeeping: per scope, the last resourceVersion, the last full list and the relist count.
 
-use sqlx::{Row, Sqlite, Transaction};
-
+use super::db::Tx;
 use super::{Store, StoreError};
 
 /// Progress of one watch scope to record with a batch.
@@ -29,25 +28,22 @@ pub struct ProgressRow {
     pub relist_count: i64,
 }
 
-pub(super) async fn write_progress(
-    tx: &mut Transaction<'_, Sqlite>,
-    now: i64,
-    p: &WatchProgress,
-) -> Result<(), StoreError> {
+pub(super) async fn write_progress(tx: &mut Tx<'_>, now: i64, p: &WatchProgress) -> Result<(), StoreError> {
     let listed_at = p.listed.map(|_| now);
     let relist = i64::from(p.listed == Some(true));
     let sql = "INSERT INTO watch_progress (scope, resource_version, last_list_at, relist_count, updated_at) \
-               VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope) DO UPDATE SET \
-               resource_version = COALESCE(excluded.resource_version, resource_version), \
-               last_list_at = COALESCE(excluded.last_list_at, last_list_at), \
-               relist_count = relist_count + excluded.relist_count, updated_at = excluded.updated_at";
-    sqlx::query(sql)
+               VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope) DO UPDATE SET \
+               resource_version = COALESCE(excluded.resource_version, watch_progress.resource_version), \
+               last_list_at = COALESCE(excluded.last_list_at, watch_progress.last_list_at), \
+               relist_count = watch_progress.relist_count + excluded.relist_count, updated_at = excluded.updated_at";
+    tx.backend()
+        .query(sql)
         .bind(&p.scope)
         .bind(&p.resource_version)
         .bind(listed_at)
         .bind(relist)
         .bind(now)
-        .execute(&mut **tx)
+        .execute(tx.exec())
         .await?;
     Ok(())
 }
@@ -56,7 +52,7 @@ impl Store {
     /// Every `watch_progress` row ordered by scope.
     pub async fn watch_progress(&self) -> Result<Vec<ProgressRow>, StoreError> {
         let sql = "SELECT scope, resource_version, last_list_at, relist_count FROM watch_progress ORDER BY scope";
-        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.query(sql)).await?;
         Ok(rows
             .iter()
             .map(|r| ProgressRow {

@@ -1,8 +1,7 @@
 //! What vipwatch must write back to Kubernetes, and whether the appliance has acknowledged enough for
 //! it: finalizers to add (held deliveries), statuses to publish, cleanups after a DELETED.
 
-use sqlx::Row;
-
+use super::db::{Dual, Row};
 use super::{Store, StoreError, now_ms};
 use crate::model::{IngressView, ServiceKey};
 
@@ -57,21 +56,30 @@ pub struct Acks {
 
 /// Per endpoint, the newest delivery of a Service that was not superseded.
 const LATEST_PER_WEBHOOK: &str = "SELECT d.webhook, d.id, d.state, d.attempts, d.last_error FROM deliveries d \
-    JOIN (SELECT webhook, MAX(id) AS id FROM deliveries WHERE namespace = ?1 AND name = ?2 \
+    JOIN (SELECT webhook, MAX(id) AS id FROM deliveries WHERE namespace = $1 AND name = $2 \
           AND state <> 'superseded' GROUP BY webhook) l ON l.id = d.id";
 
 /// Pending deliveries of a Service whose last attempt failed (they may sit behind the newest one).
-const FAILING: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE namespace = ?1 \
-    AND name = ?2 AND state = 'pending' AND attempts > 0";
+const FAILING: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE namespace = $1 \
+    AND name = $2 AND state = 'pending' AND attempts > 0";
 
-const OF_EVENT: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE event_id = ?1";
+const OF_EVENT: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE event_id = $1";
 
 /// Per delivery of an event: its endpoint, and whether the endpoint has it — it succeeded, or it was
 /// superseded and a later delivery of the same Service to that endpoint succeeded (that one carries
 /// the Service's whole view as of a later event).
 const HAS_EVENT: &str = "SELECT d.webhook, d.state = 'succeeded' OR (d.state = 'superseded' AND EXISTS ( \
     SELECT 1 FROM deliveries s WHERE s.webhook = d.webhook AND s.namespace = d.namespace AND s.name = d.name \
-      AND s.id > d.id AND s.state = 'succeeded')) FROM deliveries d WHERE d.event_id = ?1";
+      AND s.id > d.id AND s.state = 'succeeded')) FROM deliveries d WHERE d.event_id = $1";
+
+/// Releases the held deliveries of the Services in the JSON array $1 of `[namespace, name]` pairs,
+/// due at $2.
+const RELEASE_HELD: Dual = Dual {
+    lite: "UPDATE deliveries SET held = 0, next_attempt_at = $2 WHERE held = 1 AND state = 'pending' \
+           AND (namespace, name) IN (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j)",
+    pg: "UPDATE deliveries SET held = 0, next_attempt_at = $2 WHERE held = 1 AND state = 'pending' \
+         AND (namespace, name) IN (SELECT j->>0, j->>1 FROM jsonb_array_elements($1::jsonb) AS j)",
+};
 
 impl Store {
     /// Services with deliveries held for the finalizer (at most `limit`), by namespace and name.
@@ -81,7 +89,7 @@ impl Store {
             "SELECT DISTINCT namespace, name FROM deliveries WHERE held = 1 AND state = 'pending' \
              ORDER BY namespace, name LIMIT {limit}"
         );
-        let rows = sqlx::QueryBuilder::<sqlx::Sqlite>::new(sql).build().fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.query_dyn(sql)).await?;
         Ok(rows.iter().map(|r| ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1))).collect())
     }
 
@@ -90,20 +98,18 @@ impl Store {
         if keys.is_empty() {
             return Ok(0);
         }
-        let sql = "UPDATE deliveries SET held = 0, next_attempt_at = ?2 WHERE held = 1 AND state = 'pending' \
-                   AND (namespace, name) IN (SELECT j.value->>0, j.value->>1 FROM json_each(?1) AS j)";
         let pairs: Vec<(&str, &str)> = keys.iter().map(|k| (k.namespace.as_str(), k.name.as_str())).collect();
-        let q = sqlx::query(sql).bind(serde_json::to_string(&pairs)?).bind(now_ms());
+        let q = self.backend.dual(&RELEASE_HELD).bind(serde_json::to_string(&pairs)?).bind(now_ms());
         let mut conn = self.writer().await?;
-        let result = q.execute(&mut *conn).await;
-        self.settle(conn, result.map(|done| done.rows_affected()).map_err(StoreError::from))
+        let result = q.execute(conn.exec()).await;
+        self.settle(conn, result)
     }
 
     /// Every Service whose status vipwatch must write (see `services.publish`), by namespace and name.
     pub async fn status_work(&self) -> Result<Vec<StatusWork>, StoreError> {
         let sql = "SELECT namespace, name, uid, publish FROM services WHERE publish IS NOT NULL \
                    ORDER BY namespace, name";
-        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.query(sql)).await?;
         rows.iter()
             .map(|r| {
                 Ok(StatusWork {
@@ -118,10 +124,10 @@ impl Store {
     /// Whether the newest non-superseded delivery of `key` to each endpoint in `webhooks` succeeded;
     /// `failing` also lists older pending deliveries whose last attempt failed.
     pub async fn service_acks(&self, key: &ServiceKey, webhooks: &[String]) -> Result<Acks, StoreError> {
-        let q = sqlx::query(LATEST_PER_WEBHOOK).bind(&key.namespace).bind(&key.name);
-        let mut out = acks(&q.fetch_all(&self.pool).await?, webhooks);
-        let q = sqlx::query(FAILING).bind(&key.namespace).bind(&key.name);
-        for f in acks(&q.fetch_all(&self.pool).await?, webhooks).failing {
+        let q = self.backend.query(LATEST_PER_WEBHOOK).bind(&key.namespace).bind(&key.name);
+        let mut out = acks(&self.read_all(q).await?, webhooks);
+        let q = self.backend.query(FAILING).bind(&key.namespace).bind(&key.name);
+        for f in acks(&self.read_all(q).await?, webhooks).failing {
             if !out.failing.contains(&f) {
                 out.failing.push(f);
             }
@@ -131,22 +137,22 @@ impl Store {
 
     /// Whether every delivery of event `event_id` to an endpoint in `webhooks` succeeded.
     pub async fn event_acks(&self, event_id: i64, webhooks: &[String]) -> Result<Acks, StoreError> {
-        Ok(acks(&sqlx::query(OF_EVENT).bind(event_id).fetch_all(&self.pool).await?, webhooks))
+        Ok(acks(&self.read_all(self.backend.query(OF_EVENT).bind(event_id)).await?, webhooks))
     }
 
     /// Whether every endpoint in `webhooks` has what event `event_id` told it: its delivery succeeded,
     /// or it was superseded (a MODIFIED behind a newer one, or before a DELETED/resync) and a later
     /// delivery of the same Service succeeded. Decides when a withdrawn pool address is free.
     pub async fn event_settled(&self, event_id: i64, webhooks: &[String]) -> Result<bool, StoreError> {
-        let rows = sqlx::query(HAS_EVENT).bind(event_id).fetch_all(&self.pool).await?;
-        Ok(rows.iter().filter(|r| webhooks.contains(&r.get::<String, _>(0))).all(|r| r.get::<i64, _>(1) != 0))
+        let rows = self.read_all(self.backend.query(HAS_EVENT).bind(event_id)).await?;
+        Ok(rows.iter().filter(|r| webhooks.contains(&r.get::<String, _>(0))).all(|r| r.get::<bool, _>(1)))
     }
 
     /// Every pending cleanup, oldest first.
     pub async fn cleanups(&self) -> Result<Vec<CleanupWork>, StoreError> {
         let sql = "SELECT event_id, namespace, name, uid, remove_finalizer, clear_ingress FROM cleanups \
                    ORDER BY event_id";
-        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.query(sql)).await?;
         rows.iter()
             .map(|r| {
                 let clear: Option<&str> = r.get(5);
@@ -164,7 +170,7 @@ impl Store {
     /// Every address release waiting for its event to be acknowledged, oldest first.
     pub async fn releases(&self) -> Result<Vec<ReleaseWork>, StoreError> {
         let sql = "SELECT event_id, namespace, name, uid, addresses FROM releases ORDER BY event_id";
-        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.query(sql)).await?;
         rows.iter()
             .map(|r| {
                 Ok(ReleaseWork {
@@ -180,20 +186,22 @@ impl Store {
     /// Marks a release done.
     pub async fn finish_release(&self, event_id: i64) -> Result<(), StoreError> {
         let mut conn = self.writer().await?;
-        let result = sqlx::query("DELETE FROM releases WHERE event_id = ?1").bind(event_id).execute(&mut *conn).await;
-        self.settle(conn, result.map(drop).map_err(StoreError::from))
+        let sql = "DELETE FROM releases WHERE event_id = $1";
+        let result = self.backend.query(sql).bind(event_id).execute(conn.exec()).await;
+        self.settle(conn, result.map(drop))
     }
 
     /// Marks a cleanup done.
     pub async fn finish_cleanup(&self, event_id: i64) -> Result<(), StoreError> {
         let mut conn = self.writer().await?;
-        let result = sqlx::query("DELETE FROM cleanups WHERE event_id = ?1").bind(event_id).execute(&mut *conn).await;
-        self.settle(conn, result.map(drop).map_err(StoreError::from))
+        let sql = "DELETE FROM cleanups WHERE event_id = $1";
+        let result = self.backend.query(sql).bind(event_id).execute(conn.exec()).await;
+        self.settle(conn, result.map(drop))
     }
 }
 
 /// Deliveries to endpoints that are no longer configured never gate anything.
-fn acks(rows: &[sqlx::sqlite::SqliteRow], webhooks: &[String]) -> Acks {
+fn acks(rows: &[Row], webhooks: &[String]) -> Acks {
     let mut out = Acks { done: true, failing: Vec::new() };
     for r in rows {
         let webhook: String = r.get(0);

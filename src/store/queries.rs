@@ -3,9 +3,7 @@
 //! bounded by an index range and a SQL `LIMIT`, except [`Store::for_each_current_event`] (streamed,
 //! once per process start).
 
-use futures::TryStreamExt;
-use sqlx::{QueryBuilder, Row, Sqlite};
-
+use super::db::{Dual, Filter};
 use super::deliveries::attempt_row;
 use super::state::service_row;
 use super::{AttemptRow, DeliveryFilter, DeliveryRow, EventFilter, EventRow, ServiceRow, Store, StoreError};
@@ -56,12 +54,12 @@ macro_rules! service_columns {
     };
 }
 
-const SERVICE_BY_KEY: &str = concat!(service_columns!(), " WHERE namespace = ? AND name = ?");
+const SERVICE_BY_KEY: &str = concat!(service_columns!(), " WHERE namespace = $1 AND name = $2");
 
 macro_rules! newest_attempt {
     ($cond:literal) => {
         concat!(
-            "SELECT a.started_at FROM attempts a JOIN deliveries d ON d.id = a.delivery_id WHERE d.webhook = ? \
+            "SELECT a.started_at FROM attempts a JOIN deliveries d ON d.id = a.delivery_id WHERE d.webhook = $1 \
              AND a.error_class ",
             $cond,
             " ORDER BY a.id DESC LIMIT 1"
@@ -69,26 +67,43 @@ macro_rules! newest_attempt {
     };
 }
 
-const DELIVERY_STATES: &str = "SELECT webhook, SUM(state = 'pending') AS pending, \
-    SUM(state = 'pending' AND attempts > 0) AS retrying, \
-    (SELECT x.state = 'failed' FROM deliveries x WHERE x.webhook = d.webhook AND x.namespace = ?1 AND x.name = ?2 \
+const DELIVERY_STATES: &str = "SELECT webhook, COUNT(*) FILTER (WHERE state = 'pending') AS pending, \
+    COUNT(*) FILTER (WHERE state = 'pending' AND attempts > 0) AS retrying, \
+    (SELECT x.state = 'failed' FROM deliveries x WHERE x.webhook = d.webhook AND x.namespace = $1 AND x.name = $2 \
        AND x.state IN ('succeeded', 'failed') ORDER BY x.id DESC LIMIT 1) AS last_failed, \
     (SELECT MAX(a.started_at) FROM attempts a JOIN deliveries y ON y.id = a.delivery_id WHERE y.webhook = d.webhook \
-       AND y.namespace = ?1 AND y.name = ?2 AND a.error_class IS NULL) AS last_success, \
+       AND y.namespace = $1 AND y.name = $2 AND a.error_class IS NULL) AS last_success, \
     (SELECT MAX(a.started_at) FROM attempts a JOIN deliveries y ON y.id = a.delivery_id WHERE y.webhook = d.webhook \
-       AND y.namespace = ?1 AND y.name = ?2 AND a.error_class IS NOT NULL) AS last_failure \
-    FROM deliveries d WHERE namespace = ?1 AND name = ?2 GROUP BY webhook ORDER BY webhook";
+       AND y.namespace = $1 AND y.name = $2 AND a.error_class IS NOT NULL) AS last_failure \
+    FROM deliveries d WHERE namespace = $1 AND name = $2 GROUP BY webhook ORDER BY webhook";
+
+/// A number that changes whenever anything was written: SQLite's `total_changes()` on the write
+/// connection; PostgreSQL's WAL insert position (any database of the server writing moves it on,
+/// which only costs a needless rebuild).
+const WRITE_GENERATION: Dual =
+    Dual { lite: "SELECT total_changes()", pg: "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint" };
+
+/// The attempts of the deliveries whose ids are in the JSON array $1.
+const ATTEMPTS_OF: Dual = Dual {
+    lite: "SELECT delivery_id, started_at, duration_ms, status_code, error_class, error, location, \
+           response_body, request FROM attempts WHERE delivery_id IN (SELECT value FROM json_each($1)) \
+           ORDER BY delivery_id, id",
+    pg: "SELECT delivery_id, started_at, duration_ms, status_code, error_class, error, location, \
+         response_body, request FROM attempts \
+         WHERE delivery_id IN (SELECT jsonb_array_elements_text($1::jsonb)::bigint) ORDER BY delivery_id, id",
+};
 
 impl Store {
     /// A number that changes whenever this process wrote anything (SQLite `total_changes()` of the one
     /// write connection): a cheap "did anything change since" check for caches.
     pub async fn write_generation(&self) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar("SELECT total_changes()").fetch_one(&self.write).await?)
+        let mut conn = self.pools.write().await?;
+        Ok(self.backend.dual(&WRITE_GENERATION).fetch_one(conn.exec()).await?.get(0))
     }
 
     /// The highest event id in the log (0 when empty).
     pub async fn max_event_id(&self) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(&self.pool).await?)
+        Ok(self.read_one(self.backend.query("SELECT COALESCE(MAX(id), 0) FROM events")).await?.get(0))
     }
 
     /// Event `id`, if it exists (not pruned).
@@ -100,10 +115,9 @@ impl Store {
     /// The last `n` events of one Service (any uid), oldest first.
     pub async fn recent_events(&self, key: &ServiceKey, n: i64) -> Result<Vec<EventRow>, StoreError> {
         // LIMIT as a literal: see the `store` module docs.
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT id FROM events WHERE namespace = ");
-        q.push_bind(&key.namespace).push(" AND name = ").push_bind(&key.name);
-        q.push(format!(" ORDER BY id DESC LIMIT {n}"));
-        let ids: Vec<i64> = q.build_query_scalar().fetch_all(&self.pool).await?;
+        let sql = format!("SELECT id FROM events WHERE namespace = $1 AND name = $2 ORDER BY id DESC LIMIT {n}");
+        let q = self.backend.query_dyn(sql).bind(&key.namespace).bind(&key.name);
+        let ids: Vec<i64> = self.read_all(q).await?.iter().map(|r| r.get(0)).collect();
         let Some(oldest) = ids.last() else { return Ok(Vec::new()) };
         let filter = EventFilter {
             after_id: Some(oldest - 1),
@@ -117,26 +131,20 @@ impl Store {
 
     /// A page of the current-state table: keys after `q.after`, by (namespace, name).
     pub async fn services_page(&self, q: &ServicePageQuery) -> Result<Vec<ServiceRow>, StoreError> {
-        let mut b: QueryBuilder<Sqlite> = QueryBuilder::new(service_columns!());
-        b.push(" WHERE 1 = 1");
+        let mut w = Filter::default();
         if let Some(after) = &q.after {
-            b.push(" AND (namespace, name) > (").push_bind(after.namespace.clone());
-            b.push(", ").push_bind(after.name.clone()).push(")");
+            w.pair_after("namespace", "name", &after.namespace, &after.name);
         }
-        if let Some(ns) = &q.namespace {
-            b.push(" AND namespace = ").push_bind(ns.clone());
-        }
-        if let Some(ty) = &q.service_type {
-            b.push(" AND type = ").push_bind(ty.clone());
-        }
-        b.push(format!(" ORDER BY namespace, name LIMIT {}", q.limit)); // a literal: see the `store` module docs
-        let rows = b.build().fetch_all(&self.pool).await?;
+        w.eq_opt("namespace", &q.namespace).eq_opt("type", &q.service_type);
+        // LIMIT as a literal: see the `store` module docs.
+        let tail = format!(" ORDER BY namespace, name LIMIT {}", q.limit);
+        let rows = self.read_all(w.query(self.backend, service_columns!(), &tail)).await?;
         rows.iter().map(service_row).collect()
     }
 
     /// One row of the current-state table.
     pub async fn service(&self, key: &ServiceKey) -> Result<Option<ServiceRow>, StoreError> {
-        let row = sqlx::query(SERVICE_BY_KEY).bind(&key.namespace).bind(&key.name).fetch_optional(&self.pool).await?;
+        let row = self.read_optional(self.backend.query(SERVICE_BY_KEY).bind(&key.namespace).bind(&key.name)).await?;
         row.as_ref().map(service_row).transpose()
     }
 
@@ -152,17 +160,14 @@ impl Store {
         if delivery_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let sql = "SELECT delivery_id, started_at, duration_ms, status_code, error_class, error, location, \
-                   response_body, request FROM attempts WHERE delivery_id IN (SELECT value FROM json_each(?)) \
-                   ORDER BY delivery_id, id";
         let ids = serde_json::to_string(delivery_ids)?;
-        let rows = sqlx::query(sql).bind(ids).fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.dual(&ATTEMPTS_OF).bind(ids)).await?;
         Ok(rows.iter().map(|r| (r.get("delivery_id"), attempt_row(r))).collect())
     }
 
     /// Per endpoint, the delivery state of one Service (endpoints that never got one are absent).
     pub async fn service_delivery_states(&self, key: &ServiceKey) -> Result<Vec<ServiceDeliveryState>, StoreError> {
-        let rows = sqlx::query(DELIVERY_STATES).bind(&key.namespace).bind(&key.name).fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.query(DELIVERY_STATES).bind(&key.namespace).bind(&key.name)).await?;
         Ok(rows
             .iter()
             .map(|r| ServiceDeliveryState {
@@ -178,9 +183,12 @@ impl Store {
 
     /// The newest successful and failed attempt of endpoint `webhook` (walks attempts newest first).
     pub async fn webhook_activity(&self, webhook: &str) -> Result<WebhookActivity, StoreError> {
-        let success = sqlx::query_scalar(newest_attempt!("IS NULL")).bind(webhook).fetch_optional(&self.pool).await?;
-        let failure =
-            sqlx::query_scalar(newest_attempt!("IS NOT NULL")).bind(webhook).fetch_optional(&self.pool).await?;
+        let newest = |sql: &'static str| async move {
+            let row = self.read_optional(self.backend.query(sql).bind(webhook)).await?;
+            Ok::<_, StoreError>(row.map(|r| r.get::<i64, _>(0)))
+        };
+        let success = newest(newest_attempt!("IS NULL")).await?;
+        let failure = newest(newest_attempt!("IS NOT NULL")).await?;
         Ok(WebhookActivity { last_success_at: success, last_failure_at: failure })
     }
 
@@ -194,11 +202,12 @@ impl Store {
         let sql = "SELECT e.namespace, e.name, e.observed_at, e.view FROM events e JOIN services s \
                    ON s.namespace = e.namespace AND s.name = e.name AND s.uid = e.uid \
                    ORDER BY e.namespace, e.name, e.id";
-        let mut rows = sqlx::query(sql).fetch(&self.pool);
-        while let Some(r) = rows.try_next().await? {
+        let mut conn = self.pools.read().await?;
+        let each = |r: super::db::Row| {
             let key = ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name"));
             visit(key, r.get("observed_at"), serde_json::from_str(r.get::<&str, _>("view"))?);
-        }
-        Ok(())
+            Ok(())
+        };
+        self.backend.query(sql).for_each(conn.exec(), each).await
     }
 }

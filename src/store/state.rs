@@ -1,14 +1,14 @@
 //! Writing changes (event rows + state rows in one transaction) and reading the current-state table.
 //!
-//! A batch is written with a constant number of statements whatever its size: rows travel as one JSON
-//! array parameter expanded by SQLite's `json_each`, so 10,000 events cost one INSERT, not 10,000.
+//! A batch is written with a constant number of statements whatever its size: state rows travel as one
+//! JSON array parameter expanded by SQLite's `json_each` (PostgreSQL's `jsonb_to_recordset`), so
+//! 10,000 changes cost one upsert, not 10,000; events go in multi-row INSERTs.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
-use sqlx::Connection as _;
-use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 
+use super::db::{Backend, Dual, Row, Tx, values_sql};
 use super::outbox::{Outbox, RecordedEvent};
 use super::progress::{WatchProgress, write_progress};
 use super::{Store, StoreError, now_ms};
@@ -120,26 +120,74 @@ enum Final<'a> {
     Delete,
 }
 
-const UPSERT_SERVICES: &str = "INSERT INTO services (namespace, name, uid, resource_version, type, \
+const UPSERT_SERVICES: Dual = Dual {
+    lite: concat!(
+        "INSERT INTO services (namespace, name, uid, resource_version, type, \
      load_balancer_class, view, publish, backends, first_seen_at, updated_at) SELECT j.value->>'ns', \
      j.value->>'name', j.value->>'uid', j.value->>'rv', j.value->>'ty', j.value->>'class', j.value->>'view', \
-     j.value->>'publish', j.value->>'backends', ?1, ?1 \
-     FROM json_each(?2) AS j WHERE true ON CONFLICT (namespace, name) DO UPDATE SET \
+     j.value->>'publish', j.value->>'backends', $1, $1 \
+     FROM json_each($2) AS j WHERE true ",
+        upsert_services!()
+    ),
+    pg: concat!(
+        "INSERT INTO services (namespace, name, uid, resource_version, type, \
+     load_balancer_class, view, publish, backends, first_seen_at, updated_at) SELECT j.ns, j.name, j.uid, j.rv, \
+     j.ty, j.class, j.view, j.publish, j.backends, $1, $1 FROM jsonb_to_recordset($2::jsonb) AS j(ns text, \
+     name text, uid text, rv text, ty text, class text, view text, publish text, backends text) ",
+        upsert_services!()
+    ),
+};
+
+/// The conflict clause of [`UPSERT_SERVICES`].
+macro_rules! upsert_services {
+    () => {
+        "ON CONFLICT (namespace, name) DO UPDATE SET \
      first_seen_at = CASE WHEN services.uid = excluded.uid THEN services.first_seen_at ELSE excluded.first_seen_at END, \
      uid = excluded.uid, resource_version = excluded.resource_version, type = excluded.type, \
      load_balancer_class = excluded.load_balancer_class, view = excluded.view, publish = excluded.publish, \
-     backends = excluded.backends, updated_at = excluded.updated_at";
+     backends = excluded.backends, updated_at = excluded.updated_at"
+    };
+}
+use upsert_services;
 
-const INSERT_RELEASES: &str = "INSERT OR REPLACE INTO releases (event_id, namespace, name, uid, addresses, created_at) \
-     SELECT j.value->>'id', j.value->>'ns', j.value->>'name', j.value->>'uid', j.value->>'addresses', ?1 \
-     FROM json_each(?2) AS j";
+const INSERT_RELEASES: Dual = Dual {
+    lite: "INSERT OR REPLACE INTO releases (event_id, namespace, name, uid, addresses, created_at) \
+     SELECT j.value->>'id', j.value->>'ns', j.value->>'name', j.value->>'uid', j.value->>'addresses', $1 \
+     FROM json_each($2) AS j",
+    pg: "INSERT INTO releases (event_id, namespace, name, uid, addresses, created_at) \
+     SELECT j.id, j.ns, j.name, j.uid, j.addresses, $1 FROM jsonb_to_recordset($2::jsonb) \
+     AS j(id bigint, ns text, name text, uid text, addresses text) ON CONFLICT (event_id) DO UPDATE SET \
+     namespace = excluded.namespace, name = excluded.name, uid = excluded.uid, addresses = excluded.addresses, \
+     created_at = excluded.created_at",
+};
 
-const INSERT_CLEANUPS: &str = "INSERT OR REPLACE INTO cleanups (event_id, namespace, name, uid, remove_finalizer, \
+const INSERT_CLEANUPS: Dual = Dual {
+    lite: "INSERT OR REPLACE INTO cleanups (event_id, namespace, name, uid, remove_finalizer, \
      clear_ingress, created_at) SELECT j.value->>'id', j.value->>'ns', j.value->>'name', j.value->>'uid', \
-     j.value->>'fin', j.value->>'clear', ?1 FROM json_each(?2) AS j";
+     j.value->>'fin', j.value->>'clear', $1 FROM json_each($2) AS j",
+    pg: "INSERT INTO cleanups (event_id, namespace, name, uid, remove_finalizer, clear_ingress, created_at) \
+     SELECT j.id, j.ns, j.name, j.uid, j.fin, j.clear, $1 FROM jsonb_to_recordset($2::jsonb) \
+     AS j(id bigint, ns text, name text, uid text, fin bigint, clear text) ON CONFLICT (event_id) DO UPDATE SET \
+     namespace = excluded.namespace, name = excluded.name, uid = excluded.uid, \
+     remove_finalizer = excluded.remove_finalizer, clear_ingress = excluded.clear_ingress, \
+     created_at = excluded.created_at",
+};
 
-const DELETE_SERVICES: &str = "DELETE FROM services WHERE (namespace, name) IN \
-     (SELECT j.value->>0, j.value->>1 FROM json_each(?1) AS j)";
+const DELETE_SERVICES: Dual = Dual {
+    lite: "DELETE FROM services WHERE (namespace, name) IN \
+     (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j)",
+    pg: "DELETE FROM services WHERE (namespace, name) IN \
+     (SELECT j->>0, j->>1 FROM jsonb_array_elements($1::jsonb) AS j)",
+};
+
+/// The id the next event gets: one past the highest ever given (SQLite's `sqlite_sequence`,
+/// PostgreSQL's `events_id_seq`, so ids of pruned events are never reused), or past the highest in
+/// the log if that is higher.
+const NEXT_EVENT_ID: Dual = Dual {
+    lite: "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0), \
+           COALESCE((SELECT MAX(id) FROM events), 0)) + 1",
+    pg: "SELECT GREATEST((SELECT last_value FROM events_id_seq), COALESCE((SELECT MAX(id) FROM events), 0)) + 1",
+};
 
 /// A chunk of changes made ready to write by [`Store::prepare`]: event ids assigned, rows serialized,
 /// deliveries routed and rendered. All the CPU work of a write happens here, outside the transaction;
@@ -170,9 +218,8 @@ impl Store {
     /// pruned events are never reused, or the highest in the log if that is higher). Read from the
     /// write connection.
     pub async fn next_event_id(&self) -> Result<i64, StoreError> {
-        let sql = "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0), \
-                   COALESCE((SELECT MAX(id) FROM events), 0)) + 1";
-        Ok(sqlx::query_scalar(sql).fetch_one(&self.write).await?)
+        let mut conn = self.pools.write().await?;
+        Ok(self.backend.dual(&NEXT_EVENT_ID).fetch_one(conn.exec()).await?.get(0))
     }
 
     /// Makes `changes` and `progress` ready to write: events get ids `first_id`, `first_id + 1`, ... in
@@ -219,17 +266,18 @@ impl Store {
             let mut tx = conn.begin().await?;
             insert_events(&mut tx, p.now, &p.events, &p.ids).await?;
             super::outbox::insert_deliveries(&mut tx, now, &p.deliveries).await?;
+            let b = self.backend;
             if let Some(rows) = &p.cleanups {
-                sqlx::query(INSERT_CLEANUPS).bind(now).bind(rows).execute(&mut *tx).await?;
+                b.dual(&INSERT_CLEANUPS).bind(now).bind(rows).execute(tx.exec()).await?;
             }
             if let Some(rows) = &p.releases {
-                sqlx::query(INSERT_RELEASES).bind(now).bind(rows).execute(&mut *tx).await?;
+                b.dual(&INSERT_RELEASES).bind(now).bind(rows).execute(tx.exec()).await?;
             }
             if let Some(rows) = &p.deletes {
-                sqlx::query(DELETE_SERVICES).bind(rows).execute(&mut *tx).await?;
+                b.dual(&DELETE_SERVICES).bind(rows).execute(tx.exec()).await?;
             }
             if let Some(rows) = &p.upserts {
-                sqlx::query(UPSERT_SERVICES).bind(now).bind(rows).execute(&mut *tx).await?;
+                b.dual(&UPSERT_SERVICES).bind(now).bind(rows).execute(tx.exec()).await?;
             }
             super::nodes::write_nodes(&mut tx, now, p.changes).await?;
             super::held::write_held(&mut tx, p.changes).await?;
@@ -276,12 +324,12 @@ impl Store {
     pub async fn services(&self) -> Result<Vec<ServiceRow>, StoreError> {
         let sql = "SELECT namespace, name, uid, resource_version, view, backends, first_seen_at, updated_at \
                    FROM services ORDER BY namespace, name";
-        let rows = sqlx::query(sql).fetch_all(&self.pool).await?;
+        let rows = self.read_all(self.backend.query(sql)).await?;
         rows.iter().map(service_row).collect()
     }
 }
 
-pub(super) fn service_row(r: &sqlx::sqlite::SqliteRow) -> Result<ServiceRow, StoreError> {
+pub(super) fn service_row(r: &Row) -> Result<ServiceRow, StoreError> {
     Ok(ServiceRow {
         key: ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")),
         uid: r.get("uid"),
@@ -324,13 +372,9 @@ fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson<'_>>, StoreError>
     Ok(rows)
 }
 
-/// Inserts event rows with their assigned ids (`ids[i]` for `rows[i]`).
-async fn insert_events(
-    tx: &mut Transaction<'_, Sqlite>,
-    now: i64,
-    rows: &[EventJson<'_>],
-    ids: &[i64],
-) -> Result<(), StoreError> {
+/// Inserts event rows with their assigned ids (`ids[i]` for `rows[i]`); on PostgreSQL also moves
+/// `events_id_seq` up to the highest (SQLite's AUTOINCREMENT does that by itself).
+async fn insert_events(tx: &mut Tx<'_>, now: i64, rows: &[EventJson<'_>], ids: &[i64]) -> Result<(), StoreError> {
     let mut rest: Vec<(&EventJson<'_>, i64)> = rows.iter().zip(ids.iter().copied()).collect();
     while !rest.is_empty() {
         let n = if rest.len() >= EVENT_CHUNK { EVENT_CHUNK } else { 1 << rest.len().ilog2() };
@@ -338,34 +382,35 @@ async fn insert_events(
         insert_event_chunk(tx, now, &rest).await?;
         rest = tail;
     }
+    if let (Backend::Postgres, Some(last)) = (tx.backend(), ids.last()) {
+        tx.backend().query("SELECT setval('events_id_seq', $1)").bind(*last).execute(tx.exec()).await?;
+    }
     Ok(())
 }
 
-async fn insert_event_chunk(
-    tx: &mut Transaction<'_, Sqlite>,
-    now: i64,
-    chunk: &[(&EventJson<'_>, i64)],
-) -> Result<(), StoreError> {
-    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-        "INSERT INTO events (id, observed_at, type, namespace, name, uid, resource_version, cause, view, previous, \
-         changed, backends, backends_diff) ",
-    );
-    q.push_values(chunk, |mut b, (r, id)| {
-        b.push_bind(*id)
-            .push_bind(now)
-            .push_bind(r.kind)
-            .push_bind(r.ns)
-            .push_bind(r.name)
-            .push_bind(r.uid)
-            .push_bind(r.rv)
-            .push_bind(r.cause)
-            .push_bind(&r.view)
-            .push_bind(&r.previous)
-            .push_bind(&r.changed)
-            .push_bind(&r.backends)
-            .push_bind(&r.backends_diff);
-    });
-    q.build().execute(&mut **tx).await?;
+/// Columns of an event row, in [`values_sql`] order.
+const EVENT_INSERT: &str = "INSERT INTO events (id, observed_at, type, namespace, name, uid, resource_version, \
+    cause, view, previous, changed, backends, backends_diff)";
+
+async fn insert_event_chunk(tx: &mut Tx<'_>, now: i64, chunk: &[(&EventJson<'_>, i64)]) -> Result<(), StoreError> {
+    let mut q = tx.backend().query_dyn(values_sql(EVENT_INSERT, chunk.len(), 13, ""));
+    for (r, id) in chunk {
+        q = q
+            .bind(*id)
+            .bind(now)
+            .bind(r.kind)
+            .bind(r.ns)
+            .bind(r.name)
+            .bind(r.uid)
+            .bind(r.rv)
+            .bind(r.cause)
+            .bind(&r.view)
+            .bind(&r.previous)
+            .bind(&r.changed)
+            .bind(&r.backends)
+            .bind(&r.backends_diff);
+    }
+    q.execute(tx.exec()).await?;
     Ok(())
 }
 

@@ -1,5 +1,6 @@
-//! Shared test harness: a fake apiserver, a temp SQLite file, vipwatch started in-process on port 0,
-//! and deadline-bounded waits on conditions (never bare sleeps).
+//! Shared test harness: a fake apiserver, a database (a temp SQLite file, or a fresh PostgreSQL
+//! database when `VIPWATCH_TEST_BACKEND=postgres`, see [`backend`]), vipwatch started in-process on
+//! port 0, and deadline-bounded waits on conditions (never bare sleeps).
 
 #![allow(dead_code)]
 
@@ -16,33 +17,116 @@ use tempfile::TempDir;
 use vipwatch::app::{self, Running};
 use vipwatch::config::{Config, RetryConfig, Secret, WebhookConfig};
 use vipwatch::fake_apiserver::FakeApiServer;
-use vipwatch::store::{EventFilter, EventRow, ServiceRow, Store};
+use vipwatch::store::{Backend, EventFilter, EventRow, ServiceRow, Store};
 
 /// Default deadline of [`wait_until`].
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
-/// A fake apiserver plus a temp directory holding the database.
+/// A fake apiserver plus the database: a temp directory holding the SQLite file, and on
+/// PostgreSQL a database of its own.
 pub struct Harness {
     pub api: FakeApiServer,
     pub dir: TempDir,
+    /// The PostgreSQL database's URL, when the tests run on PostgreSQL.
+    pub pg_url: Option<String>,
+}
+
+/// The environment variable with the URL of the PostgreSQL server the tests may use (any database on
+/// it; each harness creates its own). `scripts/pg-test.sh start DIR` prints one.
+pub const PG_URL_VAR: &str = "VIPWATCH_TEST_PG_URL";
+
+/// The backend the end-to-end tests run on: PostgreSQL in the `postgres` test binary
+/// (tests/postgres.rs, which runs the store-heavy test files again as its modules) or when
+/// `VIPWATCH_TEST_BACKEND=postgres`; SQLite otherwise.
+pub fn backend() -> Backend {
+    match std::env::var("VIPWATCH_TEST_BACKEND").as_deref() {
+        Ok("postgres") => Backend::Postgres,
+        Ok(_) => Backend::Sqlite,
+        Err(_) if module_path!().starts_with("postgres::") => Backend::Postgres,
+        Err(_) => Backend::Sqlite,
+    }
+}
+
+/// The PostgreSQL server URL from [`PG_URL_VAR`]. Unset outside CI: the test binary stops here
+/// with exit status 0 and a note that it skipped (a newcomer without PostgreSQL still gets a green
+/// `cargo test`). Unset while `CI` is set: panics, since CI starts a server (`.ci/run`) and its
+/// absence is a broken run, not a reason to skip.
+pub fn pg_server_url() -> String {
+    match std::env::var(PG_URL_VAR) {
+        Ok(url) if !url.is_empty() => url,
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("{PG_URL_VAR} is not set but CI is: start one with scripts/pg-test.sh (see .ci/run)")
+        }
+        _ => {
+            // Straight to stderr: the test harness captures `eprintln!`.
+            use std::io::Write as _;
+            let note =
+                format!("SKIPPED: the PostgreSQL tests need {PG_URL_VAR} (`scripts/pg-test.sh start DIR` prints one)");
+            let _ = writeln!(std::io::stderr(), "{note}");
+            std::process::exit(0);
+        }
+    }
+}
+
+/// A fresh, empty PostgreSQL database on the server at `server_url`; returns its URL.
+pub async fn fresh_pg_database(server_url: &str) -> String {
+    use sqlx::Connection as _;
+    let name = format!("vw_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(server_url).await.expect("PostgreSQL test server reachable");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.unwrap();
+    let mut url: url::Url = server_url.parse().unwrap();
+    url.set_path(&format!("/{name}"));
+    url.to_string()
 }
 
 impl Harness {
+    /// A harness on the [`backend`] the run selects.
     pub async fn new() -> Self {
-        init_logs();
-        let api = FakeApiServer::start().await.expect("fake apiserver starts");
-        Self { api, dir: tempfile::tempdir().unwrap() }
+        Self::on(backend()).await
     }
 
+    /// A harness on `backend`; on PostgreSQL see [`pg_server_url`] for when no server is configured.
+    pub async fn on(backend: Backend) -> Self {
+        init_logs();
+        let api = FakeApiServer::start().await.expect("fake apiserver starts");
+        let pg_url = match backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => Some(fresh_pg_database(&pg_server_url()).await),
+        };
+        Self { api, dir: tempfile::tempdir().unwrap(), pg_url }
+    }
+
+    /// The SQLite file (also on PostgreSQL, where nothing uses it).
     pub fn db_path(&self) -> PathBuf {
         self.dir.path().join("vipwatch.db")
     }
 
-    /// A config pointing at the fake apiserver (or `url`) and the temp database.
+    /// Opens the harness's database directly (what vipwatch opens with [`Self::config`]).
+    pub async fn store(&self) -> Store {
+        Store::connect(&self.config().database).await.expect("database opens")
+    }
+
+    /// Loses the whole database (a volume that was not kept): removes the SQLite file, or drops and
+    /// re-creates the PostgreSQL database. vipwatch must not be running.
+    pub async fn wipe_database(&self) {
+        match &self.pg_url {
+            None => std::fs::remove_file(self.db_path()).unwrap(),
+            Some(url) => {
+                use sqlx::Connection as _;
+                let name = url.parse::<url::Url>().unwrap().path().trim_start_matches('/').to_owned();
+                let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+                let tables = "DROP SCHEMA public CASCADE; CREATE SCHEMA public";
+                sqlx::raw_sql(tables).execute(&mut conn).await.unwrap_or_else(|e| panic!("wipe {name}: {e}"));
+            }
+        }
+    }
+
+    /// A config pointing at the fake apiserver (or `url`) and the harness's database.
     pub fn config_for(&self, url: &str) -> Config {
         let mut config = Config::default();
         config.kubernetes.url = Some(url.parse().unwrap());
         config.database.path = self.db_path();
+        config.database.url = self.pg_url.as_deref().map(Secret::new);
         config
     }
 
