@@ -14,6 +14,7 @@ pub mod demo;
 pub use vipwatch_fake_apiserver as fake_apiserver;
 pub mod healthcheck;
 pub mod ipam;
+pub mod leader;
 pub mod metrics;
 pub mod model;
 pub mod publish;

@@ -45,6 +45,10 @@ const READINESS_CHECKS: &[(&str, ReadinessCheck)] =
 /// The watch checks: the first full list of every scope stored, then each scope's health
 /// ([`crate::watch::WatchHealth::not_ready`]). Answers from memory, at once.
 pub(super) async fn watch_healthy(state: &ApiState) -> Option<String> {
+    if !state.role.borrow().leads() {
+        // A follower does not watch: it serves what the leader stored.
+        return None;
+    }
     if !*state.ready.borrow() {
         return Some("waiting for the first full list".to_owned());
     }

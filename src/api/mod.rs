@@ -73,6 +73,10 @@ pub struct ApiState {
     pub feedback: Option<tokio::sync::mpsc::Sender<crate::model::Feedback>>,
     /// Per-scope health of the watch: `/readyz`, `/api/v1/status`, `X-Vipwatch-Last-Synced`.
     pub watch: crate::watch::WatchHealth,
+    /// This replica's name (`database.replica`; `single` on SQLite).
+    pub replica: Arc<str>,
+    /// What this replica does now: leads, or follows (`/readyz`, `/api/v1/status`).
+    pub role: watch::Receiver<crate::leader::Role>,
 }
 
 impl ApiState {
@@ -100,7 +104,14 @@ impl ApiState {
             openapi: Bytes::new(),
             feedback: None,
             watch,
+            replica: Arc::from("single"),
+            role: watch::channel(crate::leader::Role::Single).1,
         }
+    }
+
+    /// This state for replica `name`, whose role `role` tracks (PostgreSQL: leader or follower).
+    pub fn with_role(self, name: String, role: watch::Receiver<crate::leader::Role>) -> Self {
+        Self { replica: Arc::from(name), role, ..self }
     }
 
     /// This state, passing operator requests (release held deletions) to the recorder through `tx`.

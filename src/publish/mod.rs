@@ -44,6 +44,9 @@ pub enum PublishError {
     /// The apiserver failed (not a 404/422, which settle the work).
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// This replica's leader term is over: it writes nothing to Kubernetes any more.
+    #[error("not the leader any more")]
+    NotLeader,
 }
 
 /// The write-back loop. Build with [`Publisher::new`], run with [`Publisher::run`].
@@ -65,6 +68,8 @@ pub struct Publisher {
     /// Pulsed when held deliveries were let go (the relay's `committed` signal), so they are sent at
     /// once rather than at the relay's next poll.
     wake_relay: Option<watch::Sender<i64>>,
+    /// Until when this replica leads: no Kubernetes write starts after it ([`Publisher::trusting`]).
+    trust: crate::leader::Trust,
 }
 
 impl Publisher {
@@ -90,7 +95,14 @@ impl Publisher {
             written: HashMap::new(),
             reported: HashSet::new(),
             wake_relay: None,
+            trust: crate::leader::Trust::always(),
         }
+    }
+
+    /// Writes to Kubernetes only while `trust` lasts (a leader's term; see [`crate::leader`]).
+    pub fn trusting(mut self, trust: crate::leader::Trust) -> Self {
+        self.trust = trust;
+        self
     }
 
     /// Pulses `relay` (the signal the dispatchers wake on) whenever held deliveries are let go.
@@ -148,6 +160,9 @@ impl Publisher {
     /// One pass over the three kinds of work. Returns whether more finalizers wait than one pass
     /// takes ([`BATCH`]).
     pub async fn pass(&mut self) -> Result<bool, PublishError> {
+        if !self.trust.is_valid() {
+            return Ok(false);
+        }
         let more = self.finalizers().await?;
         if self.write_status {
             self.statuses().await?;
@@ -180,8 +195,9 @@ impl Publisher {
     async fn finalizers(&mut self) -> Result<bool, PublishError> {
         let held = self.store.held_services(BATCH).await?;
         let full = held.len() as i64 == BATCH;
-        let client = &self.client;
+        let (client, trust) = (&self.client, &self.trust);
         let results: Vec<(ServiceKey, Result<Written, kube::Error>)> = futures::stream::iter(held)
+            .filter(|_| std::future::ready(trust.is_valid()))
             .map(|key| async move {
                 let written = kube_ops::add_finalizer(client, &key).await;
                 (key, written)
@@ -235,6 +251,9 @@ impl Publisher {
     }
 
     async fn write_status(&mut self, w: &StatusWork) -> Result<(), PublishError> {
+        if !self.trust.is_valid() {
+            return Ok(());
+        }
         let written = kube_ops::patch_status(&self.client, &w.key, &w.ingress).await;
         self.metrics.kube_write("status", written.is_ok());
         match written? {
@@ -277,6 +296,9 @@ impl Publisher {
     /// Clears the status we published (if the object still shows it), then removes the finalizer
     /// (which lets a terminating object go). Only on the very object the DELETED was about.
     async fn clean(&mut self, c: &CleanupWork) -> Result<(), PublishError> {
+        if !self.trust.is_valid() {
+            return Err(PublishError::NotLeader);
+        }
         let Some(svc) = kube_ops::get(&self.client, &c.key).await? else { return Ok(()) };
         if svc.metadata.uid.as_deref() != Some(c.uid.as_str()) {
             return Ok(());

@@ -52,6 +52,9 @@ pub(super) struct Dispatcher {
     pub circuit_failures: u32,
     /// Where the circuit's state is published for the API.
     pub circuits: Circuits,
+    /// Until when this replica leads: no attempt starts after it, and one still running then is
+    /// abandoned (its lease runs out; the next leader sends it again under the same `webhook-id`).
+    pub trust: crate::leader::Trust,
 }
 
 /// The endpoint's health as the loop tracks it.
@@ -65,7 +68,8 @@ struct Health {
     disabled_now: bool,
 }
 
-type InFlight = JoinSet<(Claimed, AttemptResult)>;
+/// Attempts in flight; one abandoned when the leader's trust ran out ends as `None`.
+type InFlight = JoinSet<Option<(Claimed, AttemptResult)>>;
 
 /// Writes the dispatcher could not make yet, and when to try the database again.
 #[derive(Default)]
@@ -160,7 +164,7 @@ impl Dispatcher {
                     while let Some(more) = in_flight.try_join_next() {
                         done.push(more);
                     }
-                    let done = done.into_iter().filter_map(Result::ok).collect();
+                    let done = done.into_iter().filter_map(|r| r.ok().flatten()).collect();
                     let refill = (!disabled).then_some(&mut in_flight);
                     claimed = self.finish(done, &mut health, &mut store, refill).await;
                 }
@@ -234,10 +238,15 @@ impl Dispatcher {
             self.publish(circuit, probing);
         }
         for c in claimed {
-            let sender = self.sender.clone();
+            if !self.trust.is_valid() {
+                break;
+            }
+            let (sender, trust) = (self.sender.clone(), self.trust.clone());
             in_flight.spawn(async move {
-                let result = sender.send(&c).await;
-                (c, result)
+                tokio::select! {
+                    result = sender.send(&c) => Some((c, result)),
+                    _ = trust.expired() => None,
+                }
             });
         }
     }
@@ -446,7 +455,7 @@ impl Dispatcher {
         let deadline = tokio::time::Instant::now() + self.relay.shutdown_grace;
         let mut done = Vec::new();
         while let Ok(Some(joined)) = tokio::time::timeout_at(deadline, in_flight.join_next()).await {
-            done.extend(joined.ok());
+            done.extend(joined.ok().flatten());
         }
         if !in_flight.is_empty() {
             warn!(webhook = %self.name, abandoned = in_flight.len(), "shutdown grace over; unfinished deliveries stay pending");

@@ -147,6 +147,7 @@ pub async fn start(
     committed: watch::Receiver<i64>,
     acked: watch::Sender<u64>,
     assignments: mpsc::Sender<Feedback>,
+    trust: crate::leader::Trust,
     cancel: CancellationToken,
 ) -> Result<JoinSet<()>, RelayError> {
     let released = store.release_leases().await?;
@@ -185,6 +186,7 @@ pub async fn start(
             acked: acked.clone(),
             circuit_failures: w.circuit_failures.unwrap_or(config.relay.circuit_failures),
             circuits: circuits.clone(),
+            trust: trust.clone(),
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));
     }

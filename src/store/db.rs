@@ -71,7 +71,7 @@ pub(super) struct Dual {
 #[derive(Debug, Clone)]
 pub(super) enum Pools {
     Lite { read: SqlitePool, write: SqlitePool },
-    Pg { read: PgPool, write: PgPool },
+    Pg { read: PgPool, write: PgPool, lease: PgPool },
 }
 
 /// A connection taken from one of the [`Pools`]; back to its pool when dropped.
@@ -104,9 +104,10 @@ impl Pools {
                 write.close().await;
                 read.close().await;
             }
-            Self::Pg { read, write } => {
+            Self::Pg { read, write, lease } => {
                 write.close().await;
                 read.close().await;
+                lease.close().await;
             }
         }
     }

@@ -173,7 +173,7 @@ impl Store {
                    FROM deliveries WHERE id = $1 RETURNING id";
         let now = now_ms();
         let mut conn = self.writer().await?;
-        let result = self.backend.query(sql).bind(id).bind(new_msg_id).bind(now).fetch_optional(conn.exec()).await;
+        let result = conn.fetch_optional(self.backend.query(sql).bind(id).bind(new_msg_id).bind(now)).await;
         self.settle(conn, result.map(|row| row.map(|r| r.get(0))))
     }
 
@@ -224,7 +224,7 @@ impl Store {
                    disabled_at = excluded.disabled_at, disabled_url = excluded.disabled_url";
         let mut conn = self.writer().await?;
         let q = self.backend.query(sql).bind(webhook).bind(reason).bind(now_ms()).bind(url);
-        let result = q.execute(conn.exec()).await;
+        let result = conn.execute(q).await;
         self.settle(conn, result.map(drop))
     }
 
@@ -232,7 +232,7 @@ impl Store {
     pub async fn enable_webhook(&self, webhook: &str) -> Result<bool, StoreError> {
         let mut conn = self.writer().await?;
         let sql = "DELETE FROM webhook_state WHERE name = $1";
-        let result = self.backend.query(sql).bind(webhook).execute(conn.exec()).await;
+        let result = conn.execute(self.backend.query(sql).bind(webhook)).await;
         self.settle(conn, result.map(|done| done > 0))
     }
 

@@ -28,14 +28,12 @@ pub enum StoreError {
         /// The lock file.
         lock: PathBuf,
     },
-    /// Another `vipwatch serve` serves this PostgreSQL database (it holds the advisory lock
-    /// `store::POSTGRES_LOCK_KEY`). Until leader election lands, one instance serves a database.
-    #[error(
-        "database {target} is in use by another `vipwatch serve` (it holds the advisory lock); only one instance may serve a database"
-    )]
-    InUse {
-        /// `database.url` without its password.
-        target: String,
+    /// This replica's lease ended (another replica leads now, or it expired): the leader's write was
+    /// refused by the fence and nothing was committed.
+    #[error("not the leader any more (lease epoch {epoch} is over); the write was not committed")]
+    Fenced {
+        /// The epoch this replica led with.
+        epoch: i64,
     },
     /// The lock file cannot be created.
     #[error("cannot create lock file {}", path.display())]

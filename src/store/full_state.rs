@@ -43,7 +43,7 @@ impl Store {
                    SET told = excluded.told, told_at = excluded.told_at, held_digest = NULL, held_removed = NULL, \
                    held_total = NULL, held_at = NULL, confirmed_digest = NULL";
         let mut conn = self.writer().await?;
-        let result = self.backend.query(sql).bind(webhook).bind(told).bind(now_ms()).execute(conn.exec()).await;
+        let result = conn.execute(self.backend.query(sql).bind(webhook).bind(told).bind(now_ms())).await;
         self.settle(conn, result.map(drop))
     }
 
@@ -62,16 +62,8 @@ impl Store {
                    held_at = COALESCE(CASE WHEN full_state.held_digest = excluded.held_digest THEN full_state.held_at END, \
                    excluded.held_at)";
         let mut conn = self.writer().await?;
-        let result = self
-            .backend
-            .query(sql)
-            .bind(webhook)
-            .bind(digest)
-            .bind(removed)
-            .bind(total)
-            .bind(now_ms())
-            .execute(conn.exec())
-            .await;
+        let q = self.backend.query(sql).bind(webhook).bind(digest).bind(removed).bind(total).bind(now_ms());
+        let result = conn.execute(q).await;
         self.settle(conn, result.map(drop))
     }
 
@@ -81,7 +73,7 @@ impl Store {
         let sql = "UPDATE full_state SET confirmed_digest = held_digest WHERE webhook = $1 AND held_digest IS NOT NULL \
                    RETURNING held_removed, held_total";
         let mut conn = self.writer().await?;
-        let result = self.backend.query(sql).bind(webhook).fetch_optional(conn.exec()).await;
+        let result = conn.fetch_optional(self.backend.query(sql).bind(webhook)).await;
         let held = self.settle(conn, result)?;
         let held = held.map(|r| (r.get(0), r.get(1)));
         if held.is_some() {

@@ -46,6 +46,10 @@ pub enum FaultKind {
     ReadOnly,
     /// No connection within the pool's acquire timeout, or the probe took longer than [`PROBE_TIMEOUT`].
     Timeout,
+    /// The leader's lease is over (PostgreSQL): its writes are refused until it stands down. Retried
+    /// like the others (the write is not lost: the next leader makes it), but the database is not
+    /// reported unwritable for it.
+    Fenced,
     /// Any other database failure (corruption, a crashed connection worker, a failed migration).
     Other,
 }
@@ -60,6 +64,7 @@ impl FaultKind {
             Self::Locked => "locked",
             Self::ReadOnly => "readonly",
             Self::Timeout => "timeout",
+            Self::Fenced => "fenced",
             Self::Other => "other",
         }
     }
@@ -83,9 +88,8 @@ impl StoreError {
             Self::Sqlx(e) => sqlx_fault(e),
             Self::Open { source, .. } => source.fault().or(Some(FaultKind::Other)),
             Self::Json(_) => None,
-            Self::Locked { .. } | Self::InUse { .. } | Self::LockFile { .. } | Self::Migrate(_) => {
-                Some(FaultKind::Other)
-            }
+            Self::Locked { .. } | Self::LockFile { .. } | Self::Migrate(_) => Some(FaultKind::Other),
+            Self::Fenced { .. } => Some(FaultKind::Fenced),
         }
     }
 
@@ -238,7 +242,7 @@ impl Health {
         if let Some(m) = self.metrics.get() {
             m.store_write_error(kind.as_str());
         }
-        if kind.is_transient() {
+        if kind.is_transient() && kind != FaultKind::Fenced {
             self.unwritable(kind, e.reason());
         }
     }
@@ -270,6 +274,49 @@ impl Health {
 pub(super) struct WriteConn {
     conn: super::db::Pooled,
     _turn: tokio::sync::OwnedMutexGuard<()>,
+    fence: Option<Arc<super::Fence>>,
+}
+
+impl WriteConn {
+    /// Starts a write transaction. On PostgreSQL its first statement is the guard: the order lock
+    /// and, on a leader's store, the fence. Errors: [`StoreError::Fenced`] when the fence finds the
+    /// lease over (the transaction is rolled back).
+    pub(super) async fn begin(&mut self) -> Result<super::db::Tx<'_>, StoreError> {
+        let mut tx = self.conn.begin().await?;
+        if tx.backend() == super::Backend::Postgres {
+            let fenced = super::lease::guard(self.fence.as_deref()).fetch_optional(tx.exec()).await?.is_none();
+            if fenced {
+                tx.rollback().await?;
+                let epoch = self.fence.as_ref().map_or(0, |f| f.epoch);
+                return Err(StoreError::Fenced { epoch });
+            }
+        }
+        Ok(tx)
+    }
+
+    /// Runs one write statement: directly on SQLite, in a guarded transaction on PostgreSQL
+    /// ([`WriteConn::begin`]). Returns the rows affected.
+    pub(super) async fn execute(&mut self, q: super::db::Query) -> Result<u64, StoreError> {
+        Ok(self.fetch(q, true).await?.0)
+    }
+
+    /// [`WriteConn::execute`] for a statement with `RETURNING`: its first row, if any.
+    pub(super) async fn fetch_optional(&mut self, q: super::db::Query) -> Result<Option<super::db::Row>, StoreError> {
+        Ok(self.fetch(q, false).await?.1)
+    }
+
+    async fn fetch(&mut self, q: super::db::Query, count: bool) -> Result<(u64, Option<super::db::Row>), StoreError> {
+        let run = |q: super::db::Query, exec| async move {
+            if count { Ok((q.execute(exec).await?, None)) } else { Ok((0, q.fetch_optional(exec).await?)) }
+        };
+        if matches!(self.conn, super::db::Pooled::Lite(_)) {
+            return run(q, self.conn.exec()).await;
+        }
+        let mut tx = self.begin().await?;
+        let out = run(q, tx.exec()).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
 }
 
 impl std::ops::Deref for WriteConn {
@@ -381,7 +428,7 @@ impl Store {
     pub(super) async fn writer(&self) -> Result<WriteConn, StoreError> {
         let turn = self.turn.clone().lock_owned().await;
         match self.pools.write().await {
-            Ok(conn) => Ok(WriteConn { conn, _turn: turn }),
+            Ok(conn) => Ok(WriteConn { conn, _turn: turn, fence: self.fence.clone() }),
             Err(e) => {
                 let e = StoreError::from(e);
                 self.health.failed(&e);

@@ -17,6 +17,7 @@ mod events;
 mod full_state;
 mod health;
 mod held;
+mod lease;
 mod nodes;
 mod open;
 mod outbox;
@@ -35,8 +36,9 @@ pub use events::{EventFilter, EventRow};
 pub use full_state::FullStateRow;
 pub use health::{FaultKind, PROBE_TIMEOUT, Unwritable};
 pub use held::HeldDeletion;
+pub use lease::{EVENTS_CHANNEL, Fence, LEADER_CHANNEL, LeaseRow};
 pub use nodes::NodeRow;
-pub use open::{POSTGRES_LOCK_KEY, WriterLock};
+pub use open::WriterLock;
 pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, RecordedEvent};
 pub use progress::{ProgressRow, WatchProgress};
 pub use publish::{Acks, CleanupWork, ReleaseWork, StatusWork};
@@ -57,6 +59,8 @@ pub struct Store {
     turn: std::sync::Arc<tokio::sync::Mutex<()>>,
     log_id: std::sync::Arc<str>,
     health: std::sync::Arc<health::Health>,
+    /// Set on a leader's store (PostgreSQL): every write transaction is fenced by it ([`Store::fenced`]).
+    fence: Option<std::sync::Arc<Fence>>,
 }
 
 impl Store {

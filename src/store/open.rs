@@ -34,14 +34,26 @@ impl Store {
     }
 
     async fn open_postgres_inner(url: &str) -> Result<Self, StoreError> {
-        let options = PgConnectOptions::from_str(url)?.application_name("vipwatch");
+        // A session stopped inside a transaction (SIGSTOP, a partition) holds the lease row FOR SHARE:
+        // the server ends it after 5 s, so a takeover waits at most that long (ha-postgres.md §2.3).
+        let options = PgConnectOptions::from_str(url)?
+            .application_name("vipwatch")
+            .options([("idle_in_transaction_session_timeout", "5s")]);
         let pool = |n| PgPoolOptions::new().max_connections(n).acquire_timeout(Duration::from_secs(5));
         let write = pool(1).connect_with(options.clone()).await?;
         sqlx::migrate!("./migrations/postgres").run(&write).await?;
-        let read = pool(READ_CONNECTIONS).connect_lazy_with(options);
-        let pools = Pools::Pg { read, write };
+        let read = pool(READ_CONNECTIONS).connect_lazy_with(options.clone());
+        let lease = pool(1).connect_lazy_with(options.application_name("vipwatch-lease"));
+        let pools = Pools::Pg { read, write, lease };
         let log_id = log_id(Backend::Postgres, &pools).await?;
-        Ok(Self { backend: Backend::Postgres, pools, turn: Default::default(), log_id, health: Default::default() })
+        Ok(Self {
+            backend: Backend::Postgres,
+            pools,
+            turn: Default::default(),
+            log_id,
+            health: Default::default(),
+            fence: None,
+        })
     }
 
     /// Opens (creating if missing) the SQLite file at `path` in WAL mode with `synchronous=NORMAL`
@@ -76,7 +88,14 @@ impl Store {
         let read = SqlitePoolOptions::new().max_connections(READ_CONNECTIONS).connect_with(options).await?;
         let pools = Pools::Lite { read, write };
         let log_id = log_id(Backend::Sqlite, &pools).await?;
-        Ok(Self { backend: Backend::Sqlite, pools, turn: Default::default(), log_id, health: Default::default() })
+        Ok(Self {
+            backend: Backend::Sqlite,
+            pools,
+            turn: Default::default(),
+            log_id,
+            health: Default::default(),
+            fence: None,
+        })
     }
 
     /// The identity of this database's event log (`data.log_id` of every delivery): a UUID made
@@ -91,58 +110,15 @@ impl Store {
     }
 }
 
-/// Held while a `vipwatch serve` owns a database. SQLite: an exclusive lock on
-/// `<database.path>.lock` (`flock`, released by the OS when the process ends, even on `kill -9`).
-/// PostgreSQL: a session advisory lock ([`POSTGRES_LOCK_KEY`]) on a connection of its own, released
-/// by the server when that session ends (process exit, `kill -9`, a broken connection).
+/// Held while a `vipwatch serve` owns a SQLite database: an exclusive lock on `<database.path>.lock`
+/// (`flock`, released by the OS when the process ends, even on `kill -9`). PostgreSQL needs none:
+/// its replicas elect a leader ([`crate::leader`]).
 #[derive(Debug)]
 pub struct WriterLock {
-    held: Held,
+    _file: std::fs::File,
 }
-
-#[derive(Debug)]
-enum Held {
-    File(#[allow(dead_code)] std::fs::File),
-    Postgres(#[allow(dead_code)] sqlx::PgConnection),
-}
-
-/// The advisory lock key of a serving instance on PostgreSQL: "vipwatch" in ASCII, as a bigint.
-pub const POSTGRES_LOCK_KEY: i64 = 0x7669_7077_6174_6368;
 
 impl WriterLock {
-    /// The lock for the database `config` names: [`WriterLock::acquire`] for the SQLite file, the
-    /// advisory lock on PostgreSQL. Errors: [`StoreError::Locked`] / [`StoreError::InUse`] when
-    /// another instance holds it; [`StoreError::Open`] when PostgreSQL cannot be reached.
-    pub async fn for_database(config: &crate::config::DatabaseConfig) -> Result<Self, StoreError> {
-        let Some(url) = &config.url else { return Self::acquire(&config.path) };
-        let url = url.expose();
-        let open = |e: StoreError| StoreError::Open { target: redact(url), source: Box::new(e) };
-        let options = PgConnectOptions::from_str(url).map_err(|e| open(e.into()))?.application_name("vipwatch-lock");
-        let mut conn =
-            <sqlx::PgConnection as sqlx::Connection>::connect_with(&options).await.map_err(|e| open(e.into()))?;
-        let row = Backend::Postgres
-            .query("SELECT pg_try_advisory_lock($1)")
-            .bind(POSTGRES_LOCK_KEY)
-            .fetch_one(super::db::Exec::Pg(&mut conn))
-            .await
-            .map_err(open)?;
-        if !row.get::<bool, _>(0) {
-            return Err(StoreError::InUse { target: redact(url) });
-        }
-        Ok(Self { held: Held::Postgres(conn) })
-    }
-
-    /// Lets go at once: unlocks and closes the PostgreSQL session (so an instance started right after
-    /// finds the advisory lock free) or closes the lock file. Dropping
-    /// the lock also releases it, a moment later on PostgreSQL.
-    pub async fn release(self) {
-        if let Held::Postgres(mut conn) = self.held {
-            let unlock = Backend::Postgres.query("SELECT pg_advisory_unlock($1)").bind(POSTGRES_LOCK_KEY);
-            let _ = unlock.execute(super::db::Exec::Pg(&mut conn)).await;
-            let _ = sqlx::Connection::close(conn).await;
-        }
-    }
-
     /// Takes the lock for the database at `path` without waiting. Errors: [`StoreError::Locked`] when
     /// another process holds it, [`StoreError::LockFile`] when the lock file cannot be created.
     pub fn acquire(path: &Path) -> Result<Self, StoreError> {
@@ -156,7 +132,7 @@ impl WriterLock {
             .open(&lock)
             .map_err(|source| StoreError::LockFile { path: lock.clone(), source })?;
         match file.try_lock() {
-            Ok(()) => Ok(Self { held: Held::File(file) }),
+            Ok(()) => Ok(Self { _file: file }),
             Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked { path: path.to_owned(), lock }),
             Err(std::fs::TryLockError::Error(source)) => Err(StoreError::LockFile { path: lock, source }),
         }

@@ -3,7 +3,7 @@
 //! whose head (lowest id) is the only one ever claimed, which is what keeps per-Service order.
 
 use super::db::{Dual, Exec, Tx, values_sql};
-use super::{Store, StoreError};
+use super::{Backend, Store, StoreError};
 use crate::model::{Cause, Recorded, ServiceKey};
 
 /// A newly recorded event, as the [`Outbox`] router sees it.
@@ -391,7 +391,18 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut conn = self.writer().await?;
-        let result = claim_in(conn.exec(), webhook, now, lease_ms, limit).await;
+        let result = match self.backend {
+            Backend::Sqlite => claim_in(conn.exec(), webhook, now, lease_ms, limit).await,
+            Backend::Postgres => {
+                async {
+                    let mut tx = conn.begin().await?;
+                    let claimed = claim_in(tx.exec(), webhook, now, lease_ms, limit).await?;
+                    tx.commit().await?;
+                    Ok(claimed)
+                }
+                .await
+            }
+        };
         self.settle(conn, result)
     }
 
@@ -404,7 +415,7 @@ impl Store {
     pub async fn release_leases(&self) -> Result<u64, StoreError> {
         let sql = "UPDATE deliveries SET claimed_until = NULL WHERE state = 'pending' AND claimed_until IS NOT NULL";
         let mut conn = self.writer().await?;
-        let result = self.backend.query(sql).execute(conn.exec()).await;
+        let result = conn.execute(self.backend.query(sql)).await;
         self.settle(conn, result)
     }
 
@@ -412,7 +423,7 @@ impl Store {
     pub async fn make_due(&self, webhook: &str, now: i64) -> Result<u64, StoreError> {
         let sql = "UPDATE deliveries SET next_attempt_at = $2 WHERE webhook = $1 AND state = 'pending' AND next_attempt_at > $2";
         let mut conn = self.writer().await?;
-        let result = self.backend.query(sql).bind(webhook).bind(now).execute(conn.exec()).await;
+        let result = conn.execute(self.backend.query(sql).bind(webhook).bind(now)).await;
         self.settle(conn, result)
     }
 

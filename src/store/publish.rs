@@ -101,7 +101,7 @@ impl Store {
         let pairs: Vec<(&str, &str)> = keys.iter().map(|k| (k.namespace.as_str(), k.name.as_str())).collect();
         let q = self.backend.dual(&RELEASE_HELD).bind(serde_json::to_string(&pairs)?).bind(now_ms());
         let mut conn = self.writer().await?;
-        let result = q.execute(conn.exec()).await;
+        let result = conn.execute(q).await;
         self.settle(conn, result)
     }
 
@@ -187,7 +187,7 @@ impl Store {
     pub async fn finish_release(&self, event_id: i64) -> Result<(), StoreError> {
         let mut conn = self.writer().await?;
         let sql = "DELETE FROM releases WHERE event_id = $1";
-        let result = self.backend.query(sql).bind(event_id).execute(conn.exec()).await;
+        let result = conn.execute(self.backend.query(sql).bind(event_id)).await;
         self.settle(conn, result.map(drop))
     }
 
@@ -195,7 +195,7 @@ impl Store {
     pub async fn finish_cleanup(&self, event_id: i64) -> Result<(), StoreError> {
         let mut conn = self.writer().await?;
         let sql = "DELETE FROM cleanups WHERE event_id = $1";
-        let result = self.backend.query(sql).bind(event_id).execute(conn.exec()).await;
+        let result = conn.execute(self.backend.query(sql).bind(event_id)).await;
         self.settle(conn, result.map(drop))
     }
 }

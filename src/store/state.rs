@@ -284,6 +284,10 @@ impl Store {
             for progress in p.progress {
                 write_progress(&mut tx, now, progress).await?;
             }
+            if let (Backend::Postgres, Some(last)) = (b, p.ids.last()) {
+                let notify = "SELECT pg_notify('vipwatch_events', $1)";
+                b.query(notify).bind(last.to_string()).execute(tx.exec()).await?;
+            }
             tx.commit().await?;
             Ok(p.ids.clone())
         }

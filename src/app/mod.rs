@@ -1,9 +1,11 @@
-//! Wiring: open the store, connect to Kubernetes, start the watch and the API; stop them in order.
+//! Wiring: open the store, connect to Kubernetes, start the API, lead (the watch, the relay and the
+//! write-back, in [`lead`]); stop them in order.
+
+mod lead;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch as signal;
@@ -13,15 +15,15 @@ use tracing::{info, warn};
 
 use crate::api::{self, ApiState};
 use crate::config::Config;
+use crate::leader::{Elector, Role, Trust};
 use crate::metrics::Metrics;
-use crate::publish::{self, Publisher};
-use crate::relay::{self, RelayError, Router};
-use crate::store::{Backend, Outbox, WriterLock};
-use crate::store::{Store, StoreError, now_ms};
+use crate::relay::{self, RelayError};
+use crate::store::{Backend, WriterLock};
+use crate::store::{Store, StoreError};
 use crate::watch::{self, WatchError};
 
 /// Capacity of the feedback queue (relay and publisher → recorder).
-const ASSIGNMENT_QUEUE: usize = 1024;
+pub(crate) const ASSIGNMENT_QUEUE: usize = 1024;
 
 /// A failure that stops the service.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +54,8 @@ pub struct Running {
     committed: signal::Receiver<i64>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<Result<(), AppError>>>,
-    lock: WriterLock,
+    /// SQLite's lock file (PostgreSQL: none, the lease decides who leads).
+    lock: Option<WriterLock>,
 }
 
 impl Running {
@@ -86,17 +89,22 @@ impl Running {
             }
         }
         self.store.close().await;
-        self.lock.release().await;
+        drop(self.lock);
         result
     }
 }
 
-/// Starts everything: opens the database, connects the Kubernetes client, spawns the watch, the
-/// retention pruner and the API on `listener`. Errors: [`AppError`] for anything that fails at start.
+/// Starts everything: opens the database, connects the Kubernetes client, starts the API, and leads:
+/// at once on SQLite (one instance, the lock file), after winning the lease on PostgreSQL (every
+/// replica serves the API; one leads, see [`crate::leader`] and [`lead`]). Errors: [`AppError`] for
+/// anything that fails at start.
 pub async fn start(config: Config, listener: TcpListener) -> Result<Running, AppError> {
     relay::sender::install_crypto_provider();
     warn_blind_endpoints(&config);
-    let lock = WriterLock::for_database(&config.database).await?;
+    let lock = match config.database.url {
+        None => Some(WriterLock::acquire(&config.database.path)?),
+        Some(_) => None,
+    };
     let metrics = Metrics::new();
     let store =
         Store::connect(&config.database).await?.monitored(metrics.clone(), config.database.write_retry_max_delay);
@@ -108,49 +116,27 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let client = watch::connect_watched(&config.kubernetes, &watch_health).await?;
     let (ready_tx, ready) = signal::channel(false);
     let (committed_tx, committed) = signal::channel(0);
-    // Pulsed by the relay when an endpoint acknowledged a delivery: the publisher's status write-back
-    // and finalizer removal go at once instead of at the next poll.
-    let (acked_tx, acked) = signal::channel(0u64);
-    let wake_relay = committed_tx.clone();
     let cancel = CancellationToken::new();
-    let (notices, events_task) = publish::start_events(client.clone(), metrics.clone(), cancel.clone());
-    let signals =
-        watch::Signals { metrics: metrics.clone(), ready: ready_tx, committed: committed_tx, notices: notices.clone() };
     let addr = listener.local_addr()?;
-    let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&config, store.log_id())?);
-    let (assign_tx, assign_rx) = tokio::sync::mpsc::channel(ASSIGNMENT_QUEUE);
-    let circuits = relay::Circuits::default();
-    let mut relay_tasks = relay::start(
-        &config,
-        store.clone(),
-        metrics.clone(),
-        circuits.clone(),
-        committed.clone(),
-        acked_tx,
-        assign_tx.clone(),
-        cancel.clone(),
-    )
-    .await?;
-    let publisher = Publisher::new(client.clone(), &config, store.clone(), metrics.clone(), notices, assign_tx.clone())
-        .waking(wake_relay);
-    let publisher_task = tokio::spawn(publisher.run(committed.clone(), acked, cancel.clone()));
-    let checkpoint_task = tokio::spawn(store.clone().checkpoint_loop(cancel.clone()));
-    let relay_task = tokio::spawn(async move {
-        while relay_tasks.join_next().await.is_some() {}
-        let _ = publisher_task.await;
-        let _ = events_task.await;
-        let _ = checkpoint_task.await;
-        Ok(())
+    let (feedback_tx, feedback_rx) = tokio::sync::mpsc::channel(ASSIGNMENT_QUEUE);
+    let (route_tx, route) = signal::channel(None);
+    let elector = (store.backend() == Backend::Postgres).then(|| Elector::new(store.clone(), &config.database));
+    let replica = elector.as_ref().map_or_else(|| "single".to_owned(), |e| e.holder.clone());
+    let (role_tx, role) = signal::channel(match elector {
+        Some(_) => Role::Follower,
+        None => Role::Single,
     });
-    let watch_task = {
-        let (store, cancel, config) = (store.clone(), cancel.clone(), config.clone());
-        fatal_on_error("watch", cancel.clone(), async move {
-            Ok(watch::run(client, &config, store, outbox, signals, assign_rx, cancel).await?)
-        })
+    let shared = lead::Shared {
+        config: config.clone(),
+        store: store.clone(),
+        metrics: metrics.clone(),
+        client,
+        ready: ready_tx,
+        committed: committed_tx.clone(),
+        circuits: relay::Circuits::default(),
+        route: route_tx,
+        fatal: cancel.clone(),
     };
-    let prune_task = tokio::spawn(prune_loop(store.clone(), config.database.event_retention, cancel.clone()));
-    let modes = resync_switched_modes(store.clone(), config.clone(), ready.clone(), cancel.clone());
-    let modes_task = fatal_on_error("relay", cancel.clone(), modes);
     let state = ApiState::new(
         store.clone(),
         metrics.clone(),
@@ -159,21 +145,29 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         Arc::new(config.clone()),
         cancel.clone(),
     )
-    .with_feedback(assign_tx)
+    .with_feedback(feedback_tx)
     .with_watch_health(watch_health)
-    .with_circuits(circuits);
-    let api_task = fatal_on_error("api", cancel.clone(), serve_api(listener, api::router(state), cancel.clone()));
+    .with_circuits(shared.circuits.clone())
+    .with_role(replica, role);
+    let mut tasks = vec![tokio::spawn(lead::forward_feedback(feedback_rx, route, cancel.clone()))];
+    match elector {
+        None => {
+            let lead = lead::lead(shared, store.clone(), Trust::always(), cancel.clone());
+            tasks.push(fatal_on_error("leader", cancel.clone(), lead));
+        }
+        Some(elector) => {
+            let follow = lead::follow_commits(store.clone(), config.database.clone(), committed_tx, cancel.clone());
+            tasks.push(tokio::spawn(follow));
+            tasks.push(fatal_on_error(
+                "election",
+                cancel.clone(),
+                lead::elect(shared, elector, role_tx, cancel.clone()),
+            ));
+        }
+    }
+    tasks.push(fatal_on_error("api", cancel.clone(), serve_api(listener, api::router(state), cancel.clone())));
     info!(%addr, "API listening");
-    Ok(Running {
-        addr,
-        store,
-        metrics,
-        ready,
-        committed,
-        cancel,
-        tasks: vec![watch_task, relay_task, prune_task, api_task, modes_task],
-        lock,
-    })
+    Ok(Running { addr, store, metrics, ready, committed, cancel, tasks, lock })
 }
 
 /// With VIPs assigned by vipwatch, an endpoint that takes no MODIFIED never hears of an address that
@@ -186,24 +180,6 @@ fn warn_blind_endpoints(config: &Config) {
             warn!(webhook = %w.name, "endpoint does not take MODIFIED: it will not hear of VIPs assigned after a Service's ADDED");
         }
     }
-}
-
-/// Once the first lists are stored, resyncs the endpoints whose backend mode changed since the last
-/// start ([`relay::resync_switched_modes`]).
-async fn resync_switched_modes(
-    store: Store,
-    config: Config,
-    mut ready: signal::Receiver<bool>,
-    cancel: CancellationToken,
-) -> Result<(), AppError> {
-    tokio::select! {
-        _ = cancel.cancelled() => return Ok(()),
-        r = ready.wait_for(|r| *r) => if r.is_err() { return Ok(()) },
-    }
-    relay::resync_switched_modes(&store, &config).await?;
-    // Full-state template endpoints: a declaration now (converges after a restart), then periodically.
-    relay::full_state::resend_loop(store, &config, cancel).await;
-    Ok(())
 }
 
 /// Spawns `task`; if it ends with an error, logs it and cancels everything (the process then stops
@@ -251,21 +227,4 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
 async fn serve_api(listener: TcpListener, router: axum::Router, cancel: CancellationToken) -> Result<(), AppError> {
     axum::serve(listener, router).with_graceful_shutdown(cancel.cancelled_owned()).await?;
     Ok(())
-}
-
-/// Deletes events older than `retention`, at start and then hourly.
-async fn prune_loop(store: Store, retention: Duration, cancel: CancellationToken) -> Result<(), AppError> {
-    let mut tick = tokio::time::interval(Duration::from_secs(3600));
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            _ = tick.tick() => {}
-        }
-        let cutoff = now_ms().saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
-        match store.prune_events(cutoff).await {
-            Ok(0) => {}
-            Ok(n) => info!(deleted = n, "pruned events past database.event_retention"),
-            Err(e) => warn!(error = %e, "cannot prune events"),
-        }
-    }
 }

@@ -1,0 +1,261 @@
+//! Leading: one term's tasks (the watch, the relay, the write-back to Kubernetes, pruning), the
+//! election loop that starts and stops them on PostgreSQL, and what every replica runs beside them
+//! (the feedback route to the current term, the commit feed of followers).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch as signal};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{ASSIGNMENT_QUEUE, AppError, fatal_on_error};
+use crate::config::{Config, DatabaseConfig};
+use crate::leader::{Elector, Role, Trust};
+use crate::metrics::Metrics;
+use crate::model::Feedback;
+use crate::publish::{self, Publisher};
+use crate::relay::{self, Router};
+use crate::store::{Outbox, Store, now_ms};
+use crate::watch;
+
+/// What outlives a term: what the API reads and the next term starts from.
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub config: Config,
+    /// The store, unfenced (each term fences its own clone).
+    pub store: Store,
+    pub metrics: Arc<Metrics>,
+    pub client: kube::Client,
+    /// `true` once the term's first full lists are stored.
+    pub ready: signal::Sender<bool>,
+    /// The highest committed event id.
+    pub committed: signal::Sender<i64>,
+    pub circuits: relay::Circuits,
+    /// Where feedback for the current term's recorder goes; `None` between terms.
+    pub route: signal::Sender<Option<mpsc::Sender<Feedback>>>,
+    /// Cancelled on a fatal error: the process stops.
+    pub fatal: CancellationToken,
+}
+
+/// One term as leader: starts the relay, the write-back, the watch, pruning and the resync of
+/// switched endpoints on `store` (fenced on PostgreSQL), trusted while `trust` lasts, and runs them
+/// until `cancel`. A task that fails for good stops the process (as it always did). Returns the
+/// first error a task ended with.
+pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: CancellationToken) -> Result<(), AppError> {
+    s.ready.send_replace(false);
+    let (notices, events_task) = publish::start_events(s.client.clone(), s.metrics.clone(), cancel.clone());
+    let signals = watch::Signals {
+        metrics: s.metrics.clone(),
+        ready: s.ready.clone(),
+        committed: s.committed.clone(),
+        notices: notices.clone(),
+    };
+    let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&s.config, store.log_id())?);
+    let (assign_tx, assign_rx) = mpsc::channel(ASSIGNMENT_QUEUE);
+    s.route.send_replace(Some(assign_tx.clone()));
+    // Pulsed by the relay when an endpoint acknowledged a delivery: the publisher's status write-back
+    // and finalizer removal go at once instead of at the next poll.
+    let (acked_tx, acked) = signal::channel(0u64);
+    let committed = s.committed.subscribe();
+    let mut relay_tasks = relay::start(
+        &s.config,
+        store.clone(),
+        s.metrics.clone(),
+        s.circuits.clone(),
+        committed.clone(),
+        acked_tx,
+        assign_tx.clone(),
+        trust.clone(),
+        cancel.clone(),
+    )
+    .await?;
+    let publisher = Publisher::new(s.client.clone(), &s.config, store.clone(), s.metrics.clone(), notices, assign_tx)
+        .waking(s.committed.clone())
+        .trusting(trust);
+    let publisher_task = tokio::spawn(publisher.run(committed.clone(), acked, cancel.clone()));
+    let checkpoint_task = tokio::spawn(store.clone().checkpoint_loop(cancel.clone()));
+    let relay_task = tokio::spawn(async move {
+        while relay_tasks.join_next().await.is_some() {}
+        let _ = publisher_task.await;
+        let _ = events_task.await;
+        let _ = checkpoint_task.await;
+        Ok(())
+    });
+    let watch_task = {
+        let (store, cancel, config, client) = (store.clone(), cancel.clone(), s.config.clone(), s.client.clone());
+        fatal_on_error("watch", s.fatal.clone(), async move {
+            Ok(watch::run(client, &config, store, outbox, signals, assign_rx, cancel).await?)
+        })
+    };
+    let prune_task = tokio::spawn(prune_loop(store.clone(), s.config.database.event_retention, cancel.clone()));
+    let modes = resync_switched_modes(store, s.config.clone(), s.ready.subscribe(), cancel.clone());
+    let modes_task = fatal_on_error("relay", s.fatal.clone(), modes);
+    let mut result = Ok(());
+    for task in [watch_task, relay_task, prune_task, modes_task] {
+        match task.await {
+            Ok(Err(e)) if result.is_ok() => result = Err(e),
+            Err(e) => warn!(error = %e, "task panicked"),
+            _ => {}
+        }
+    }
+    s.route.send_replace(None);
+    result
+}
+
+/// The election loop (PostgreSQL): campaigns for the lease, leads while the term lasts, stands down
+/// to follower when it is lost (the term's tasks stop at once: nothing is sent or written to
+/// Kubernetes after its trust ran out, and its database writes were fenced anyway), and campaigns
+/// again. On `cancel` (graceful stop) the term's tasks drain, then the lease is given up at once so
+/// a follower takes over without waiting for it to expire. Publishes this replica's role in `role`.
+pub(super) async fn elect(
+    s: Shared,
+    elector: Elector,
+    role: signal::Sender<Role>,
+    cancel: CancellationToken,
+) -> Result<(), AppError> {
+    loop {
+        role.send_replace(Role::Follower);
+        let Some(term) = elector.campaign(&cancel).await else { return Ok(()) };
+        role.send_replace(Role::Leader { epoch: term.epoch });
+        let term_cancel = cancel.child_token();
+        let run = lead(s.clone(), term.fenced(&s.store), term.trust.clone(), term_cancel.clone());
+        tokio::pin!(run);
+        tokio::select! {
+            result = &mut run => {
+                // Only a fatal error (the process stops) or the stop itself end a term's tasks.
+                if let Err(e) = term.resign().await {
+                    warn!(error = %e, "cannot give up the leader lease; it expires by itself");
+                }
+                return result;
+            }
+            _ = term.lost() => {
+                term_cancel.cancel();
+                let epoch = term.epoch;
+                term.abandon();
+                let result = run.await;
+                warn!(epoch, "stood down: following the new leader");
+                result?;
+            }
+        }
+    }
+}
+
+/// Passes feedback from the API (operator requests) to the current term's recorder; between terms
+/// and on followers there is none, and the request is dropped with a warning (the API tells
+/// followers' clients so itself).
+pub(super) async fn forward_feedback(
+    mut rx: mpsc::Receiver<Feedback>,
+    route: signal::Receiver<Option<mpsc::Sender<Feedback>>>,
+    cancel: CancellationToken,
+) -> Result<(), AppError> {
+    loop {
+        let feedback = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            f = rx.recv() => match f { Some(f) => f, None => return Ok(()) },
+        };
+        let target = route.borrow().clone();
+        match target {
+            Some(tx) => {
+                let _ = tx.send(feedback).await;
+            }
+            None => warn!(?feedback, "not leading: request dropped"),
+        }
+    }
+}
+
+/// How often a follower reads the highest event id even without a notification (a backstop).
+const COMMIT_POLL: Duration = Duration::from_secs(2);
+
+/// Keeps `committed` at the highest event id in the database (PostgreSQL): woken by the leader's
+/// `NOTIFY vipwatch_events` (sent in the transaction that wrote the events, so at its commit), with
+/// a read after every reconnect and every [`COMMIT_POLL`] as a backstop. The SSE tail and the VIP
+/// index of every replica wake on it; on the leader the watch moves it first.
+pub(super) async fn follow_commits(
+    store: Store,
+    config: DatabaseConfig,
+    committed: signal::Sender<i64>,
+    cancel: CancellationToken,
+) -> Result<(), AppError> {
+    let url = config.url.as_ref().map(|u| u.expose().to_owned()).unwrap_or_default();
+    let mut listener = None;
+    loop {
+        if listener.is_none() {
+            listener = connect_listener(&url).await;
+        }
+        if let Ok(max) = store.max_event_id().await {
+            raise(&committed, max);
+        }
+        let woke = async {
+            match listener.as_mut() {
+                Some(l) => l.try_recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(COMMIT_POLL) => {}
+            got = woke => match got {
+                Ok(Some(n)) => {
+                    if let Ok(id) = n.payload().parse() {
+                        raise(&committed, id);
+                    }
+                }
+                // The connection was lost (sqlx reconnects at the next call): read what was missed.
+                Ok(None) => {}
+                Err(_) => listener = None,
+            },
+        }
+    }
+}
+
+async fn connect_listener(url: &str) -> Option<sqlx::postgres::PgListener> {
+    let mut listener = sqlx::postgres::PgListener::connect(url).await.ok()?;
+    listener.listen(crate::store::EVENTS_CHANNEL).await.ok()?;
+    Some(listener)
+}
+
+fn raise(committed: &signal::Sender<i64>, id: i64) {
+    committed.send_if_modified(|c| {
+        let higher = id > *c;
+        if higher {
+            *c = id;
+        }
+        higher
+    });
+}
+
+/// Once the first lists are stored, resyncs the endpoints whose backend mode changed since the last
+/// start ([`relay::resync_switched_modes`]).
+async fn resync_switched_modes(
+    store: Store,
+    config: Config,
+    mut ready: signal::Receiver<bool>,
+    cancel: CancellationToken,
+) -> Result<(), AppError> {
+    tokio::select! {
+        _ = cancel.cancelled() => return Ok(()),
+        r = ready.wait_for(|r| *r) => if r.is_err() { return Ok(()) },
+    }
+    relay::resync_switched_modes(&store, &config).await?;
+    // Full-state template endpoints: a declaration now (converges after a restart), then periodically.
+    relay::full_state::resend_loop(store, &config, cancel).await;
+    Ok(())
+}
+
+/// Deletes events older than `retention`, at start and then hourly.
+async fn prune_loop(store: Store, retention: Duration, cancel: CancellationToken) -> Result<(), AppError> {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let cutoff = now_ms().saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
+        match store.prune_events(cutoff).await {
+            Ok(0) => {}
+            Ok(n) => info!(deleted = n, "pruned events past database.event_retention"),
+            Err(e) => warn!(error = %e, "cannot prune events"),
+        }
+    }
+}

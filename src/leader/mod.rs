@@ -1,0 +1,318 @@
+//! Leader election over the PostgreSQL lease row (issue 14): which replica watches, allocates,
+//! delivers and writes to Kubernetes, and for how long it may trust that it still does.
+//!
+//! - [`Elector::campaign`] waits until this replica holds the lease: it bids every
+//!   `database.leader_renew`, and at once when a leader resigns (`NOTIFY vipwatch_leader`).
+//! - A [`Term`] renews the lease every `leader_renew` and keeps its [`Trust`]: the local monotonic
+//!   deadline up to which this replica may act, the start of its last successful renewal plus
+//!   `leader_ttl` minus a margin (the larger of 1 s and `leader_renew`; River measures it the same way,
+//!   ha-postgres.md §1.5). The lease itself expires on the database's clock `leader_ttl` after that
+//!   renewal, so this replica stops acting before any other may start.
+//! - The term ends ([`Term::lost`]) when a renewal finds the lease gone, or the trust deadline passes
+//!   without a successful renewal (the database unreachable, the process paused). Its writes are
+//!   fenced by the database independently ([`crate::store::Fence`]).
+//!
+//! On SQLite there is no election: the one instance leads for good ([`Trust::always`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::DatabaseConfig;
+use crate::store::{Fence, LEADER_CHANNEL, Store, StoreError};
+
+/// What this replica does now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// SQLite: the one instance, leading for good.
+    Single,
+    /// PostgreSQL: serves the API; another replica (or none yet) leads.
+    Follower,
+    /// PostgreSQL: leads, elected with this epoch.
+    Leader {
+        /// The lease epoch of its term.
+        epoch: i64,
+    },
+}
+
+impl Role {
+    /// Whether this replica watches, allocates, delivers and writes to Kubernetes now.
+    pub fn leads(self) -> bool {
+        !matches!(self, Self::Follower)
+    }
+
+    /// `single`, `follower` or `leader`, as the API and the metrics show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Single => "single",
+            Self::Follower => "follower",
+            Self::Leader { .. } => "leader",
+        }
+    }
+}
+
+/// Until when this replica may act as leader: send webhooks, write to Kubernetes. Cheap to clone;
+/// every clone sees the same deadline.
+#[derive(Debug, Clone)]
+pub struct Trust {
+    base: Instant,
+    /// Deadline as nanoseconds after `base`; `u64::MAX` = for good; 0 = not at all.
+    until_ns: Arc<AtomicU64>,
+}
+
+impl Trust {
+    /// Trusted for good (SQLite: the only instance).
+    pub fn always() -> Self {
+        Self { base: Instant::now(), until_ns: Arc::new(AtomicU64::new(u64::MAX)) }
+    }
+
+    /// Trusted until `deadline`.
+    fn until(deadline: Instant) -> Self {
+        let trust = Self { base: Instant::now(), until_ns: Arc::new(AtomicU64::new(0)) };
+        trust.extend(deadline);
+        trust
+    }
+
+    fn extend(&self, deadline: Instant) {
+        let ns = deadline.saturating_duration_since(self.base).as_nanos();
+        self.until_ns.fetch_max(u64::try_from(ns).unwrap_or(u64::MAX - 1), Ordering::SeqCst);
+    }
+
+    /// Ends the trust now (the lease was found gone, or the term resigned).
+    fn revoke(&self) {
+        self.until_ns.store(0, Ordering::SeqCst);
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        match self.until_ns.load(Ordering::SeqCst) {
+            u64::MAX => None,
+            ns => Some(self.base + Duration::from_nanos(ns)),
+        }
+    }
+
+    /// Whether this replica may still act.
+    pub fn is_valid(&self) -> bool {
+        self.deadline().is_none_or(|d| Instant::now() < d)
+    }
+
+    /// Resolves once the trust is over (never for [`Trust::always`]). A renewal that moves the
+    /// deadline on is taken into account.
+    pub async fn expired(&self) {
+        loop {
+            let Some(deadline) = self.deadline() else { return std::future::pending().await };
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
+/// Campaigns for the lease on behalf of one replica.
+#[derive(Debug, Clone)]
+pub struct Elector {
+    store: Store,
+    /// This replica's name in the lease.
+    pub holder: String,
+    ttl: Duration,
+    renew: Duration,
+    url: String,
+}
+
+impl Elector {
+    /// An elector for `config` (`leader_ttl`, `leader_renew`, `replica`; `url` for the
+    /// notification listener) on `store`.
+    pub fn new(store: Store, config: &DatabaseConfig) -> Self {
+        Self {
+            store,
+            holder: replica_name(config),
+            ttl: config.leader_ttl,
+            renew: config.leader_renew,
+            url: config.url.as_ref().map(|u| u.expose().to_owned()).unwrap_or_default(),
+        }
+    }
+
+    /// How much earlier than the lease's expiry this replica stops acting.
+    fn margin(&self) -> Duration {
+        self.renew.max(Duration::from_secs(1))
+    }
+
+    /// Waits until this replica holds the lease and returns its term; `None` when `cancel` fires
+    /// first. A database that fails is retried every `leader_renew` (logged once per outage).
+    pub async fn campaign(&self, cancel: &CancellationToken) -> Option<Term> {
+        let mut listener = self.listen().await;
+        let mut failing = false;
+        loop {
+            let started = Instant::now();
+            match tokio::time::timeout(self.renew, self.store.lease_acquire(&self.holder, self.ttl)).await {
+                Ok(Ok(Some(epoch))) => {
+                    info!(replica = %self.holder, epoch, "elected leader");
+                    return Some(self.term(epoch, started));
+                }
+                Ok(Ok(None)) => failing = false,
+                Ok(Err(e)) if !failing => {
+                    failing = true;
+                    warn!(error = %e, reason = %e.reason(), "cannot bid for the leader lease; retrying");
+                }
+                Ok(Err(_)) => {}
+                Err(_) if !failing => {
+                    failing = true;
+                    warn!(timeout = ?self.renew, "bid for the leader lease timed out; retrying");
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return None,
+                _ = tokio::time::sleep_until(started + self.renew) => {}
+                _ = resigned(&mut listener) => {}
+            }
+        }
+    }
+
+    /// A listener for resignations; `None` when it cannot connect (then bids only every
+    /// `leader_renew`).
+    async fn listen(&self) -> Option<sqlx::postgres::PgListener> {
+        let mut listener = sqlx::postgres::PgListener::connect(&self.url).await.ok()?;
+        listener.listen(LEADER_CHANNEL).await.ok()?;
+        Some(listener)
+    }
+
+    fn term(&self, epoch: i64, started: Instant) -> Term {
+        let trust = Trust::until(started + self.ttl - self.margin());
+        let lost = CancellationToken::new();
+        let renewer = tokio::spawn(renew_loop(self.clone(), epoch, trust.clone(), lost.clone()));
+        Term { elector: self.clone(), epoch, trust, lost, renewer }
+    }
+}
+
+/// Resolves on the next notification on `listener`; never when there is none (a lost connection
+/// is re-established by sqlx's listener).
+async fn resigned(listener: &mut Option<sqlx::postgres::PgListener>) {
+    match listener {
+        Some(l) => {
+            if l.recv().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// One term as leader.
+#[derive(Debug)]
+pub struct Term {
+    elector: Elector,
+    /// The epoch it was elected with (the fence of its writes).
+    pub epoch: i64,
+    /// Until when it may act.
+    pub trust: Trust,
+    lost: CancellationToken,
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+impl Term {
+    /// The store whose writes are fenced by this term.
+    pub fn fenced(&self, store: &Store) -> Store {
+        store.fenced(Fence { holder: self.elector.holder.clone(), epoch: self.epoch })
+    }
+
+    /// Resolves when the term is over: the lease was found gone, or the trust ran out.
+    pub async fn lost(&self) {
+        self.lost.cancelled().await;
+    }
+
+    /// Ends the term: stops renewing, stops trusting itself, and (graceful stop) gives the lease up
+    /// at once so a follower takes over without waiting for it to expire.
+    pub async fn resign(self) -> Result<(), StoreError> {
+        self.renewer.abort();
+        self.trust.revoke();
+        self.elector.store.lease_resign(&self.elector.holder, self.epoch).await
+    }
+
+    /// Ends the term after it was lost: stops renewing and trusting itself.
+    pub fn abandon(self) {
+        self.renewer.abort();
+        self.trust.revoke();
+    }
+}
+
+/// Renews every `leader_renew` until the lease is found gone or the trust runs out; then revokes
+/// the trust and fires `lost`.
+async fn renew_loop(e: Elector, epoch: i64, trust: Trust, lost: CancellationToken) {
+    let mut next = Instant::now() + e.renew;
+    loop {
+        tokio::select! {
+            _ = trust.expired() => {
+                warn!(replica = %e.holder, epoch, "leader lease not renewed in time; standing down");
+                break;
+            }
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        let started = Instant::now();
+        next = started + e.renew;
+        let renewal = tokio::time::timeout(e.renew, e.store.lease_renew(&e.holder, epoch, e.ttl)).await;
+        match renewal {
+            Ok(Ok(true)) => trust.extend(started + e.ttl - e.margin()),
+            Ok(Ok(false)) => {
+                warn!(replica = %e.holder, epoch, "leader lease lost to another replica; standing down");
+                break;
+            }
+            Ok(Err(err)) => warn!(error = %err, reason = %err.reason(), epoch, "cannot renew the leader lease"),
+            Err(_) => warn!(timeout = ?e.renew, epoch, "renewing the leader lease timed out"),
+        }
+    }
+    trust.revoke();
+    lost.cancel();
+}
+
+/// This replica's name: `database.replica`, else the host name plus a random suffix.
+fn replica_name(config: &DatabaseConfig) -> String {
+    if let Some(name) = &config.replica {
+        return name.clone();
+    }
+    let host = hostname().unwrap_or_else(|| "vipwatch".to_owned());
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}", &suffix[..6])
+}
+
+fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it on success.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    std::str::from_utf8(&buf[..end]).ok().filter(|h| !h.is_empty()).map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn trust_ends_at_its_deadline_and_moves_with_renewals() {
+        let start = Instant::now();
+        let trust = Trust::until(start + Duration::from_millis(200));
+        assert!(trust.is_valid());
+        trust.extend(start + Duration::from_millis(400));
+        trust.extend(start + Duration::from_millis(300)); // never moves back
+        assert_eq!(trust.deadline().map(|d| d - start), Some(Duration::from_millis(400)));
+        tokio::time::timeout(Duration::from_secs(5), trust.expired()).await.expect("over at 400 ms");
+        assert!(Instant::now() >= start + Duration::from_millis(400));
+        assert!(!trust.is_valid());
+    }
+
+    #[tokio::test]
+    async fn revoked_trust_is_over_at_once_and_always_never_ends() {
+        let trust = Trust::until(Instant::now() + Duration::from_secs(60));
+        trust.revoke();
+        assert!(!trust.is_valid());
+        trust.expired().await;
+        assert!(Trust::always().is_valid());
+    }
+}

@@ -1,0 +1,146 @@
+//! The leader lease on PostgreSQL (issue 14; design in shared/reference/ha-postgres.md §2.3, as
+//! River does it): one row in `leader` with the holder, an epoch that goes up at every change of
+//! holder, and an expiry on the database's clock (so the replicas' clocks never matter). Followers
+//! take an expired lease, the leader renews its own, a stopping leader resigns, and every write
+//! transaction of the leader is fenced by its epoch ([`Fence`], see `health::WriteConn::begin`).
+//!
+//! The lease statements run on a connection of their own (`Pools::Pg::lease`), never behind the
+//! writer's queue: a renewal must not wait for a long batch.
+
+use std::time::Duration;
+
+use super::db::Pools;
+use super::{Backend, Store, StoreError};
+
+/// The lease's row name: one leader per database (written into each statement).
+#[cfg(test)]
+const NAME: &str = "vipwatch";
+
+/// Takes the lease when there is none or it expired: epoch + 1, holder $1, expiry now + $2 ms.
+const ACQUIRE: &str = "INSERT INTO leader (name, epoch, holder, elected_at, renewed_at, expires_at) \
+    VALUES ('vipwatch', 1, $1, now(), now(), now() + $2 * interval '1 millisecond') \
+    ON CONFLICT (name) DO UPDATE SET epoch = leader.epoch + 1, holder = excluded.holder, \
+    elected_at = excluded.elected_at, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at \
+    WHERE leader.expires_at < now() RETURNING epoch";
+
+/// Extends the lease of holder $1 at epoch $2 to now + $3 ms, if it still holds it unexpired.
+const RENEW: &str = "UPDATE leader SET renewed_at = now(), expires_at = now() + $3 * interval '1 millisecond' \
+    WHERE name = 'vipwatch' AND holder = $1 AND epoch = $2 AND expires_at > now()";
+
+/// Ends the lease of holder $1 at epoch $2 now, and tells the followers (`LISTEN vipwatch_leader`).
+const RESIGN: &str = "WITH r AS (UPDATE leader SET expires_at = now() \
+    WHERE name = 'vipwatch' AND holder = $1 AND epoch = $2 RETURNING epoch) \
+    SELECT pg_notify('vipwatch_leader', 'resigned') FROM r";
+
+/// The channel followers listen on to bid at once when the leader resigns.
+pub const LEADER_CHANNEL: &str = "vipwatch_leader";
+
+/// The channel the leader notifies, with the highest event id as payload, in every transaction
+/// that writes events (delivered at its commit): followers' SSE tails and VIP indexes wake on it.
+pub const EVENTS_CHANNEL: &str = "vipwatch_events";
+
+/// The leader's write fence: the first statement of every leader write transaction. It locks the
+/// lease row `FOR SHARE` (not `FOR KEY SHARE`: a takeover's UPDATE must wait for the leader's
+/// transactions in flight, ha-postgres.md §2.3, verified there) where holder, epoch and an unexpired
+/// lease still match; no row = deposed. It also takes the transaction-scoped advisory lock every
+/// writer of events and deliveries takes ([`ORDER_LOCK`]).
+const FENCE: &str = "SELECT 1 FROM leader, pg_advisory_xact_lock($3) AS o \
+    WHERE name = 'vipwatch' AND holder = $1 AND epoch = $2 AND expires_at > now() FOR SHARE OF leader";
+
+/// The advisory lock every PostgreSQL write transaction takes first (released at its commit), so
+/// transactions that insert events or deliveries commit one after another and ids become visible
+/// in order: the relay's cursor and the SSE resume read `id > last` (ha-postgres.md §3.4). Within
+/// one replica the single write connection already serializes; this orders a follower's API writes
+/// (a replay, a resync) against the leader's.
+pub(super) const ORDER_LOCK: i64 = 0x7669_7077_6f72_6472;
+
+/// Who holds the lease, as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    /// The leading replica's name (`database.replica`).
+    pub holder: String,
+    /// Its epoch.
+    pub epoch: i64,
+    /// How long until it expires without renewal (ms; negative: expired that long ago).
+    pub expires_in_ms: i64,
+}
+
+/// What a leader's write transactions must still match: its name and epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The replica's name.
+    pub holder: String,
+    /// The epoch it was elected with.
+    pub epoch: i64,
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Store {
+    /// A clone whose write transactions are fenced by `fence` (PostgreSQL): once another replica took
+    /// the lease, or it expired, each fails with [`StoreError::Fenced`] and commits nothing.
+    pub fn fenced(&self, fence: Fence) -> Store {
+        Store { fence: Some(std::sync::Arc::new(fence)), ..self.clone() }
+    }
+
+    /// Takes the lease for `holder` for `ttl` if nobody holds it unexpired. Returns the new epoch, or
+    /// `None` when another replica leads. PostgreSQL only (`None` on SQLite, which has no lease).
+    pub async fn lease_acquire(&self, holder: &str, ttl: Duration) -> Result<Option<i64>, StoreError> {
+        let Pools::Pg { lease, .. } = &self.pools else { return Ok(None) };
+        let row = sqlx::query_scalar::<_, i64>(ACQUIRE).bind(holder).bind(millis(ttl)).fetch_optional(lease).await?;
+        Ok(row)
+    }
+
+    /// Renews `holder`'s lease at `epoch` for `ttl`. Returns `false` when it does not hold it any more
+    /// (another replica took it, or it expired).
+    pub async fn lease_renew(&self, holder: &str, epoch: i64, ttl: Duration) -> Result<bool, StoreError> {
+        let Pools::Pg { lease, .. } = &self.pools else { return Ok(false) };
+        let q = sqlx::query(RENEW).bind(holder).bind(epoch).bind(millis(ttl));
+        Ok(q.execute(lease).await?.rows_affected() == 1)
+    }
+
+    /// Ends `holder`'s lease at `epoch` now and notifies the followers, so one takes over at once
+    /// (graceful stop). Nothing when it does not hold it.
+    pub async fn lease_resign(&self, holder: &str, epoch: i64) -> Result<(), StoreError> {
+        let Pools::Pg { lease, .. } = &self.pools else { return Ok(()) };
+        sqlx::query(RESIGN).bind(holder).bind(epoch).execute(lease).await?;
+        Ok(())
+    }
+
+    /// The current lease, if any replica ever led (PostgreSQL; `None` on SQLite).
+    pub async fn lease(&self) -> Result<Option<LeaseRow>, StoreError> {
+        if self.backend != Backend::Postgres {
+            return Ok(None);
+        }
+        let sql = "SELECT holder, epoch, \
+                   (EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::bigint AS expires_in_ms \
+                   FROM leader WHERE name = 'vipwatch'";
+        let row = self.read_optional(self.backend.query(sql)).await?;
+        Ok(row.map(|r| LeaseRow {
+            holder: r.get("holder"),
+            epoch: r.get("epoch"),
+            expires_in_ms: r.get("expires_in_ms"),
+        }))
+    }
+}
+
+/// The guard statement a PostgreSQL write transaction starts with: the fence when `fence` is set
+/// (a leader's store), else only the order lock (a follower's API writes).
+pub(super) fn guard(fence: Option<&Fence>) -> super::db::Query {
+    match fence {
+        Some(f) => Backend::Postgres.query(FENCE).bind(f.holder.as_str()).bind(f.epoch).bind(ORDER_LOCK),
+        None => Backend::Postgres.query("SELECT pg_advisory_xact_lock($1)").bind(ORDER_LOCK),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_lease_name_is_the_one_the_statements_use() {
+        for sql in [super::ACQUIRE, super::RENEW, super::RESIGN, super::FENCE] {
+            assert!(sql.contains(&format!("'{}'", super::NAME)), "{sql}");
+        }
+    }
+}
