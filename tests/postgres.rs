@@ -21,6 +21,9 @@ mod api;
 mod backends;
 #[path = "deletion_guard.rs"]
 mod deletion_guard;
+/// The PostgreSQL-only tests: replicas, leader election, fail-over.
+#[path = "postgres/ha.rs"]
+mod ha;
 #[path = "relay.rs"]
 mod relay;
 #[path = "templates.rs"]

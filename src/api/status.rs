@@ -26,22 +26,52 @@ pub struct StatusDto {
     pub last_synced_at: Option<String>,
     /// Why `/readyz` reports the watch not ready, `null` when it is ready as far as the watch goes.
     pub not_ready: Option<String>,
-    /// Every list/watch scope, ordered by resource then namespace.
+    /// Every list/watch scope, ordered by resource then namespace (this replica's watch: empty scopes
+    /// on a follower, which does not watch).
     pub scopes: Vec<ScopeStatus>,
+    /// Which replica leads and which one answered.
+    pub leader: LeaderDto,
+}
+
+/// Leadership as one replica sees it (issue 14).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LeaderDto {
+    /// The replica that answered (`database.replica`; `single` on SQLite).
+    pub replica: String,
+    /// What it does: `single` (SQLite: the only instance, always leading), `leader` or `follower`.
+    #[schema(example = "follower")]
+    pub role: String,
+    /// PostgreSQL: the replica holding the lease, `null` before any ever led (or on SQLite).
+    pub holder: Option<String>,
+    /// PostgreSQL: the lease's epoch, one more at every change of leader.
+    pub epoch: Option<i64>,
+    /// PostgreSQL: milliseconds until the lease expires without renewal (negative: expired).
+    pub expires_in_ms: Option<i64>,
 }
 
 /// How current the served state is: per watch scope, its state (`listing`, `watching`, `stalled`,
 /// `failing`), when the apiserver last sent something, up to when its data is known current, and its
-/// last error.
+/// last error; and which replica leads (`leader`). Errors: 503 `database_unavailable` when the
+/// lease cannot be read.
 #[utoipa::path(get, path = "/api/v1/status", tag = "operations",
-    responses((status = 200, description = "The watch's health per scope", body = StatusDto)))]
-pub async fn get_status(State(state): State<ApiState>) -> Json<StatusDto> {
+    responses((status = 200, description = "The watch's health per scope and the leader", body = StatusDto),
+        (status = 503, description = "The database cannot be read", body = super::error::Problem, content_type = "application/problem+json")))]
+pub async fn get_status(State(state): State<ApiState>) -> Result<Json<StatusDto>, super::error::ApiError> {
     let health = &state.watch;
-    Json(StatusDto {
+    let lease = state.store.lease().await?;
+    let role = *state.role.borrow();
+    Ok(Json(StatusDto {
         last_synced_at: health.last_synced_ms().map(rfc3339),
         not_ready: super::health::watch_healthy(&state).await,
         scopes: health.statuses(),
-    })
+        leader: LeaderDto {
+            replica: state.replica.to_string(),
+            role: role.as_str().to_owned(),
+            holder: lease.as_ref().map(|l| l.holder.clone()),
+            epoch: lease.as_ref().map(|l| l.epoch),
+            expires_in_ms: lease.map(|l| l.expires_in_ms),
+        },
+    }))
 }
 
 /// Middleware: sets [`LAST_SYNCED`] on every response (errors included).

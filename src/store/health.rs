@@ -106,6 +106,11 @@ impl StoreError {
             && (e.message().contains("events.id") || e.constraint() == Some("events_pkey")))
     }
 
+    /// True when the fence refused a leader's write: its term is over ([`StoreError::Fenced`]).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::Fenced { .. })
+    }
+
     /// The underlying reason in a few words, e.g. SQLite's `database or disk is full`.
     pub fn reason(&self) -> String {
         match self {

@@ -167,6 +167,11 @@ impl Writer {
                         self.next_id = None;
                         tokio::time::sleep(wait).await;
                     }
+                    Err(e) if e.is_fenced() => {
+                        warn!(error = %e, "not the leader any more: changes left to the new leader");
+                        self.next_id = None;
+                        return;
+                    }
                     Err(e) => {
                         error!(error = %e, "giving up storing changes");
                         self.next_id = None;
@@ -223,13 +228,16 @@ impl Writer {
         }
     }
 
-    /// Writes one prepared chunk, retried until it commits; an id conflict is returned at once.
+    /// Writes one prepared chunk, retried until it commits; an id conflict is returned at once, and so
+    /// is the fence's refusal (this replica's term is over: the next leader records the changes from
+    /// its own lists, and retrying would only keep the term from ending).
     async fn write(&self, prepared: &Prepared<'_>) -> Result<Vec<i64>, StoreError> {
         let write = || self.store.write(prepared);
         let notify = |e: &StoreError, wait: Duration| {
             error!(error = %e, reason = %e.reason(), retry_in = ?wait, "cannot store changes; retrying (nothing recorded yet)");
         };
-        write.retry(self.store.write_backoff()).when(|e| !e.is_event_id_taken()).notify(notify).await
+        let retry = |e: &StoreError| !e.is_event_id_taken() && !e.is_fenced();
+        write.retry(self.store.write_backoff()).when(retry).notify(notify).await
     }
 
     fn after_commit(&mut self, plan: &Plan) {

@@ -1,0 +1,340 @@
+//! Two or three real `vipwatch serve` processes on one PostgreSQL database, the simulated API and
+//! recording receivers (issue 14): SIGKILL, SIGSTOP and SIGTERM of the leader. Test timings: lease
+//! TTL 3 s, renewed every 500 ms.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use common::receiver::{Receiver, Reply, SECRET};
+use common::*;
+use vipwatch::store::DeliveryFilter;
+
+/// The lease TTL of these tests (`database.leader_ttl`).
+const TTL: Duration = Duration::from_secs(3);
+/// Attempts in flight per replica (`relay.concurrency`): the most a fail-over may repeat.
+const CONCURRENCY: usize = 8;
+
+/// One `vipwatch serve` process.
+struct Replica {
+    name: &'static str,
+    api: String,
+    child: tokio::process::Child,
+}
+
+impl Replica {
+    /// Starts replica `name` on `h`'s database, delivering to `rx`, with addresses from 10.9.0.0/22.
+    async fn start(h: &Harness, name: &'static str, rx: &Receiver) -> Self {
+        vipwatch::relay::sender::install_crypto_provider(); // for this test's own HTTP clients
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let config_path = h.dir.path().join(format!("{name}.toml"));
+        let config = format!(
+            "[kubernetes]\nurl = \"{}\"\n[database]\nurl = \"{}\"\nleader_ttl = \"3s\"\nleader_renew = \"500ms\"\n\
+             replica = \"{name}\"\n[server]\nlisten = \"127.0.0.1:{port}\"\n\
+             [relay]\nconcurrency = {CONCURRENCY}\npoll_interval = \"100ms\"\nlease = \"5s\"\n\
+             [[pools]]\nname = \"lab\"\naddresses = [\"10.9.0.0/22\"]\n\
+             [[webhooks]]\nname = \"lab\"\nurl = \"{}\"\nsecret = \"{SECRET}\"\ntimeout = \"2s\"\n\
+             retry = {{ initial_delay = \"50ms\", max_delay = \"500ms\" }}\n",
+            h.api.url(),
+            h.pg_url.as_deref().expect("PostgreSQL harness"),
+            rx.url
+        );
+        std::fs::write(&config_path, config).unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vipwatch"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .env("VIPWATCH_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self { name, api: format!("http://127.0.0.1:{port}"), child }
+    }
+
+    /// `GET /api/v1/status`'s `leader`, when the replica answers.
+    async fn leader(&self) -> Option<Value> {
+        let status: Value = reqwest::get(format!("{}/api/v1/status", self.api)).await.ok()?.json().await.ok()?;
+        Some(status["leader"].clone())
+    }
+
+    async fn role(&self) -> Option<String> {
+        Some(self.leader().await?["role"].as_str()?.to_owned())
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let pid = self.child.id().expect("running") as libc::pid_t;
+        // SAFETY: sends a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    }
+}
+
+/// Waits until exactly one of `replicas` says it leads; returns its index.
+async fn one_leader(replicas: &[&Replica]) -> usize {
+    wait_until("exactly one leader", || async {
+        let mut leaders = Vec::new();
+        for (i, r) in replicas.iter().enumerate() {
+            match r.role().await.as_deref() {
+                Some("leader") => leaders.push(i),
+                Some(_) => {}
+                None => return None,
+            }
+        }
+        (leaders.len() == 1).then(|| leaders[0])
+    })
+    .await
+}
+
+/// Every pool address on two Services, in the simulated API's statuses: must stay empty.
+fn shared_addresses(h: &Harness) -> Vec<String> {
+    let mut owners: HashMap<String, String> = HashMap::new();
+    let mut shared = Vec::new();
+    for svc in h.api.list() {
+        let key = format!("{}/{}", svc["metadata"]["namespace"], svc["metadata"]["name"]);
+        for ingress in svc["status"]["loadBalancer"]["ingress"].as_array().into_iter().flatten() {
+            if let Some(ip) = ingress["ip"].as_str()
+                && let Some(other) = owners.insert(ip.to_owned(), key.clone())
+            {
+                shared.push(format!("{ip}: {other} and {key}"));
+            }
+        }
+    }
+    shared
+}
+
+/// Per Service, the event ids the receiver accepted (first arrival of each `webhook-id`), in order of
+/// arrival; and how many arrivals repeated a `webhook-id`.
+fn arrivals(rx: &Receiver) -> (BTreeMap<String, Vec<i64>>, usize) {
+    let mut seen = HashSet::new();
+    let mut per_service: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let mut repeated = 0;
+    for hit in rx.accepted() {
+        if !seen.insert(hit.header("webhook-id")) {
+            repeated += 1;
+            continue;
+        }
+        let body = hit.json();
+        let key = format!("{}/{}", body["data"]["service"]["namespace"], body["data"]["service"]["name"]);
+        per_service.entry(key).or_default().push(hit.event().1);
+    }
+    (per_service, repeated)
+}
+
+#[tokio::test]
+async fn sigkill_of_the_leader_mid_burst_a_follower_takes_over_and_every_change_arrives_in_order_once() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|_, _| Reply::After(Duration::from_millis(2), 204)).await;
+    let a = Replica::start(&h, "a", &rx).await;
+    let b = Replica::start(&h, "b", &rx).await;
+    let c = Replica::start(&h, "c", &rx).await;
+    let mut replicas = [a, b, c];
+    let first = one_leader(&replicas.iter().collect::<Vec<_>>()).await;
+    let follower = (first + 1) % 3;
+    // A follower's SSE tail from the start: it must see every event exactly once, in order; and its
+    // reads must answer throughout.
+    let sse = SseLog::follow(format!("{}/api/v1/events/stream?after_id=0", replicas[follower].api));
+    let reads = Reads::poll(format!("{}/api/v1/services?limit=5", replicas[follower].api));
+
+    for i in 0..300 {
+        h.api.apply(lb_service("burst", &format!("svc-{i:03}"), 80));
+    }
+    wait_until("part of the burst delivered", || async { (rx.accepted().len() >= 60).then_some(()) }).await;
+    replicas[first].child.start_kill().unwrap(); // SIGKILL
+    let killed = Instant::now();
+    replicas[first].child.wait().await.unwrap();
+    let delivered_before = rx.accepted().len();
+    assert!(delivered_before < 300, "the kill happened mid-burst ({delivered_before} delivered)");
+    let survivors: Vec<&Replica> = replicas.iter().enumerate().filter(|(i, _)| *i != first).map(|(_, r)| r).collect();
+    let next = one_leader(&survivors).await;
+    let takeover = killed.elapsed();
+    assert!(takeover < TTL + Duration::from_secs(3), "takeover took {takeover:?}");
+    eprintln!("takeover after SIGKILL: {takeover:?}");
+    assert_ne!(survivors[next].name, replicas[first].name);
+    for i in 0..100 {
+        h.api.update("burst", &format!("svc-{i:03}"), |o| o["metadata"]["labels"]["tier"] = serde_json::json!("gold"));
+    }
+
+    let store = h.store().await;
+    let deliveries = wait_until("every change delivered and every status written", || async {
+        let rows = store.deliveries(&DeliveryFilter::default()).await.unwrap();
+        let settled = rows.iter().all(|r| r.state == "succeeded" || r.state == "superseded");
+        let modified = rows.iter().filter(|r| r.kind == "MODIFIED" && r.state == "succeeded").count();
+        let statuses = h.api.list().iter().filter(|s| s["status"]["loadBalancer"]["ingress"].is_array()).count();
+        (settled && modified >= 100 && statuses == 300).then_some(rows)
+    })
+    .await;
+    assert_eq!(shared_addresses(&h), Vec::<String>::new(), "no address on two Services");
+    let accepted: HashSet<String> = rx.accepted().iter().map(|hit| hit.header("webhook-id")).collect();
+    for d in deliveries.iter().filter(|d| d.state == "succeeded") {
+        assert!(accepted.contains(&d.msg_id), "delivery {} ({}) never arrived", d.id, d.key);
+    }
+    let (per_service, repeated) = arrivals(&rx);
+    for (service, ids) in &per_service {
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{service}: arrivals out of order {ids:?}");
+    }
+    assert!(repeated <= CONCURRENCY, "{repeated} repeated deliveries; only the {CONCURRENCY} in flight may repeat");
+    let events = store.events(&vipwatch::store::EventFilter::default()).await.unwrap();
+    assert_eq!(events.iter().filter(|e| e.event_type == "ADDED").count(), 300, "every Service recorded once");
+
+    let all: Vec<i64> = events.iter().map(|e| e.id).collect();
+    let last = *all.last().unwrap();
+    wait_until("the follower's SSE tail reached the last event", || async {
+        (sse.ids().last() == Some(&last)).then_some(())
+    })
+    .await;
+    assert_eq!(sse.ids(), all, "the SSE tail saw every event once, in order");
+    let (ok, failed) = reads.stop();
+    assert!(ok > 0 && failed.is_empty(), "{ok} reads answered, failed: {failed:?}");
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_leader_paused_past_its_lease_commits_and_sends_nothing_when_it_resumes_and_follows() {
+    let h = Harness::new().await;
+    let (rx_a, rx_b) = (Receiver::ok().await, Receiver::ok().await);
+    let a = Replica::start(&h, "a", &rx_a).await;
+    wait_until("a leads", || async { (a.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    let b = Replica::start(&h, "b", &rx_b).await;
+    wait_until("b follows", || async { (b.role().await.as_deref() == Some("follower")).then_some(()) }).await;
+    for i in 0..10 {
+        h.api.apply(lb_service("shop", &format!("web-{i}"), 80));
+    }
+    wait_until("a delivered the first 10", || async { (rx_a.accepted().len() == 10).then_some(()) }).await;
+
+    a.signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    wait_until("b took over", || async { (b.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    assert!(stopped.elapsed() >= TTL - Duration::from_secs(1), "b waited for the lease to expire");
+    // While a is paused, its watch connection still receives these: it will read them on resuming.
+    for i in 10..20 {
+        h.api.apply(lb_service("shop", &format!("web-{i}"), 80));
+    }
+    wait_until("b delivered the next 10", || async { (rx_b.accepted().len() >= 10).then_some(()) }).await;
+    let sent_by_a = rx_a.hits().len();
+
+    a.signal(libc::SIGCONT);
+    wait_until("a stood down", || async { (a.role().await.as_deref() == Some("follower")).then_some(()) }).await;
+    h.api.apply(lb_service("shop", "web-20", 80));
+    wait_until("b delivered one more", || async {
+        rx_b.accepted().iter().any(|hit| hit.json()["data"]["service"]["name"] == "web-20").then_some(())
+    })
+    .await;
+    assert_eq!(rx_a.hits().len(), sent_by_a, "a sent nothing after it resumed");
+    let store = h.store().await;
+    let events = store.events(&vipwatch::store::EventFilter::default()).await.unwrap();
+    let added: Vec<String> = events.iter().filter(|e| e.event_type == "ADDED").map(|e| e.key.name.clone()).collect();
+    let expected: Vec<String> = (0..21).map(|i| format!("web-{i}")).collect();
+    assert_eq!(added, expected, "each Service recorded once: a committed nothing after it resumed");
+    let status = b.leader().await.unwrap();
+    assert_eq!((status["holder"].as_str(), status["epoch"].as_i64()), (Some("b"), Some(2)));
+    store.close().await;
+}
+
+#[tokio::test]
+async fn sigterm_of_the_leader_hands_over_in_under_2_s() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let mut a = Replica::start(&h, "a", &rx).await;
+    wait_until("a leads", || async { (a.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    let b = Replica::start(&h, "b", &rx).await;
+    wait_until("b follows", || async { (b.role().await.as_deref() == Some("follower")).then_some(()) }).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_until("the ADDED delivered", || async { (rx.accepted().len() == 1).then_some(()) }).await;
+
+    a.signal(libc::SIGTERM);
+    let asked = Instant::now();
+    wait_until("b took over", || async { (b.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    let handover = asked.elapsed();
+    eprintln!("handover after SIGTERM: {handover:?}");
+    assert!(handover < Duration::from_secs(2), "handover took {handover:?}");
+    assert!(a.child.wait().await.unwrap().success(), "a stopped cleanly");
+    h.api.update("shop", "web", |o| o["metadata"]["labels"]["tier"] = serde_json::json!("gold"));
+    wait_until("b delivers the MODIFIED", || async { (rx.accepted().len() == 2).then_some(()) }).await;
+    assert_eq!(rx.accepted()[1].event().0, "MODIFIED");
+}
+
+/// An SSE client of `/api/v1/events/stream` that reconnects with `Last-Event-ID`; collects the ids.
+struct SseLog {
+    ids: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SseLog {
+    fn follow(url: String) -> Self {
+        let ids = std::sync::Arc::new(std::sync::Mutex::new(Vec::<i64>::new()));
+        let log = ids.clone();
+        let task = tokio::spawn(async move {
+            let client = reqwest::Client::new();
+            loop {
+                let last = log.lock().unwrap().last().copied();
+                let mut req = client.get(&url);
+                if let Some(id) = last {
+                    req = req.header("Last-Event-ID", id.to_string());
+                }
+                let Ok(mut resp) = req.send().await else { continue };
+                let mut buf = String::new();
+                while let Ok(Some(chunk)) = resp.chunk().await {
+                    buf.push_str(&String::from_utf8_lossy(&chunk));
+                    while let Some(end) = buf.find('\n') {
+                        let line: String = buf.drain(..=end).collect();
+                        if let Some(id) = line.trim_end().strip_prefix("id:") {
+                            log.lock().unwrap().push(id.trim().parse().unwrap());
+                        }
+                    }
+                }
+            }
+        });
+        Self { ids, task }
+    }
+
+    fn ids(&self) -> Vec<i64> {
+        self.ids.lock().unwrap().clone()
+    }
+}
+
+impl Drop for SseLog {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Reads `url` every 50 ms until stopped; counts the answers and keeps every failure.
+struct Reads {
+    ok: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    failed: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reads {
+    fn poll(url: String) -> Self {
+        let ok = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let failed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (count, failures) = (ok.clone(), failed.clone());
+        let task = tokio::spawn(async move {
+            let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tick.tick().await;
+                match client.get(&url).send().await {
+                    Ok(r) if r.status() == 200 => {
+                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Ok(r) => failures.lock().unwrap().push(format!("status {}", r.status())),
+                    Err(e) => failures.lock().unwrap().push(e.to_string()),
+                }
+            }
+        });
+        Self { ok, failed, task }
+    }
+
+    fn stop(self) -> (usize, Vec<String>) {
+        self.task.abort();
+        (self.ok.load(std::sync::atomic::Ordering::SeqCst), self.failed.lock().unwrap().clone())
+    }
+}
