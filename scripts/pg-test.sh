@@ -2,12 +2,13 @@
 # A throwaway PostgreSQL for the tests: `scripts/pg-test.sh start DIR` initialises a cluster in DIR
 # (created, owned by the `postgres` user), listening on a unix socket in DIR only (no TCP, so parallel
 # clusters never clash on a port), and prints the URL the tests read from VIPWATCH_TEST_PG_URL;
-# `scripts/pg-test.sh stop DIR` stops it and removes DIR. Durability is off (fsync, full-page writes):
+# `scripts/pg-test.sh stop DIR` stops it and removes DIR; `restart DIR` restarts it (fast shutdown:
+# every session is cut, as in a fail-over of the server). Durability is off (fsync, full-page writes):
 # the data is thrown away anyway. Runs as root (via `runuser -u postgres`, initdb refuses root) or as
 # any other user directly. See shared/reference ha-postgres.md §4; README "Tests".
 set -euo pipefail
-cmd=${1:?usage: pg-test.sh start|stop DIR}
-dir=${2:?usage: pg-test.sh start|stop DIR}
+cmd=${1:?usage: pg-test.sh start|restart|stop DIR}
+dir=${2:?usage: pg-test.sh start|restart|stop DIR}
 bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
 [ -x "$bin/initdb" ] || { echo "PostgreSQL server binaries not found under /usr/lib/postgresql (apt-get install postgresql)" >&2; exit 1; }
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
@@ -22,9 +23,13 @@ start)
         || { cat "$dir/server.log" >&2; exit 1; }
     echo "postgres://postgres@localhost/postgres?host=$dir"
     ;;
+restart)
+    as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -m fast -w restart >/dev/null \
+        || { cat "$dir/server.log" >&2; exit 1; }
+    ;;
 stop)
     [ -d "$dir/data" ] && as_pg "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null || true
     rm -rf "$dir"
     ;;
-*) echo "usage: pg-test.sh start|stop DIR" >&2; exit 2 ;;
+*) echo "usage: pg-test.sh start|restart|stop DIR" >&2; exit 2 ;;
 esac

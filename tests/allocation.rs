@@ -469,3 +469,49 @@ async fn a_deleted_services_address_is_reused_only_after_the_appliance_acknowled
     assert!(deleted_a < b_gets_it, "{order:?}");
     running.stop().await.unwrap();
 }
+
+/// A state-table refresh of `ns/name` holding `addresses` from pool `lab` (no event).
+fn holding(name: &str, addresses: &[&str]) -> vipwatch::store::StateChange {
+    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(lb_service("ns", name, 80)).unwrap();
+    let mut view = vipwatch::model::ServiceView::from_service(&svc);
+    view.allocation = Some(vipwatch_contract::Allocation {
+        source: vipwatch_contract::VipSource::Pool,
+        pool: Some("lab".into()),
+        addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
+        hostname: None,
+        reason: None,
+    });
+    let tracked = vipwatch::model::Tracked {
+        uid: format!("uid-{name}"),
+        resource_version: "1".into(),
+        view: Arc::new(view),
+        backends: Arc::default(),
+    };
+    vipwatch::store::StateChange::Refresh {
+        key: vipwatch::model::ServiceKey::new("ns", name),
+        tracked: Box::new(tracked),
+    }
+}
+
+#[tokio::test]
+async fn the_database_refuses_one_pool_address_for_two_services_and_commits_nothing_of_that_write() {
+    use vipwatch::store::{NoOutbox, StoreError};
+    let h = Harness::new().await;
+    let store = h.store().await;
+    let addresses = |rows: Vec<vipwatch::store::ServiceRow>| -> Vec<(String, Vec<String>)> {
+        rows.into_iter()
+            .map(|r| (r.key.name.clone(), r.view.allocation.map(|a| a.addresses).unwrap_or_default()))
+            .collect()
+    };
+    store.apply(&[holding("a", &["10.9.0.1"])], &[], &NoOutbox).await.unwrap();
+    let err =
+        store.apply(&[holding("c", &["10.9.0.3"]), holding("b", &["10.9.0.1"])], &[], &NoOutbox).await.unwrap_err();
+    assert!(matches!(err, StoreError::AddressTaken(_)), "{err:?}");
+    assert_eq!(err.fault(), None, "a refusal, not a storage fault to retry");
+    assert_eq!(addresses(store.services().await.unwrap()), vec![("a".into(), vec!["10.9.0.1".to_owned()])]);
+    // Moving the address in one write (a gives it up, b takes it) is fine, whatever the order.
+    store.apply(&[holding("b", &["10.9.0.1"]), holding("a", &[])], &[], &NoOutbox).await.unwrap();
+    let want = vec![("a".to_owned(), vec![]), ("b".to_owned(), vec!["10.9.0.1".to_owned()])];
+    assert_eq!(addresses(store.services().await.unwrap()), want);
+    store.close().await;
+}

@@ -101,8 +101,12 @@ pub struct Releasing {
 /// relayed to the endpoints; their pool addresses are freed once acknowledged.
 #[utoipa::path(post, path = "/api/v1/deletions/held/release", tag = "services", security(("bearer" = [])),
     responses((status = 202, description = "The recorder records the held deletions next", body = Releasing),
-        (status = 503, description = "The watch is not running (`not_ready`)", body = Problem, content_type = "application/problem+json")))]
+        (status = 503, description = "The watch is not running, or this replica follows (`not_ready`; send it to the leader `GET /api/v1/status` names)", body = Problem, content_type = "application/problem+json")))]
 pub async fn release_held(State(state): State<ApiState>) -> Result<(StatusCode, Json<Releasing>), ApiError> {
+    if !state.role.borrow().leads() {
+        let why = "this replica follows: send it to the leader (GET /api/v1/status names it)";
+        return Err(ApiError::NotReady(why.into()));
+    }
     let releasing = state.store.held_deletions().await?.len() as u64;
     let tx = state.feedback.as_ref().ok_or(ApiError::NotReady("the watch is not running".into()))?;
     tx.send(Feedback::ReleaseHeld).await.map_err(|_| ApiError::NotReady("the watch is not running".into()))?;

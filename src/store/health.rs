@@ -90,6 +90,7 @@ impl StoreError {
             Self::Json(_) => None,
             Self::Locked { .. } | Self::LockFile { .. } | Self::Migrate(_) => Some(FaultKind::Other),
             Self::Fenced { .. } => Some(FaultKind::Fenced),
+            Self::AddressTaken(_) => None,
         }
     }
 

@@ -180,6 +180,33 @@ const DELETE_SERVICES: Dual = Dual {
      (SELECT j->>0, j->>1 FROM jsonb_array_elements($1::jsonb) AS j)",
 };
 
+/// Forgets the pool addresses of the Services in the JSON array $1 of `[namespace, name]`.
+const CLEAR_VIPS: Dual = Dual {
+    lite: "DELETE FROM vip_addresses WHERE (namespace, name) IN \
+     (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j)",
+    pg: "DELETE FROM vip_addresses WHERE (namespace, name) IN \
+     (SELECT j->>0, j->>1 FROM jsonb_array_elements($1::jsonb) AS j)",
+};
+
+/// Records the pool addresses in the JSON array $1 of `[address, namespace, name]`; an address
+/// already held by another Service violates the primary key and fails the whole transaction.
+const INSERT_VIPS: Dual = Dual {
+    lite: "INSERT INTO vip_addresses (address, namespace, name) \
+     SELECT j.value->>0, j.value->>1, j.value->>2 FROM json_each($1) AS j",
+    pg: "INSERT INTO vip_addresses (address, namespace, name) \
+     SELECT j->>0, j->>1, j->>2 FROM jsonb_array_elements($1::jsonb) AS j",
+};
+
+/// Names a unique violation of `vip_addresses` for what it is.
+fn address_taken(e: StoreError) -> StoreError {
+    match e {
+        StoreError::Sqlx(sqlx::Error::Database(db)) if db.is_unique_violation() => {
+            StoreError::AddressTaken(db.message().to_owned())
+        }
+        other => other,
+    }
+}
+
 /// The id the next event gets: one past the highest ever given (SQLite's `sqlite_sequence`,
 /// PostgreSQL's `events_id_seq`, so ids of pruned events are never reused), or past the highest in
 /// the log if that is higher.
@@ -202,8 +229,7 @@ pub struct Prepared<'a> {
     deliveries: Vec<super::outbox::DeliveryInsert<'a>>,
     cleanups: Option<String>,
     releases: Option<String>,
-    upserts: Option<String>,
-    deletes: Option<String>,
+    state: StateRows,
 }
 
 impl Prepared<'_> {
@@ -249,8 +275,8 @@ impl Store {
             .collect();
         let deliveries = super::outbox::route(outbox, &recorded);
         let (cleanups, releases) = cleanup_rows(changes, &ids)?;
-        let (upserts, deletes) = state_rows(changes)?;
-        Ok(Prepared { first_id, changes, progress, now, ids, events, deliveries, cleanups, releases, upserts, deletes })
+        let state = state_rows(changes)?;
+        Ok(Prepared { first_id, changes, progress, now, ids, events, deliveries, cleanups, releases, state })
     }
 
     /// Writes a prepared chunk in ONE transaction (one commit): all or nothing; the state table ends
@@ -273,11 +299,17 @@ impl Store {
             if let Some(rows) = &p.releases {
                 b.dual(&INSERT_RELEASES).bind(now).bind(rows).execute(tx.exec()).await?;
             }
-            if let Some(rows) = &p.deletes {
+            if let Some(rows) = &p.state.deletes {
                 b.dual(&DELETE_SERVICES).bind(rows).execute(tx.exec()).await?;
             }
-            if let Some(rows) = &p.upserts {
+            if let Some(rows) = &p.state.upserts {
                 b.dual(&UPSERT_SERVICES).bind(now).bind(rows).execute(tx.exec()).await?;
+            }
+            if let Some(keys) = &p.state.touched {
+                b.dual(&CLEAR_VIPS).bind(keys).execute(tx.exec()).await?;
+            }
+            if let Some(rows) = &p.state.vips {
+                b.dual(&INSERT_VIPS).bind(rows).execute(tx.exec()).await.map_err(address_taken)?;
             }
             super::nodes::write_nodes(&mut tx, now, p.changes).await?;
             super::held::write_held(&mut tx, p.changes).await?;
@@ -447,7 +479,7 @@ fn cleanup_rows(changes: &[StateChange], ids: &[i64]) -> Result<(Option<String>,
 
 /// Folds the batch into the last operation per Service: the JSON arrays for one upsert
 /// ([`UPSERT_SERVICES`]) and one delete ([`DELETE_SERVICES`]); `None` = nothing to do.
-fn state_rows(changes: &[StateChange]) -> Result<(Option<String>, Option<String>), StoreError> {
+fn state_rows(changes: &[StateChange]) -> Result<StateRows, StoreError> {
     let mut last: HashMap<&ServiceKey, Final<'_>> = HashMap::new();
     for change in changes {
         let (key, op) = match change {
@@ -464,23 +496,56 @@ fn state_rows(changes: &[StateChange]) -> Result<(Option<String>, Option<String>
     }
     let mut upserts = Vec::new();
     let mut deletes = Vec::new();
+    let mut touched = Vec::with_capacity(last.len());
+    let mut vips = Vec::new();
     for (key, op) in last {
+        touched.push((&key.namespace, &key.name));
         match op {
             Final::Delete => deletes.push((&key.namespace, &key.name)),
-            Final::Upsert { uid, rv, view, backends } => upserts.push(UpsertJson {
-                ns: &key.namespace,
-                name: &key.name,
-                uid,
-                rv,
-                ty: &view.service_type,
-                class: view.load_balancer_class.as_deref(),
-                view: serde_json::to_string(view)?,
-                publish: view.status_to_publish().map(|i| serde_json::to_string(&i)).transpose()?,
-                backends: (!backends.is_empty()).then(|| serde_json::to_string(backends)).transpose()?,
-            }),
+            Final::Upsert { view, .. } if pool_addresses(view).next().is_some() => {
+                vips.extend(pool_addresses(view).map(|a| (a, &key.namespace, &key.name)));
+                upserts.push(upsert_row(key, op)?);
+            }
+            Final::Upsert { .. } => upserts.push(upsert_row(key, op)?),
         }
     }
-    let deletes = (!deletes.is_empty()).then(|| serde_json::to_string(&deletes)).transpose()?;
-    let upserts = (!upserts.is_empty()).then(|| serde_json::to_string(&upserts)).transpose()?;
-    Ok((upserts, deletes))
+    let json = |empty: bool, v: String| (!empty).then_some(v);
+    Ok(StateRows {
+        upserts: json(upserts.is_empty(), serde_json::to_string(&upserts)?),
+        deletes: json(deletes.is_empty(), serde_json::to_string(&deletes)?),
+        touched: json(touched.is_empty(), serde_json::to_string(&touched)?),
+        vips: json(vips.is_empty(), serde_json::to_string(&vips)?),
+    })
+}
+
+/// The pool addresses `view` holds (what `vip_addresses` keeps unique).
+fn pool_addresses(view: &ServiceView) -> impl Iterator<Item = &String> {
+    let pool = view.allocation.as_ref().filter(|a| a.source == vipwatch_contract::VipSource::Pool);
+    pool.into_iter().flat_map(|a| &a.addresses)
+}
+
+/// The state rows of a batch as JSON arrays for its statements (`None` = nothing to do): upserted
+/// rows, deleted keys, every key the batch touched (their `vip_addresses` rows are rewritten) and
+/// the pool addresses of the upserted ones, `[address, namespace, name]`.
+struct StateRows {
+    upserts: Option<String>,
+    deletes: Option<String>,
+    touched: Option<String>,
+    vips: Option<String>,
+}
+
+/// One state row upsert of `key` as it travels in [`UPSERT_SERVICES`]'s JSON array.
+fn upsert_row<'a>(key: &'a ServiceKey, op: Final<'a>) -> Result<UpsertJson<'a>, StoreError> {
+    let Final::Upsert { uid, rv, view, backends } = op else { unreachable!("only upserts") };
+    Ok(UpsertJson {
+        ns: &key.namespace,
+        name: &key.name,
+        uid,
+        rv,
+        ty: &view.service_type,
+        class: view.load_balancer_class.as_deref(),
+        view: serde_json::to_string(view)?,
+        publish: view.status_to_publish().map(|i| serde_json::to_string(&i)).transpose()?,
+        backends: (!backends.is_empty()).then(|| serde_json::to_string(backends)).transpose()?,
+    })
 }

@@ -259,6 +259,62 @@ async fn sigterm_of_the_leader_hands_over_in_under_2_s() {
     assert_eq!(rx.accepted()[1].event().0, "MODIFIED");
 }
 
+/// A PostgreSQL server of this test's own (scripts/pg-test.sh), stopped and removed on drop.
+struct OwnServer {
+    dir: std::path::PathBuf,
+    url: String,
+}
+
+impl OwnServer {
+    fn start(dir: std::path::PathBuf) -> Self {
+        let out = std::process::Command::new(pg_script()).arg("start").arg(&dir).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        Self { dir, url: String::from_utf8(out.stdout).unwrap().trim().to_owned() }
+    }
+
+    /// Fast restart: every session is cut.
+    fn restart(&self) {
+        let out = std::process::Command::new(pg_script()).arg("restart").arg(&self.dir).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(pg_script()).arg("stop").arg(&self.dir).status();
+    }
+}
+
+fn pg_script() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pg-test.sh")
+}
+
+#[tokio::test]
+async fn after_a_restart_of_postgresql_every_replica_recovers_by_itself() {
+    let _ = pg_server_url(); // skips (or fails under CI) like every PostgreSQL test
+    let mut h = Harness::on(vipwatch::store::Backend::Sqlite).await;
+    let server = OwnServer::start(std::env::temp_dir().join(format!("vw-pg-{}", uuid::Uuid::new_v4().simple())));
+    h.pg_url = Some(fresh_pg_database(&server.url).await);
+    let rx = Receiver::ok().await;
+    let a = Replica::start(&h, "a", &rx).await;
+    let b = Replica::start(&h, "b", &rx).await;
+    one_leader(&[&a, &b]).await;
+    h.api.apply(lb_service("shop", "web-0", 80));
+    wait_until("the first ADDED delivered", || async { (rx.accepted().len() == 1).then_some(()) }).await;
+
+    server.restart();
+    h.api.apply(lb_service("shop", "web-1", 80));
+    one_leader(&[&a, &b]).await;
+    wait_until("the change made across the restart delivered", || async {
+        rx.accepted().iter().any(|hit| hit.json()["data"]["service"]["name"] == "web-1").then_some(())
+    })
+    .await;
+    for r in [&a, &b] {
+        let services: Value = reqwest::get(format!("{}/api/v1/services", r.api)).await.unwrap().json().await.unwrap();
+        assert_eq!(services["items"].as_array().map(Vec::len), Some(2), "replica {} reads again", r.name);
+    }
+}
+
 /// An SSE client of `/api/v1/events/stream` that reconnects with `Last-Event-ID`; collects the ids.
 struct SseLog {
     ids: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
