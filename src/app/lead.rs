@@ -44,7 +44,8 @@ pub(super) struct Shared {
 /// first error a task ended with.
 pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: CancellationToken) -> Result<(), AppError> {
     s.ready.send_replace(false);
-    let (notices, events_task) = publish::start_events(s.client.clone(), s.metrics.clone(), cancel.clone());
+    let (notices, events_task) =
+        publish::start_events(s.client.clone(), s.metrics.clone(), trust.clone(), cancel.clone());
     let signals = watch::Signals {
         metrics: s.metrics.clone(),
         ready: s.ready.clone(),

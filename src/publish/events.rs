@@ -25,6 +25,7 @@ pub async fn run(
     client: kube::Client,
     mut rx: mpsc::Receiver<Notice>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    trust: crate::leader::Trust,
     cancel: CancellationToken,
 ) {
     let instance = std::env::var("HOSTNAME").ok();
@@ -36,6 +37,9 @@ pub async fn run(
             _ = cancel.cancelled() => return,
             n = rx.recv() => match n { Some(n) => n, None => return },
         };
+        if !trust.is_valid() {
+            return; // this replica's term is over: it writes nothing to Kubernetes any more
+        }
         if published == RECORDER_EVENTS {
             recorder = Recorder::new(client.clone(), reporter.clone());
             published = 0;

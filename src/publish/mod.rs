@@ -343,14 +343,15 @@ impl Publisher {
 /// Capacity of the Kubernetes Event queue (notices).
 pub const NOTICE_QUEUE: usize = 4096;
 
-/// Starts the Event publisher task; returns where to send notices.
+/// Starts the Event publisher task (publishing while `trust` lasts); returns where to send notices.
 pub fn start_events(
     client: kube::Client,
     metrics: Arc<Metrics>,
+    trust: crate::leader::Trust,
     cancel: CancellationToken,
 ) -> (mpsc::Sender<Notice>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(NOTICE_QUEUE);
-    (tx, tokio::spawn(events::run(client, rx, metrics, cancel)))
+    (tx, tokio::spawn(events::run(client, rx, metrics, trust, cancel)))
 }
 
 /// `vipwatch release-finalizers`: removes vipwatch's finalizer from every Service in the configured
