@@ -1,14 +1,17 @@
-//! Readers for the deployment files of tests/deploy.rs: the Dockerfile's final stage, docker-compose.yml
-//! (typed), the Kubernetes manifests (multi-document YAML, checked strictly against k8s-openapi), and
-//! config files loaded by `vipwatch check-config`.
+//! Readers for the deployment files of tests/deploy.rs: the Dockerfile's final stage, the compose files
+//! (typed, with compose's `${VAR}` interpolation), the Kubernetes manifests of each kustomize variant
+//! (rendered by `kubectl kustomize`, checked strictly against k8s-openapi), and config files loaded by
+//! `vipwatch check-config`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 use k8s_openapi::Resource;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -111,9 +114,18 @@ impl Dockerfile {
     }
 }
 
-/// docker-compose.yml, the parts the tests compare.
+/// The compose file at the repository root: vipwatch on SQLite.
+pub const COMPOSE: &str = "docker-compose.yml";
+
+/// The compose file of two replicas on PostgreSQL.
+pub const COMPOSE_POSTGRES: &str = "deploy/compose/docker-compose.postgres.yml";
+
+/// A compose file, the parts the tests compare (as written: `${VAR}` not interpolated).
 #[derive(Debug, Deserialize)]
 pub struct Compose {
+    /// The file's directory, relative to the repository: compose resolves relative paths from it.
+    #[serde(skip)]
+    pub dir: PathBuf,
     pub services: BTreeMap<String, ComposeService>,
     pub volumes: BTreeMap<String, Option<Value>>,
 }
@@ -121,6 +133,8 @@ pub struct Compose {
 /// One service of [`Compose`].
 #[derive(Debug, Deserialize)]
 pub struct ComposeService {
+    /// `build` in short form (the context directory).
+    pub build: Option<String>,
     pub image: String,
     #[serde(default)]
     pub command: Vec<String>,
@@ -148,13 +162,68 @@ pub struct Healthcheck {
 }
 
 impl Compose {
+    /// docker-compose.yml.
     pub fn read() -> Self {
-        serde_norway::from_str(&read("docker-compose.yml")).expect("docker-compose.yml parses")
+        Self::read_file(COMPOSE)
+    }
+
+    /// The compose file at `path` (relative to the repository).
+    pub fn read_file(path: &str) -> Self {
+        let mut compose: Self = serde_norway::from_str(&read(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+        compose.dir = Path::new(path).parent().unwrap().to_owned();
+        compose
+    }
+
+    /// The file a relative path of this compose file (a bind mount's source, a build context) names.
+    pub fn file(&self, relative: &str) -> PathBuf {
+        let path = repo(&self.dir.to_string_lossy()).join(relative);
+        path.canonicalize().unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// The file as plain YAML, for comparing whole services.
+    pub fn raw(path: &str) -> Value {
+        serde_norway::from_str(&read(path)).unwrap()
     }
 
     pub fn service(&self, name: &str) -> &ComposeService {
         self.services.get(name).unwrap_or_else(|| panic!("service {name}"))
     }
+}
+
+/// `text` with compose's interpolation applied: `${VAR}`, `${VAR:-default}`, `${VAR-default}`,
+/// `${VAR:?error}`, `${VAR?error}` and `$$`, variables from `env`. Err: the message of a required
+/// variable that is unset (or empty, for `:?`).
+pub fn interpolate(text: &str, env: &BTreeMap<String, String>) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at + 1..];
+        if let Some(after) = rest.strip_prefix('$') {
+            out.push('$');
+            rest = after;
+            continue;
+        }
+        let inner = rest.strip_prefix('{').expect("only the ${VAR} form is used");
+        let end = inner.find('}').expect("a closing brace");
+        let (expr, after) = (&inner[..end], &inner[end + 1..]);
+        rest = after;
+        let name_end = expr.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(expr.len());
+        let (name, op) = expr.split_at(name_end);
+        let value = env.get(name).cloned();
+        let set_non_empty = value.clone().filter(|v| !v.is_empty());
+        let resolved = match op {
+            "" => value.unwrap_or_default(),
+            _ if op.starts_with(":-") => set_non_empty.unwrap_or_else(|| op[2..].to_owned()),
+            _ if op.starts_with('-') => value.unwrap_or_else(|| op[1..].to_owned()),
+            _ if op.starts_with(":?") => set_non_empty.ok_or_else(|| op[2..].to_owned())?,
+            _ if op.starts_with('?') => value.ok_or_else(|| op[1..].to_owned())?,
+            _ => panic!("unsupported interpolation ${{{expr}}}"),
+        };
+        out.push_str(&resolved);
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 impl ComposeService {
@@ -168,45 +237,95 @@ impl ComposeService {
     }
 }
 
-/// Every document of every deploy/kubernetes/*.yaml but kustomization.yaml, as `(file name, JSON)`,
-/// files sorted by name, documents in file order.
+/// The kustomization of vipwatch on SQLite (one replica, a PersistentVolumeClaim): the shared base as it
+/// is.
+pub const KUSTOMIZE_SQLITE: &str = "deploy/kubernetes";
+
+/// The kustomization of vipwatch on PostgreSQL (two replicas, no volume): the base, patched.
+pub const KUSTOMIZE_POSTGRES: &str = "deploy/kubernetes/postgres";
+
+/// What `kubectl kustomize DIR` renders for one variant, as `(DIR: Kind/name, JSON)` in its order.
+#[derive(Clone)]
 pub struct Manifests {
+    /// The kustomization directory, relative to the repository.
+    pub dir: &'static str,
     pub docs: Vec<(String, Value)>,
 }
 
-/// kustomization.yaml, the parts the tests compare.
+/// kustomization.yaml, the parts that name files.
 #[derive(Debug, Deserialize)]
 pub struct Kustomization {
+    #[serde(default)]
     pub resources: Vec<String>,
+    #[serde(default)]
+    pub patches: Vec<KustomizePatch>,
+}
+
+/// One entry of `patches`: a file (`path`) or inline (`patch`).
+#[derive(Debug, Deserialize)]
+pub struct KustomizePatch {
+    pub path: Option<String>,
 }
 
 impl Manifests {
-    pub fn read() -> Self {
-        let mut files: Vec<String> = std::fs::read_dir(repo("deploy/kubernetes"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .filter(|f| f.ends_with(".yaml") && f != "kustomization.yaml")
-            .collect();
-        files.sort();
-        let docs = files
-            .into_iter()
-            .flat_map(|file| {
-                documents(&read(&format!("deploy/kubernetes/{file}"))).into_iter().map(move |d| (file.clone(), d))
-            })
-            .collect();
-        Self { docs }
+    /// vipwatch on SQLite (`kubectl apply -k deploy/kubernetes`).
+    pub fn sqlite() -> Self {
+        static RENDERED: OnceLock<Manifests> = OnceLock::new();
+        RENDERED.get_or_init(|| Self::render(KUSTOMIZE_SQLITE)).clone()
     }
 
-    pub fn kustomization(&self) -> Kustomization {
-        serde_norway::from_str(&read("deploy/kubernetes/kustomization.yaml")).unwrap()
+    /// vipwatch on PostgreSQL (`kubectl apply -k deploy/kubernetes/postgres`).
+    pub fn postgres() -> Self {
+        static RENDERED: OnceLock<Manifests> = OnceLock::new();
+        RENDERED.get_or_init(|| Self::render(KUSTOMIZE_POSTGRES)).clone()
+    }
+
+    /// Both variants.
+    pub fn variants() -> [Self; 2] {
+        [Self::sqlite(), Self::postgres()]
+    }
+
+    fn render(dir: &'static str) -> Self {
+        let docs = kustomize(dir)
+            .into_iter()
+            .map(|d| {
+                let name = d["metadata"]["name"].as_str().unwrap_or("?").to_owned();
+                (format!("{dir}: {}/{name}", d["kind"].as_str().unwrap_or("?")), d)
+            })
+            .collect();
+        Self { dir, docs }
     }
 
     /// The only object of type `T`, checked strictly (see [`strict`]).
     pub fn one<T: Resource + DeserializeOwned + Serialize>(&self) -> T {
-        let mut found = self.docs.iter().filter(|(_, d)| d["apiVersion"] == T::API_VERSION && d["kind"] == T::KIND);
-        let (file, doc) = found.next().unwrap_or_else(|| panic!("no {}", T::KIND));
-        assert!(found.next().is_none(), "more than one {}", T::KIND);
-        strict(file, doc)
+        let mut found = self.all::<T>().into_iter();
+        let one = found.next().unwrap_or_else(|| panic!("{}: no {}", self.dir, T::KIND));
+        assert!(found.next().is_none(), "{}: more than one {}", self.dir, T::KIND);
+        one
+    }
+
+    /// The object of type `T` named `name`, checked strictly.
+    pub fn named<T: Resource + DeserializeOwned + Serialize>(&self, name: &str) -> T {
+        let (label, doc) = self
+            .docs
+            .iter()
+            .find(|(_, d)| d["apiVersion"] == T::API_VERSION && d["kind"] == T::KIND && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{}: no {} {name}", self.dir, T::KIND));
+        strict(label, doc)
+    }
+
+    /// Every object of type `T`, checked strictly.
+    pub fn all<T: Resource + DeserializeOwned + Serialize>(&self) -> Vec<T> {
+        self.docs
+            .iter()
+            .filter(|(_, d)| d["apiVersion"] == T::API_VERSION && d["kind"] == T::KIND)
+            .map(|(label, doc)| strict(label, doc))
+            .collect()
+    }
+
+    /// `Kind/name` of every object, in rendering order.
+    pub fn objects(&self) -> Vec<String> {
+        self.docs.iter().map(|(label, _)| label.split_once(": ").unwrap().1.to_owned()).collect()
     }
 
     /// Parses every document into its k8s-openapi type, failing on an unknown kind or field.
@@ -220,6 +339,7 @@ impl Manifests {
                 || parse_as::<Secret>(file, doc)
                 || parse_as::<PersistentVolumeClaim>(file, doc)
                 || parse_as::<Deployment>(file, doc)
+                || parse_as::<PodDisruptionBudget>(file, doc)
                 || parse_as::<Service>(file, doc);
             assert!(known, "{file}: unknown kind {} {}", doc["apiVersion"], doc["kind"]);
         }
@@ -268,10 +388,16 @@ pub fn documents(text: &str) -> Vec<Value> {
         .collect()
 }
 
-/// `kubectl kustomize deploy/kubernetes`, as JSON documents.
-pub fn kustomize() -> Vec<Value> {
-    let output =
-        Command::new("kubectl").arg("kustomize").arg(repo("deploy/kubernetes")).output().expect("kubectl on PATH");
-    assert!(output.status.success(), "kubectl kustomize: {}", String::from_utf8_lossy(&output.stderr));
+/// `kubectl kustomize DIR` (relative to the repository), as JSON documents.
+pub fn kustomize(dir: &str) -> Vec<Value> {
+    let output = Command::new("kubectl").arg("kustomize").arg(repo(dir)).output().expect("kubectl on PATH");
+    assert!(output.status.success(), "kubectl kustomize {dir}: {}", String::from_utf8_lossy(&output.stderr));
     documents(&String::from_utf8(output.stdout).unwrap())
+}
+
+/// The kustomization.yaml of the directory `dir`.
+pub fn kustomization(dir: &Path) -> Kustomization {
+    let path = dir.join("kustomization.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }

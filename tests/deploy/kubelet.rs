@@ -1,8 +1,9 @@
 //! What a kubelet puts into the environment of the shipped Deployment's container, derived from the
-//! manifests themselves: the service-link variables of the Services in the pod's namespace
-//! (`deploy/kubernetes/service.yaml`) and of the master Service `default/kubernetes`, the container's
-//! `env`, and every key of the Secrets named in its `envFrom`. Rules from the kubelet
-//! (`pkg/kubelet/envvars/envvars.go`, `FromServices` and `makeLinkVariables`).
+//! rendered manifests themselves: the service-link variables of the Services in the pod's namespace
+//! (`deploy/kubernetes/base/service.yaml`) and of the master Service `default/kubernetes`, the
+//! container's `env` (values, Secret keys and the pod's name through the downward API), and every key
+//! of the Secrets named in its `envFrom`. Rules from the kubelet (`pkg/kubelet/envvars/envvars.go`,
+//! `FromServices` and `makeLinkVariables`; `pkg/kubelet/kubelet_pods.go`, `makeEnvironmentVariables`).
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service, ServicePort, ServiceSpec};
@@ -13,11 +14,18 @@ use super::deploy_files::Manifests;
 /// The ClusterIP the test pretends the apiserver gave the Service `vipwatch`.
 pub const CLUSTER_IP: &str = "10.96.12.34";
 
+/// The pod's name the test pretends the ReplicaSet gave it: its `HOSTNAME` and `metadata.name`.
+pub const POD_NAME: &str = "vipwatch-6d9c7b8f5-x2x7q";
+
 /// The kubelet's environment for the shipped container: service links (when `service_links`, i.e. with
-/// `enableServiceLinks` left at its default `true`), the master Service's variables (always), the
-/// container's `env` values and the Secret keys of its `envFrom` with the values `secret_value` gives.
-pub fn environment(m: &Manifests, service_links: bool, secret_value: impl Fn(&str) -> String) -> Vec<(String, String)> {
-    let mut env = vec![("HOSTNAME".to_owned(), "vipwatch-6d9c7b8f5-x2x7q".to_owned())];
+/// `enableServiceLinks` left at its default `true`), the master Service's variables (always), and the
+/// container's own variables (see [`container_variables`]; Secret values from `secret_value`).
+pub fn environment(
+    m: &Manifests,
+    service_links: bool,
+    secret_value: impl Fn(&str, &str) -> String,
+) -> Vec<(String, String)> {
+    let mut env = vec![("HOSTNAME".to_owned(), POD_NAME.to_owned())];
     env.extend(links(&master_service()));
     if service_links {
         let mut service: Service = m.one();
@@ -29,20 +37,49 @@ pub fn environment(m: &Manifests, service_links: bool, secret_value: impl Fn(&st
         neighbour.metadata.name = Some("vipwatch-relay--blue".into());
         env.extend(links(&neighbour));
     }
+    env.extend(container_variables(m, secret_value).into_iter().map(|v| (v.name, v.value)));
+    env
+}
+
+/// One variable of the container and where it comes from.
+pub struct Variable {
+    pub name: String,
+    pub value: String,
+    /// `Some((Secret, key))` when the value comes from a Secret (`envFrom` or `secretKeyRef`).
+    pub secret: Option<(String, String)>,
+}
+
+/// The variables the container's own spec gives it, in the kubelet's order: every key of the Secrets
+/// of its `envFrom`, then its `env` (a literal `value`; a `secretKeyRef`; a `fieldRef` to
+/// `metadata.name`, the pod's name). A value from a Secret is `secret_value(variable, shipped value)`.
+/// Panics when a Secret or key it names is not in the manifests.
+pub fn container_variables(m: &Manifests, secret_value: impl Fn(&str, &str) -> String) -> Vec<Variable> {
     let deployment: Deployment = m.one();
     let container = deployment.spec.template.spec.unwrap().containers.remove(0);
-    for var in container.env.into_iter().flatten() {
-        env.push((var.name, var.value.unwrap_or_default()));
-    }
-    let secret: Secret = m.one();
+    let shipped = |secret: &str, key: &str| -> String {
+        let data = m.named::<Secret>(secret).string_data.unwrap_or_default();
+        data.get(key).cloned().unwrap_or_else(|| panic!("{}: Secret {secret} has no key {key}", m.dir))
+    };
+    let mut vars = Vec::new();
     for source in container.env_from.into_iter().flatten() {
         let name = source.secret_ref.expect("envFrom a Secret").name;
-        assert_eq!(Some(&name), secret.metadata.name.as_ref(), "envFrom names the shipped Secret");
-        for key in secret.string_data.clone().unwrap_or_default().into_keys() {
-            env.push((key.clone(), secret_value(&key)));
+        for key in m.named::<Secret>(&name).string_data.unwrap_or_default().into_keys() {
+            let value = secret_value(&key, &shipped(&name, &key));
+            vars.push(Variable { name: key.clone(), value, secret: Some((name.clone(), key)) });
         }
     }
-    env
+    for var in container.env.into_iter().flatten() {
+        let (value, secret) = match var.value_from {
+            None => (var.value.unwrap_or_default(), None),
+            Some(from) => match (from.secret_key_ref, from.field_ref) {
+                (Some(r), None) => (secret_value(&var.name, &shipped(&r.name, &r.key)), Some((r.name, r.key))),
+                (None, Some(f)) if f.field_path == "metadata.name" => (POD_NAME.to_owned(), None),
+                _ => panic!("{}: {}: a valueFrom the test does not know", m.dir, var.name),
+            },
+        };
+        vars.push(Variable { name: var.name, value, secret });
+    }
+    vars
 }
 
 /// `default/kubernetes`, whose variables every pod gets whatever `enableServiceLinks` says.
