@@ -35,9 +35,9 @@ pub enum StoreError {
         /// The epoch this replica led with.
         epoch: i64,
     },
-    /// A write would give a pool address to a second Service: the database refused it
+    /// A write would give a pool address and port to a second Service: the database refused it
     /// (`vip_addresses`), and nothing of the transaction was committed.
-    #[error("refused: a pool address would belong to two Services ({0})")]
+    #[error("refused: a pool address and port would belong to two Services ({0})")]
     AddressTaken(String),
     /// The lock file cannot be created.
     #[error("cannot create lock file {}", path.display())]

@@ -188,13 +188,14 @@ const CLEAR_VIPS: Dual = Dual {
      (SELECT j->>0, j->>1 FROM jsonb_array_elements($1::jsonb) AS j)",
 };
 
-/// Records the pool addresses in the JSON array $1 of `[address, namespace, name]`; an address
-/// already held by another Service violates the primary key and fails the whole transaction.
+/// Records the pool addresses in the JSON array $1 of `[address, protocol, port, namespace, name]`;
+/// an address and port already held by another Service violates the primary key and fails the
+/// whole transaction.
 const INSERT_VIPS: Dual = Dual {
-    lite: "INSERT INTO vip_addresses (address, namespace, name) \
-     SELECT j.value->>0, j.value->>1, j.value->>2 FROM json_each($1) AS j",
-    pg: "INSERT INTO vip_addresses (address, namespace, name) \
-     SELECT j->>0, j->>1, j->>2 FROM jsonb_array_elements($1::jsonb) AS j",
+    lite: "INSERT INTO vip_addresses (address, protocol, port, namespace, name) \
+     SELECT j.value->>0, j.value->>1, j.value->>2, j.value->>3, j.value->>4 FROM json_each($1) AS j",
+    pg: "INSERT INTO vip_addresses (address, protocol, port, namespace, name) \
+     SELECT j->>0, j->>1, (j->>2)::bigint, j->>3, j->>4 FROM jsonb_array_elements($1::jsonb) AS j",
 };
 
 /// Names a unique violation of `vip_addresses` for what it is.
@@ -503,7 +504,7 @@ fn state_rows(changes: &[StateChange]) -> Result<StateRows, StoreError> {
         match op {
             Final::Delete => deletes.push((&key.namespace, &key.name)),
             Final::Upsert { view, .. } if pool_addresses(view).next().is_some() => {
-                vips.extend(pool_addresses(view).map(|a| (a, &key.namespace, &key.name)));
+                vips.extend(held_ports(view).map(|(a, proto, port)| (a, proto, port, &key.namespace, &key.name)));
                 upserts.push(upsert_row(key, op)?);
             }
             Final::Upsert { .. } => upserts.push(upsert_row(key, op)?),
@@ -518,15 +519,25 @@ fn state_rows(changes: &[StateChange]) -> Result<StateRows, StoreError> {
     })
 }
 
-/// The pool addresses `view` holds (what `vip_addresses` keeps unique).
+/// The pool addresses `view` holds.
 fn pool_addresses(view: &ServiceView) -> impl Iterator<Item = &String> {
     let pool = view.allocation.as_ref().filter(|a| a.source == vipwatch_contract::VipSource::Pool);
     pool.into_iter().flat_map(|a| &a.addresses)
 }
 
+/// What `vip_addresses` keeps unique for `view`: each pool address with each port it serves there
+/// (`("", 0)` for a Service without ports, which then holds the address alone).
+fn held_ports(view: &ServiceView) -> impl Iterator<Item = (&String, &str, i32)> {
+    let ports: Vec<(&str, i32)> = match view.ports.as_slice() {
+        [] => vec![("", 0)],
+        ports => ports.iter().map(|p| (p.protocol.as_str(), p.port)).collect(),
+    };
+    pool_addresses(view).flat_map(move |a| ports.clone().into_iter().map(move |(proto, port)| (a, proto, port)))
+}
+
 /// The state rows of a batch as JSON arrays for its statements (`None` = nothing to do): upserted
 /// rows, deleted keys, every key the batch touched (their `vip_addresses` rows are rewritten) and
-/// the pool addresses of the upserted ones, `[address, namespace, name]`.
+/// the pool addresses of the upserted ones per port, `[address, protocol, port, namespace, name]`.
 struct StateRows {
     upserts: Option<String>,
     deletes: Option<String>,
