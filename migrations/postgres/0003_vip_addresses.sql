@@ -5,8 +5,8 @@ CREATE TABLE vip_addresses (
     address   text   NOT NULL,
     protocol  text   NOT NULL,
     port      bigint NOT NULL,
-    namespace text   NOT NULL,
-    name      text   NOT NULL,
+    namespace text COLLATE "C" NOT NULL,
+    name      text COLLATE "C" NOT NULL,
     PRIMARY KEY (address, protocol, port)
 );
 CREATE INDEX vip_addresses_by_service ON vip_addresses (namespace, name);

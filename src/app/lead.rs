@@ -34,14 +34,13 @@ pub(super) struct Shared {
     pub circuits: relay::Circuits,
     /// Where feedback for the current term's recorder goes; `None` between terms.
     pub route: signal::Sender<Option<mpsc::Sender<Feedback>>>,
-    /// Cancelled on a fatal error: the process stops.
-    pub fatal: CancellationToken,
 }
 
 /// One term as leader: starts the relay, the write-back, the watch, pruning and the resync of
 /// switched endpoints on `store` (fenced on PostgreSQL), trusted while `trust` lasts, and runs them
-/// until `cancel`. A task that fails for good stops the process (as it always did). Returns the
-/// first error a task ended with.
+/// until `cancel`. A task that fails for good cancels `cancel`, which ends the term: on SQLite that
+/// is the process's own token (it stops, as it always did), on PostgreSQL the term's ([`elect`]
+/// then campaigns again). Returns the first error a task ended with.
 pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: CancellationToken) -> Result<(), AppError> {
     s.ready.send_replace(false);
     let (notices, events_task) =
@@ -51,6 +50,7 @@ pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: Cancella
         ready: s.ready.clone(),
         committed: s.committed.clone(),
         notices: notices.clone(),
+        term: cancel.clone(),
     };
     let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&s.config, store.log_id())?);
     let (assign_tx, assign_rx) = mpsc::channel(ASSIGNMENT_QUEUE);
@@ -85,13 +85,13 @@ pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: Cancella
     });
     let watch_task = {
         let (store, cancel, config, client) = (store.clone(), cancel.clone(), s.config.clone(), s.client.clone());
-        fatal_on_error("watch", s.fatal.clone(), async move {
+        fatal_on_error("watch", cancel.clone(), async move {
             Ok(watch::run(client, &config, store, outbox, signals, assign_rx, cancel).await?)
         })
     };
     let prune_task = tokio::spawn(prune_loop(store.clone(), s.config.database.event_retention, cancel.clone()));
     let modes = resync_switched_modes(store, s.config.clone(), s.ready.subscribe(), cancel.clone());
-    let modes_task = fatal_on_error("relay", s.fatal.clone(), modes);
+    let modes_task = fatal_on_error("relay", cancel.clone(), modes);
     let mut result = Ok(());
     for task in [watch_task, relay_task, prune_task, modes_task] {
         match task.await {
@@ -104,11 +104,14 @@ pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: Cancella
     result
 }
 
-/// The election loop (PostgreSQL): campaigns for the lease, leads while the term lasts, stands down
-/// to follower when it is lost (the term's tasks stop at once: nothing is sent or written to
-/// Kubernetes after its trust ran out, and its database writes were fenced anyway), and campaigns
-/// again. On `cancel` (graceful stop) the term's tasks drain, then the lease is given up at once so
-/// a follower takes over without waiting for it to expire. Publishes this replica's role in `role`.
+/// The election loop (PostgreSQL): campaigns for the lease, leads while the term lasts, and stands
+/// down to follower when it is lost: the role says follower at once, the term's tasks stop (nothing
+/// is sent or written to Kubernetes after its trust ran out, and its database writes were fenced
+/// anyway), and it campaigns again. A term whose tasks fail (a database fault at its start, a write
+/// the database refused) is given up and this replica waits `database.leader_ttl` before bidding
+/// again, so another replica may take over. On `cancel` (graceful stop) the term's tasks drain,
+/// then the lease is given up at once so a follower takes over without waiting for it to expire.
+/// Publishes this replica's role in `role`.
 pub(super) async fn elect(
     s: Shared,
     elector: Elector,
@@ -118,25 +121,35 @@ pub(super) async fn elect(
     loop {
         role.send_replace(Role::Follower);
         let Some(term) = elector.campaign(&cancel).await else { return Ok(()) };
-        role.send_replace(Role::Leader { epoch: term.epoch });
+        let epoch = term.epoch;
+        role.send_replace(Role::Leader { epoch });
         let term_cancel = cancel.child_token();
         let run = lead(s.clone(), term.fenced(&s.store), term.trust.clone(), term_cancel.clone());
         tokio::pin!(run);
         tokio::select! {
             result = &mut run => {
-                // Only a fatal error (the process stops) or the stop itself end a term's tasks.
                 if let Err(e) = term.resign().await {
                     warn!(error = %e, "cannot give up the leader lease; it expires by itself");
                 }
-                return result;
+                if cancel.is_cancelled() {
+                    return result;
+                }
+                role.send_replace(Role::Follower);
+                let why = result.err().map(|e| super::ErrorChain(&e).to_string()).unwrap_or_default();
+                warn!(epoch, error = %why, retry_in = ?s.config.database.leader_ttl, "leader term failed; gave up the lease");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(s.config.database.leader_ttl) => {}
+                }
             }
             _ = term.lost() => {
+                role.send_replace(Role::Follower);
                 term_cancel.cancel();
-                let epoch = term.epoch;
                 term.abandon();
-                let result = run.await;
+                if let Err(e) = run.await {
+                    warn!(epoch, error = %super::ErrorChain(&e), "the lost term's tasks ended with an error");
+                }
                 warn!(epoch, "stood down: following the new leader");
-                result?;
             }
         }
     }

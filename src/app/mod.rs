@@ -135,7 +135,6 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         committed: committed_tx.clone(),
         circuits: relay::Circuits::default(),
         route: route_tx,
-        fatal: cancel.clone(),
     };
     let state = ApiState::new(
         store.clone(),
@@ -200,7 +199,7 @@ fn fatal_on_error(
 }
 
 /// Displays an error with its sources, `a: b: c`.
-struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+pub(crate) struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

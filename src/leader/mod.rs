@@ -62,28 +62,36 @@ pub struct Trust {
     base: Instant,
     /// Deadline as nanoseconds after `base`; `u64::MAX` = for good; 0 = not at all.
     until_ns: Arc<AtomicU64>,
+    /// Cancelled by [`Trust::revoke`]: wakes [`Trust::expired`] at once, and no renewal extends a
+    /// revoked trust again.
+    revoked: CancellationToken,
 }
 
 impl Trust {
     /// Trusted for good (SQLite: the only instance).
     pub fn always() -> Self {
-        Self { base: Instant::now(), until_ns: Arc::new(AtomicU64::new(u64::MAX)) }
+        Self { base: Instant::now(), until_ns: Arc::new(AtomicU64::new(u64::MAX)), revoked: CancellationToken::new() }
     }
 
     /// Trusted until `deadline`.
     fn until(deadline: Instant) -> Self {
-        let trust = Self { base: Instant::now(), until_ns: Arc::new(AtomicU64::new(0)) };
+        let trust =
+            Self { base: Instant::now(), until_ns: Arc::new(AtomicU64::new(0)), revoked: CancellationToken::new() };
         trust.extend(deadline);
         trust
     }
 
     fn extend(&self, deadline: Instant) {
+        if self.revoked.is_cancelled() {
+            return;
+        }
         let ns = deadline.saturating_duration_since(self.base).as_nanos();
         self.until_ns.fetch_max(u64::try_from(ns).unwrap_or(u64::MAX - 1), Ordering::SeqCst);
     }
 
     /// Ends the trust now (the lease was found gone, or the term resigned).
     fn revoke(&self) {
+        self.revoked.cancel();
         self.until_ns.store(0, Ordering::SeqCst);
     }
 
@@ -107,7 +115,10 @@ impl Trust {
             if Instant::now() >= deadline {
                 return;
             }
-            tokio::time::sleep_until(deadline).await;
+            tokio::select! {
+                _ = self.revoked.cancelled() => return,
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
         }
     }
 }
@@ -308,11 +319,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn revoked_trust_is_over_at_once_and_always_never_ends() {
+    async fn revoked_trust_is_over_at_once_for_every_waiter_and_stays_over() {
         let trust = Trust::until(Instant::now() + Duration::from_secs(60));
+        let waiting = tokio::spawn({
+            let trust = trust.clone();
+            async move { trust.expired().await }
+        });
         trust.revoke();
+        tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken by the revocation").unwrap();
+        trust.extend(Instant::now() + Duration::from_secs(60)); // a renewal that finished too late
         assert!(!trust.is_valid());
-        trust.expired().await;
         assert!(Trust::always().is_valid());
     }
 }

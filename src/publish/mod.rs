@@ -305,11 +305,17 @@ impl Publisher {
         }
         let shown = crate::model::ServiceView::from_service(&svc).ingress;
         if !c.clear_ingress.is_empty() && shown == c.clear_ingress {
+            if !self.trust.is_valid() {
+                return Err(PublishError::NotLeader);
+            }
             let written = kube_ops::patch_status(&self.client, &c.key, &[]).await;
             self.metrics.kube_write("status", written.is_ok());
             written?;
         }
         if c.remove_finalizer {
+            if !self.trust.is_valid() {
+                return Err(PublishError::NotLeader);
+            }
             let written = kube_ops::remove_finalizer(&self.client, &c.key).await;
             self.metrics.kube_write("finalizer_remove", written.is_ok());
             written?;

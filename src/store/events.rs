@@ -91,22 +91,40 @@ impl Store {
 
     /// Deletes events observed before `cutoff_ms` (Unix ms), and finished deliveries (succeeded,
     /// superseded, failed) that finished before it, with their attempts; pending deliveries are never
-    /// pruned. Returns how many events were deleted.
+    /// pruned. Returns how many events were deleted. Rows go in transactions of at most
+    /// [`PRUNE_BATCH`], each its own turn on the write connection: a month of events in one
+    /// transaction would hold the writer (and, on PostgreSQL, the leader's lease row, which its
+    /// renewal must update) for seconds.
     pub async fn prune_events(&self, cutoff_ms: i64) -> Result<u64, StoreError> {
-        let mut conn = self.writer().await?;
-        let result = async {
-            let mut tx = conn.begin().await?;
-            let sql = "DELETE FROM events WHERE observed_at < $1";
-            let done = self.backend.query(sql).bind(cutoff_ms).execute(tx.exec()).await?;
-            let finished = "DELETE FROM deliveries WHERE state <> 'pending' AND finished_at < $1";
-            self.backend.query(finished).bind(cutoff_ms).execute(tx.exec()).await?;
-            tx.commit().await?;
-            Ok(done)
+        // LIMIT as a literal: see the `store` module docs.
+        let events = format!(
+            "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE observed_at < $1 ORDER BY id LIMIT {PRUNE_BATCH})"
+        );
+        let finished = format!(
+            "DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries WHERE state <> 'pending' \
+             AND finished_at < $1 ORDER BY id LIMIT {PRUNE_BATCH})"
+        );
+        let mut pruned = 0;
+        loop {
+            let n = self.prune_batch(&events, cutoff_ms).await?;
+            pruned += n;
+            if n < PRUNE_BATCH {
+                break;
+            }
         }
-        .await;
+        while self.prune_batch(&finished, cutoff_ms).await? == PRUNE_BATCH {}
+        Ok(pruned)
+    }
+
+    async fn prune_batch(&self, sql: &str, cutoff_ms: i64) -> Result<u64, StoreError> {
+        let mut conn = self.writer().await?;
+        let result = conn.execute(self.backend.query_dyn(sql.to_owned()).bind(cutoff_ms)).await;
         self.settle(conn, result)
     }
 }
+
+/// Rows per pruning transaction ([`Store::prune_events`]).
+pub const PRUNE_BATCH: u64 = 5_000;
 
 fn event_row(r: &Row) -> Result<EventRow, StoreError> {
     let previous: Option<&str> = r.get("previous");

@@ -16,12 +16,16 @@ use super::{Backend, Store, StoreError};
 #[cfg(test)]
 const NAME: &str = "vipwatch";
 
-/// Takes the lease when there is none or it expired: epoch + 1, holder $1, expiry now + $2 ms.
-const ACQUIRE: &str = "INSERT INTO leader (name, epoch, holder, elected_at, renewed_at, expires_at) \
+/// Takes an expired lease: epoch + 1, holder $1, expiry now + $2 ms. A plain `UPDATE … WHERE`, not
+/// `INSERT … ON CONFLICT DO UPDATE … WHERE`, which locks the row even when the lease is valid, so
+/// every follower's bid would queue behind the leader's fenced transactions (ha-postgres.md §2.3).
+const ACQUIRE: &str = "UPDATE leader SET epoch = epoch + 1, holder = $1, elected_at = now(), renewed_at = now(), \
+    expires_at = now() + $2 * interval '1 millisecond' WHERE name = 'vipwatch' AND expires_at < now() RETURNING epoch";
+
+/// The first lease of a database (no row yet): epoch 1.
+const FIRST: &str = "INSERT INTO leader (name, epoch, holder, elected_at, renewed_at, expires_at) \
     VALUES ('vipwatch', 1, $1, now(), now(), now() + $2 * interval '1 millisecond') \
-    ON CONFLICT (name) DO UPDATE SET epoch = leader.epoch + 1, holder = excluded.holder, \
-    elected_at = excluded.elected_at, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at \
-    WHERE leader.expires_at < now() RETURNING epoch";
+    ON CONFLICT (name) DO NOTHING RETURNING epoch";
 
 /// Extends the lease of holder $1 at epoch $2 to now + $3 ms, if it still holds it unexpired.
 const RENEW: &str = "UPDATE leader SET renewed_at = now(), expires_at = now() + $3 * interval '1 millisecond' \
@@ -89,8 +93,13 @@ impl Store {
     /// `None` when another replica leads. PostgreSQL only (`None` on SQLite, which has no lease).
     pub async fn lease_acquire(&self, holder: &str, ttl: Duration) -> Result<Option<i64>, StoreError> {
         let Pools::Pg { lease, .. } = &self.pools else { return Ok(None) };
-        let row = sqlx::query_scalar::<_, i64>(ACQUIRE).bind(holder).bind(millis(ttl)).fetch_optional(lease).await?;
-        Ok(row)
+        for sql in [ACQUIRE, FIRST] {
+            let q = sqlx::query_scalar::<_, i64>(sql).bind(holder).bind(millis(ttl));
+            if let Some(epoch) = q.fetch_optional(lease).await? {
+                return Ok(Some(epoch));
+            }
+        }
+        Ok(None)
     }
 
     /// Renews `holder`'s lease at `epoch` for `ttl`. Returns `false` when it does not hold it any more
@@ -139,7 +148,7 @@ pub(super) fn guard(fence: Option<&Fence>) -> super::db::Query {
 mod tests {
     #[test]
     fn the_lease_name_is_the_one_the_statements_use() {
-        for sql in [super::ACQUIRE, super::RENEW, super::RESIGN, super::FENCE] {
+        for sql in [super::ACQUIRE, super::FIRST, super::RENEW, super::RESIGN, super::FENCE] {
             assert!(sql.contains(&format!("'{}'", super::NAME)), "{sql}");
         }
     }

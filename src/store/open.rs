@@ -43,7 +43,13 @@ impl Store {
         let write = pool(1).connect_with(options.clone()).await?;
         sqlx::migrate!("./migrations/postgres").run(&write).await?;
         let read = pool(READ_CONNECTIONS).connect_lazy_with(options.clone());
-        let lease = pool(1).connect_lazy_with(options.application_name("vipwatch-lease"));
+        // A bid or renewal gives up on a lock within 200 ms and on the statement within 400 ms,
+        // server-side: one abandoned by the client's own timeout could otherwise still commit later,
+        // a lease its replica never learns it holds.
+        let lease_options = options
+            .application_name("vipwatch-lease")
+            .options([("lock_timeout", "200ms"), ("statement_timeout", "400ms")]);
+        let lease = pool(1).connect_lazy_with(lease_options);
         let pools = Pools::Pg { read, write, lease };
         let log_id = log_id(Backend::Postgres, &pools).await?;
         Ok(Self {

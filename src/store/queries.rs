@@ -78,8 +78,9 @@ const DELIVERY_STATES: &str = "SELECT webhook, COUNT(*) FILTER (WHERE state = 'p
     FROM deliveries d WHERE namespace = $1 AND name = $2 GROUP BY webhook ORDER BY webhook";
 
 /// A number that changes whenever anything was written: SQLite's `total_changes()` on the write
-/// connection; PostgreSQL's WAL insert position (any database of the server writing moves it on,
-/// which only costs a needless rebuild).
+/// connection; PostgreSQL's WAL insert position. That one moves with every write to the server,
+/// the lease renewals included (every `leader_renew`), so on PostgreSQL the VIP index is rebuilt
+/// about once per check while it is polled: a cost, not a fault.
 const WRITE_GENERATION: Dual =
     Dual { lite: "SELECT total_changes()", pg: "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint" };
 

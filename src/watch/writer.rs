@@ -90,6 +90,10 @@ pub struct Signals {
     /// Kubernetes Events to publish, sent after their change committed. Full = dropped (logged): the
     /// watch never waits for Event writes.
     pub notices: mpsc::Sender<Notice>,
+    /// The leader term (on SQLite: the process) this watch runs in. A write that fails is retried
+    /// until it commits, but not once this is cancelled; the writer cancels it itself when the
+    /// database refuses a write for good (see [`Writer::commit`]).
+    pub term: tokio_util::sync::CancellationToken,
 }
 
 pub(super) struct Writer {
@@ -167,9 +171,18 @@ impl Writer {
                         self.next_id = None;
                         tokio::time::sleep(wait).await;
                     }
-                    Err(e) if e.is_fenced() => {
-                        warn!(error = %e, "not the leader any more: changes left to the new leader");
+                    Err(e) if e.is_fenced() || self.signals.term.is_cancelled() => {
+                        warn!(error = %e, "not leading any more: changes left to the next leader (it re-lists)");
                         self.next_id = None;
+                        return;
+                    }
+                    // The database refused the write for good (a pool address and port for a second
+                    // Service): retrying would stall every later change. The term ends; the next one
+                    // reloads the allocator from the state table and re-lists.
+                    Err(e @ StoreError::AddressTaken(_)) => {
+                        error!(error = %e, "the database refused this batch; ending the term so the next one re-lists and allocates anew");
+                        self.next_id = None;
+                        self.signals.term.cancel();
                         return;
                     }
                     Err(e) => {
@@ -195,7 +208,8 @@ impl Writer {
         let notify = |e: &StoreError, wait: Duration| {
             error!(error = %e, reason = %e.reason(), retry_in = ?wait, "cannot read the next event id; retrying (nothing recorded yet)");
         };
-        match read.retry(self.store.write_backoff()).notify(notify).await {
+        let term = &self.signals.term;
+        match read.retry(self.store.write_backoff()).when(|_| !term.is_cancelled()).notify(notify).await {
             Ok(id) => {
                 self.next_id = Some(id);
                 Some(id)
@@ -236,7 +250,13 @@ impl Writer {
         let notify = |e: &StoreError, wait: Duration| {
             error!(error = %e, reason = %e.reason(), retry_in = ?wait, "cannot store changes; retrying (nothing recorded yet)");
         };
-        let retry = |e: &StoreError| !e.is_event_id_taken() && !e.is_fenced();
+        let term = &self.signals.term;
+        let retry = |e: &StoreError| {
+            !e.is_event_id_taken()
+                && !e.is_fenced()
+                && !matches!(e, StoreError::AddressTaken(_))
+                && !term.is_cancelled()
+        };
         write.retry(self.store.write_backoff()).when(retry).notify(notify).await
     }
 
