@@ -15,6 +15,9 @@ as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 case "$cmd" in
 start)
     mkdir -p "$dir"
+    # Others must reach the socket in DIR: the tests also run vipwatch as an unprivileged user (the
+    # image's uid). mktemp -d makes it 0700.
+    chmod 0755 "$dir"
     [ "$(id -u)" = 0 ] && chown postgres: "$dir"
     as_pg "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
         || { cat "$dir/initdb.log" >&2; exit 1; }
