@@ -1,10 +1,13 @@
 //! What the benchmarks share: a child process (`vipwatch serve`, the HAProxy agent) found by the
-//! address it logs, its peak RSS (VmHWM) and CPU time from `/proc`, and percentiles.
+//! address it logs, its peak RSS (VmHWM) and CPU time from `/proc`, and percentiles; [`load`]: the
+//! Services, changes and receiver the `vipwatch serve` benchmarks drive.
 //!
 //! Linux only: `/proc/<pid>/status`, `/proc/<pid>/stat` and `/proc/<pid>/clear_refs` (writing `5`
 //! resets VmHWM to the current RSS, Linux ≥ 4.0, which is how a phase gets its own peak).
 
 #![allow(dead_code)] // each benchmark uses its own part of this module
+
+pub mod load;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
