@@ -137,9 +137,26 @@ impl Process {
         }
     }
 
+    /// Sends `signal` (`libc::SIGKILL`, `libc::SIGTERM`, ...) without waiting.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: sends a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(self.pid() as libc::pid_t, signal) }, 0, "kill({})", self.pid());
+    }
+
     /// SIGTERM, then waits for the exit.
     pub fn stop(mut self) {
         let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    /// A child still running (the benchmark panicked, or dropped it without [`Process::stop`]) is
+    /// killed, so no `vipwatch serve` outlives its benchmark.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
