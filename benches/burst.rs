@@ -19,85 +19,21 @@
 
 mod common;
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode;
+use common::load::{Seen, name, receiver, rev_of, service, settle, steady, write};
 use common::{Process, cpu_time, pct, reset_peak_rss};
 use serde_json::{Value, json};
 use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
 
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const WRITERS: usize = 8;
 
-/// Per Service name: `(rev, arrival)` of every delivery or watch event seen, in arrival order.
-type Arrivals = HashMap<String, Vec<(u64, Instant)>>;
-
-/// What the receiver (or the bare watch) saw.
-#[derive(Clone, Default)]
-struct Seen {
-    by_name: Arc<Mutex<Arrivals>>,
-    count: Arc<AtomicUsize>,
-}
-
-impl Seen {
-    fn note(&self, name: &str, rev: u64, at: Instant) {
-        self.by_name.lock().unwrap().entry(name.to_owned()).or_default().push((rev, at));
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn names(&self) -> usize {
-        self.by_name.lock().unwrap().len()
-    }
-
-    /// Per write `(name, rev, written at)`: milliseconds until `rev` or a newer one of the Service was
-    /// seen; `None` while some is still missing.
-    fn latencies(&self, written: &[(String, u64, Instant)]) -> Option<Vec<f64>> {
-        let seen = self.by_name.lock().unwrap();
-        let mut out = Vec::with_capacity(written.len());
-        for (name, rev, at) in written {
-            let first = seen.get(name)?.iter().filter(|(r, _)| r >= rev).map(|(_, t)| *t).min()?;
-            out.push(first.saturating_duration_since(*at).as_secs_f64() * 1000.0);
-        }
-        out.sort_by(f64::total_cmp);
-        Some(out)
-    }
-
-    /// When the last of `written` was first seen.
-    fn last_arrival(&self, written: &[(String, u64, Instant)]) -> Option<Instant> {
-        let seen = self.by_name.lock().unwrap();
-        written
-            .iter()
-            .filter_map(|(name, rev, _)| seen.get(name)?.iter().filter(|(r, _)| r >= rev).map(|(_, t)| *t).min())
-            .max()
-    }
-}
-
-fn rev_of(service: &Value) -> u64 {
-    service["labels"]["rev"].as_str().and_then(|r| r.parse().ok()).unwrap_or(0)
-}
-
-/// The receiver: 204 at once, noting each delivery's Service and `rev` label.
-async fn receiver(seen: Seen) -> String {
-    let app = Router::new()
-        .fallback(|State(seen): State<Seen>, body: Bytes| async move {
-            let now = Instant::now();
-            if let Ok(v) = serde_json::from_slice::<Value>(&body) {
-                let svc = &v["data"]["service"];
-                seen.note(svc["name"].as_str().unwrap_or(""), rev_of(svc), now);
-            }
-            StatusCode::NO_CONTENT
-        })
-        .with_state(seen);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+/// `vipwatch serve` on a SQLite file in `dir`, delivering to `url`.
+fn vipwatch(dir: &std::path::Path, api: &FakeApiServer, url: &str, finalizer: bool) -> Process {
+    let database = format!("path = \"{}\"", dir.join("vipwatch.db").display());
+    Process::vipwatch(&common::load::config(dir, "vipwatch", &api.url(), url, finalizer, &database))
 }
 
 /// The baseline watcher: a bare watch on every Service from `rv`, noting each event like the receiver.
@@ -118,43 +54,6 @@ async fn bare_watch(api: &FakeApiServer, rv: String, seen: Seen) {
             }
         }
     });
-}
-
-fn service(i: usize) -> Value {
-    json!({"metadata": {"name": name(i), "namespace": "bench", "labels": {"app": "bench", "rev": "0"}},
-           "spec": {"type": "LoadBalancer", "selector": {"app": "bench"},
-                    "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080, "nodePort": 30000 + (i % 2000)}]}})
-}
-
-fn name(i: usize) -> String {
-    format!("svc-{i:05}")
-}
-
-fn vipwatch(dir: &std::path::Path, api: &FakeApiServer, url: &str, finalizer: bool) -> Process {
-    let config = format!(
-        "[kubernetes]\nurl = \"{}\"\nfinalizer = {finalizer}\n[database]\npath = \"{}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
-         [[webhooks]]\nname = \"sink\"\nurl = \"{url}\"\nsecret = \"{SECRET}\"\n",
-        api.url(),
-        dir.join("vipwatch.db").display()
-    );
-    let path = dir.join("vipwatch.toml");
-    std::fs::write(&path, config).unwrap();
-    Process::vipwatch(&path)
-}
-
-/// One label change through the apiserver's HTTP API (merge patch); returns when it answered.
-async fn write(client: &reqwest::Client, base: &str, service: &str, rev: u64) -> Instant {
-    let url = format!("{base}/api/v1/namespaces/bench/services/{service}");
-    let patch = json!({"metadata": {"labels": {"rev": rev.to_string()}}});
-    let r = client
-        .patch(url)
-        .header("content-type", "application/merge-patch+json")
-        .body(patch.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "patch answered {}", r.status());
-    Instant::now()
 }
 
 /// CHANGES writes over HOT Services by [`WRITERS`] writers as fast as the apiserver answers.
@@ -178,38 +77,6 @@ async fn burst(api: &FakeApiServer, hot: usize, changes: usize, first_rev: u64) 
         });
     }
     writers.join_all().await.into_iter().flatten().collect()
-}
-
-/// RATE writes per second for SECONDS s, round-robin over HOT Services.
-async fn steady(
-    api: &FakeApiServer,
-    hot: usize,
-    rate: usize,
-    seconds: usize,
-    first_rev: u64,
-) -> Vec<(String, u64, Instant)> {
-    let client = reqwest::Client::new();
-    let start = Instant::now();
-    let mut written = Vec::with_capacity(rate * seconds);
-    for n in 0..rate * seconds {
-        tokio::time::sleep_until((start + Duration::from_secs_f64(n as f64 / rate as f64)).into()).await;
-        let (svc, rev) = (name((n * 7) % hot), first_rev + n as u64);
-        let at = write(&client, &api.url(), &svc, rev).await;
-        written.push((svc, rev, at));
-    }
-    written
-}
-
-/// Waits (at most 120 s) until every write was seen; returns the sorted latencies.
-async fn settle(seen: &Seen, written: &[(String, u64, Instant)]) -> Vec<f64> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(l) = seen.latencies(written) {
-            return l;
-        }
-        assert!(Instant::now() < deadline, "not every change arrived within 120 s");
-        tokio::time::sleep(Duration::from_millis(20)).await; // ok: benchmark polling, not a test
-    }
 }
 
 /// A bare reqwest client POSTing `n` bodies with concurrency 32 to `url`.

@@ -1,10 +1,13 @@
 //! What the benchmarks share: a child process (`vipwatch serve`, the HAProxy agent) found by the
-//! address it logs, its peak RSS (VmHWM) and CPU time from `/proc`, and percentiles.
+//! address it logs, its peak RSS (VmHWM) and CPU time from `/proc`, and percentiles; [`load`]: the
+//! Services, changes and receiver the `vipwatch serve` benchmarks drive.
 //!
 //! Linux only: `/proc/<pid>/status`, `/proc/<pid>/stat` and `/proc/<pid>/clear_refs` (writing `5`
 //! resets VmHWM to the current RSS, Linux ≥ 4.0, which is how a phase gets its own peak).
 
 #![allow(dead_code)] // each benchmark uses its own part of this module
+
+pub mod load;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -134,9 +137,26 @@ impl Process {
         }
     }
 
+    /// Sends `signal` (`libc::SIGKILL`, `libc::SIGTERM`, ...) without waiting.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: sends a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(self.pid() as libc::pid_t, signal) }, 0, "kill({})", self.pid());
+    }
+
     /// SIGTERM, then waits for the exit.
     pub fn stop(mut self) {
         let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    /// A child still running (the benchmark panicked, or dropped it without [`Process::stop`]) is
+    /// killed, so no `vipwatch serve` outlives its benchmark.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
