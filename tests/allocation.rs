@@ -377,6 +377,8 @@ async fn after_a_lost_database_statuses_outside_the_pools_take_nothing_and_reque
     h.api.apply(lb_service("ns", "z1", 80));
     h.api.apply(lb_service("ns", "z2", 80));
     let running = h.start(config(&h, &rx, pools.clone())).await;
+    // Both statuses must be written before the database is lost: they are all the next start knows.
+    wait_ingress(&h.api, "ns", "z1", vip("192.0.2.1")).await;
     wait_ingress(&h.api, "ns", "z2", vip("192.0.2.2")).await;
     running.stop().await.unwrap();
     h.wipe_database().await;
