@@ -25,6 +25,7 @@ mod progress;
 mod publish;
 mod queries;
 mod state;
+mod statistics;
 
 pub use checkpoint::{CHECKPOINT_INTERVAL, Checkpointed, WRITER_AUTOCHECKPOINT_PAGES};
 pub use db::Backend;

@@ -312,6 +312,12 @@ impl Writer {
         if !plan.first_lists.is_empty() && self.awaiting_first_list.is_empty() {
             info!(services = plan.services_in_scope, "first full list stored: ready");
             self.signals.ready.send_replace(true);
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.refresh_statistics().await {
+                    warn!(error = %e, "refreshing the planner's statistics failed; autovacuum will do it later");
+                }
+            });
         }
     }
 }
