@@ -621,7 +621,6 @@ async fn compose_environment_is_accepted_by_check_config_and_serve() {
 async fn a_postgres_replica_becomes_ready_on_a_read_only_root_without_a_volume_from_what_a_kubelet_injects() {
     let Some(url) = postgres::fresh_database().await else { return };
     let m = Manifests::postgres();
-    let api = FakeApiServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = write_configmap_toml(&m, &dir);
     let secret_value =
@@ -632,14 +631,7 @@ async fn a_postgres_replica_becomes_ready_on_a_read_only_root_without_a_volume_f
             *value = file.to_str().unwrap().to_owned();
         }
     }
-    // The only writable place is the pod's emptyDir at /tmp: no database volume.
-    let tmp = dir.path().join("tmp");
-    std::fs::create_dir_all(&tmp).unwrap();
-    env.push(("VIPWATCH_KUBERNETES__URL".into(), api.url()));
-    env.push(("VIPWATCH_SERVER__LISTEN".into(), "127.0.0.1:0".into()));
-    let served = serve::serve_read_only(&env, &tmp, DEADLINE).await;
-    assert!(served.ready, "not ready:\n{}", served.stderr);
-    assert_eq!(served.status.code(), Some(0), "{}", served.stderr);
+    a_replica_is_ready_with_only_tmp_writable(env).await;
 }
 
 #[tokio::test]
@@ -656,6 +648,13 @@ async fn a_compose_postgres_replica_becomes_ready_on_a_read_only_root_without_a_
     ));
     // Instead of the compose service `postgres`: the test server (the later value wins).
     env.push(("VIPWATCH_DATABASE__URL".into(), url));
+    a_replica_is_ready_with_only_tmp_writable(env).await;
+}
+
+/// Serves a PostgreSQL replica with environment `env` against a fresh fake apiserver, with nothing
+/// writable but an empty `/tmp` (the pod's emptyDir; no database volume), and asserts it becomes
+/// ready and exits 0 on SIGTERM.
+async fn a_replica_is_ready_with_only_tmp_writable(mut env: Vec<(String, String)>) {
     let api = FakeApiServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let tmp = dir.path().join("tmp");

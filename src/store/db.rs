@@ -122,17 +122,10 @@ impl Pooled {
         }
     }
 
-    /// Starts a transaction: `BEGIN` (SQLite's deferred, PostgreSQL's read committed).
+    /// Starts a write transaction that holds the write lock from its first statement: SQLite's
+    /// `BEGIN IMMEDIATE` (so a lock held by another process shows at `BEGIN`, which the readiness
+    /// probe relies on); on PostgreSQL, whose writers lock rows, a plain `BEGIN` (read committed).
     pub(super) async fn begin(&mut self) -> Result<Tx<'_>, StoreError> {
-        Ok(match self {
-            Self::Lite(c) => Tx::Lite(c.begin().await?),
-            Self::Pg(c) => Tx::Pg(c.begin().await?),
-        })
-    }
-
-    /// Starts a transaction that holds the write lock from its first statement: SQLite's
-    /// `BEGIN IMMEDIATE`; on PostgreSQL, whose writers lock rows, a plain `BEGIN`.
-    pub(super) async fn begin_immediate(&mut self) -> Result<Tx<'_>, StoreError> {
         Ok(match self {
             Self::Lite(c) => Tx::Lite(c.begin_with("BEGIN IMMEDIATE").await?),
             Self::Pg(c) => Tx::Pg(c.begin().await?),

@@ -406,9 +406,12 @@ impl Store {
 
     async fn probe(&self, write: bool) -> Result<(), StoreError> {
         let _turn = self.turn.clone().lock_owned().await;
-        let mut conn = self.pools.write().await?;
+        let conn = self.pools.write().await?;
+        // The same guarded `begin` as every write (on PostgreSQL: the order lock, and the fence on a
+        // leader's store), but not `writer`/`settle`: the caller records the outcome once.
+        let mut conn = WriteConn { conn, _turn, fence: self.fence.clone() };
         let result: Result<(), StoreError> = async {
-            let mut tx = conn.begin_immediate().await?;
+            let mut tx = conn.begin().await?;
             if write {
                 let sql = "INSERT INTO meta (key, value) VALUES ('write_probe', $1) \
                            ON CONFLICT (key) DO UPDATE SET value = excluded.value";
@@ -421,7 +424,7 @@ impl Store {
         }
         .await;
         if result.is_err() {
-            conn.close_on_drop();
+            conn.conn.close_on_drop();
         }
         result
     }

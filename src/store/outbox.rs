@@ -106,62 +106,54 @@ const CHUNK: usize = 128;
 /// over this batch's rows, then each one's queue by index `deliveries_queue`); the planner's own
 /// choice scanned every pending delivery, 14 ms per batch with 2,000 pending during a burst.
 /// PostgreSQL has neither hint; its planner takes the same path (a plain join).
-const SUPERSEDE: Dual = Dual {
-    lite: concat!(
-        "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
-    SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON ",
-        supersede_modified!()
-    ),
-    pg: concat!(
-        "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
-    SELECT d.id FROM deliveries m JOIN deliveries d ON ",
-        supersede_modified!()
-    ),
-};
-
-/// The rest of [`SUPERSEDE`], after the join of the newer deliveries `m` to the older `d`.
-macro_rules! supersede_modified {
-    () => {
-        "d.webhook = m.webhook \
-      AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' AND d.id < m.id \
-    WHERE m.id >= $2 AND m.state = 'pending' AND m.kind = 'MODIFIED' AND d.kind = 'MODIFIED' \
+const SUPERSEDE: Dual = superseding!(
+    "m.kind = 'MODIFIED' AND d.kind = 'MODIFIED' \
       AND EXISTS (SELECT 1 FROM deliveries p WHERE p.webhook = d.webhook AND p.namespace = d.namespace \
                   AND p.name = d.name AND p.state = 'pending' AND p.id < d.id) \
       AND NOT EXISTS (SELECT 1 FROM deliveries x WHERE x.webhook = d.webhook AND x.namespace = d.namespace \
                   AND x.name = d.name AND x.state = 'pending' AND x.kind <> 'MODIFIED' \
-                  AND x.id > d.id AND x.id < m.id))"
+                  AND x.id > d.id AND x.id < m.id)"
+);
+
+/// A superseding UPDATE on both backends: the join of this batch's newer pending deliveries `m`
+/// (ids >= $2) to the older pending deliveries `d` of the same queue, finished at $1, narrowed by
+/// `$which` (a literal condition on `m` and `d`). SQLite's text pins the loop order (`CROSS JOIN`)
+/// and `d`'s index; PostgreSQL's is a plain join.
+macro_rules! superseding {
+    ($which:literal) => {
+        Dual {
+            lite: concat!(
+                "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
+    SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON ",
+                superseding!(@on),
+                $which,
+                ")"
+            ),
+            pg: concat!(
+                "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
+    SELECT d.id FROM deliveries m JOIN deliveries d ON ",
+                superseding!(@on),
+                $which,
+                ")"
+            ),
+        }
+    };
+    (@on) => {
+        "d.webhook = m.webhook AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' \
+      AND d.id < m.id WHERE m.id >= $2 AND m.state = 'pending' AND "
     };
 }
-use supersede_modified;
+use superseding;
 
 /// Supersedes every pending ADDED or MODIFIED that is not in flight (no live lease at $1) and is
 /// followed in its queue by a pending DELETED or SYNCED with id >= $2: those carry the whole state, so
 /// what was queued before them says nothing the receiver still needs — and a delivery the receiver
 /// refuses for good (a 422 retried for a day) no longer holds back the Service's DELETED or its
 /// resync. A DELETED or SYNCED is never superseded. Driven by the batch's rows like [`SUPERSEDE`].
-const SUPERSEDE_BY_FULL: Dual = Dual {
-    lite: concat!(
-        "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
-    SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON ",
-        supersede_by_full!()
-    ),
-    pg: concat!(
-        "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
-    SELECT d.id FROM deliveries m JOIN deliveries d ON ",
-        supersede_by_full!()
-    ),
-};
-
-/// The rest of [`SUPERSEDE_BY_FULL`], after the join.
-macro_rules! supersede_by_full {
-    () => {
-        "d.webhook = m.webhook \
-      AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' AND d.id < m.id \
-    WHERE m.id >= $2 AND m.state = 'pending' AND m.kind IN ('DELETED', 'SYNCED') \
-      AND d.kind IN ('ADDED', 'MODIFIED') AND (d.claimed_until IS NULL OR d.claimed_until < $1))"
-    };
-}
-use supersede_by_full;
+const SUPERSEDE_BY_FULL: Dual = superseding!(
+    "m.kind IN ('DELETED', 'SYNCED') AND d.kind IN ('ADDED', 'MODIFIED') \
+      AND (d.claimed_until IS NULL OR d.claimed_until < $1)"
+);
 
 /// [`SUPERSEDE_BY_FULL`] for the deliveries whose ids are in the JSON array $2 (attempts that just
 /// failed and were in flight when a DELETED or SYNCED queued behind them).
