@@ -394,3 +394,27 @@ impl Reads {
         (self.ok.load(std::sync::atomic::Ordering::SeqCst), self.failed.lock().unwrap().clone())
     }
 }
+
+/// The schema starts empty, and PostgreSQL plans a never-analysed table as if it held a row or two
+/// (the relay's claim then read every pending delivery per candidate). A leader analyses the tables
+/// once its first full list is stored: the planner's row count of `services` is then exact.
+#[tokio::test]
+async fn a_leader_refreshes_the_planner_statistics_once_its_first_list_is_stored() {
+    let h = Harness::new().await;
+    let pool = sqlx::PgPool::connect(h.pg_url.as_deref().unwrap()).await.unwrap();
+    let reltuples = "SELECT reltuples::float8 FROM pg_class WHERE relname = 'services' AND relkind = 'r'";
+    for name in ["a", "b", "c"] {
+        h.api.apply(lb_service("ns", name, 80));
+    }
+    let running = h.start(h.config()).await;
+    let analysed = wait_until("services analysed", || {
+        let pool = pool.clone();
+        async move {
+            let n: f64 = sqlx::query_scalar(reltuples).fetch_one(&pool).await.unwrap();
+            (n >= 0.0).then_some(n)
+        }
+    })
+    .await;
+    assert_eq!(analysed, 3.0);
+    running.stop().await.unwrap();
+}
