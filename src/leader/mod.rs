@@ -75,14 +75,15 @@ impl Trust {
 
     /// Trusted until `deadline`.
     fn until(deadline: Instant) -> Self {
-        let trust =
-            Self { base: Instant::now(), until_ns: Arc::new(AtomicU64::new(0)), revoked: CancellationToken::new() };
-        trust.extend(deadline);
-        trust
+        let base = Instant::now();
+        let ns = u64::try_from(deadline.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX - 1);
+        Self { base, until_ns: Arc::new(AtomicU64::new(ns)), revoked: CancellationToken::new() }
     }
 
+    /// Moves the deadline on to `deadline`; nothing once the trust is revoked or over (an expired
+    /// term ends, even if a late renewal then succeeds).
     fn extend(&self, deadline: Instant) {
-        if self.revoked.is_cancelled() {
+        if self.revoked.is_cancelled() || !self.is_valid() {
             return;
         }
         let ns = deadline.saturating_duration_since(self.base).as_nanos();
@@ -153,13 +154,24 @@ impl Elector {
     }
 
     /// Waits until this replica holds the lease and returns its term; `None` when `cancel` fires
-    /// first. A database that fails is retried every `leader_renew` (logged once per outage).
+    /// first. A database that fails is retried every `leader_renew` (logged once per outage). A bid
+    /// may take up to `leader_ttl`, connecting included: cutting it at `leader_renew` (as first
+    /// written) dropped every new connection half-made over a slow link, and nobody was ever
+    /// elected. The server still ends the bid's statement within 400 ms (`Store::open_postgres`).
     pub async fn campaign(&self, cancel: &CancellationToken) -> Option<Term> {
-        let mut listener = self.listen().await;
+        let mut listener = None;
         let mut failing = false;
         loop {
+            if listener.is_none() {
+                // Again at every round: a follower that started while the database was down has none.
+                listener = self.listen().await;
+            }
             let started = Instant::now();
-            match tokio::time::timeout(self.renew, self.store.lease_acquire(&self.holder, self.ttl)).await {
+            let bid = tokio::select! {
+                _ = cancel.cancelled() => return None,
+                bid = tokio::time::timeout(self.ttl, self.store.lease_acquire(&self.holder, self.ttl)) => bid,
+            };
+            match bid {
                 Ok(Ok(Some(epoch))) => {
                     info!(replica = %self.holder, epoch, "elected leader");
                     return Some(self.term(epoch, started));
@@ -172,7 +184,7 @@ impl Elector {
                 Ok(Err(_)) => {}
                 Err(_) if !failing => {
                     failing = true;
-                    warn!(timeout = ?self.renew, "bid for the leader lease timed out; retrying");
+                    warn!(timeout = ?self.ttl, "bid for the leader lease timed out; retrying");
                 }
                 Err(_) => {}
             }
@@ -257,6 +269,8 @@ async fn renew_loop(e: Elector, epoch: i64, trust: Trust, lost: CancellationToke
     let mut next = Instant::now() + e.renew;
     loop {
         tokio::select! {
+            // First: a process resumed after a pause finds both ready, and its trust is over.
+            biased;
             _ = trust.expired() => {
                 warn!(replica = %e.holder, epoch, "leader lease not renewed in time; standing down");
                 break;
@@ -265,15 +279,23 @@ async fn renew_loop(e: Elector, epoch: i64, trust: Trust, lost: CancellationToke
         }
         let started = Instant::now();
         next = started + e.renew;
-        let renewal = tokio::time::timeout(e.renew, e.store.lease_renew(&e.holder, epoch, e.ttl)).await;
+        // A renewal may take until the trust runs out (a slow link, a new connection): the trust
+        // counts from its start, so its length never extends what this replica may do.
+        let renewal = tokio::select! {
+            biased;
+            _ = trust.expired() => {
+                warn!(replica = %e.holder, epoch, "leader lease not renewed in time; standing down");
+                break;
+            }
+            renewal = e.store.lease_renew(&e.holder, epoch, e.ttl) => renewal,
+        };
         match renewal {
-            Ok(Ok(true)) => trust.extend(started + e.ttl - e.margin()),
-            Ok(Ok(false)) => {
+            Ok(true) => trust.extend(started + e.ttl - e.margin()),
+            Ok(false) => {
                 warn!(replica = %e.holder, epoch, "leader lease lost to another replica; standing down");
                 break;
             }
-            Ok(Err(err)) => warn!(error = %err, reason = %err.reason(), epoch, "cannot renew the leader lease"),
-            Err(_) => warn!(timeout = ?e.renew, epoch, "renewing the leader lease timed out"),
+            Err(err) => warn!(error = %err, reason = %err.reason(), epoch, "cannot renew the leader lease"),
         }
     }
     trust.revoke();
@@ -315,6 +337,8 @@ mod tests {
         assert_eq!(trust.deadline().map(|d| d - start), Some(Duration::from_millis(400)));
         tokio::time::timeout(Duration::from_secs(5), trust.expired()).await.expect("over at 400 ms");
         assert!(Instant::now() >= start + Duration::from_millis(400));
+        assert!(!trust.is_valid());
+        trust.extend(Instant::now() + Duration::from_secs(60)); // a renewal that ended too late
         assert!(!trust.is_valid());
     }
 

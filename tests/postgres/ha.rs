@@ -418,3 +418,65 @@ async fn a_leader_refreshes_the_planner_statistics_once_its_first_list_is_stored
     assert_eq!(analysed, 3.0);
     running.stop().await.unwrap();
 }
+
+/// A TCP proxy in front of the test server's unix socket that holds every chunk for `delay` in
+/// each direction: a slow link to PostgreSQL (the round trip is twice `delay`).
+async fn slow_link(pg_url: &str, delay: Duration) -> String {
+    let url: url::Url = pg_url.parse().unwrap();
+    let host = url.query_pairs().find(|(k, _)| k == "host").expect("a unix-socket URL").1.into_owned();
+    let socket = std::path::Path::new(&host).join(".s.PGSQL.5432");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = tokio::net::UnixStream::connect(&socket).await.unwrap();
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::spawn(delayed_copy(cr, sw, delay));
+            tokio::spawn(delayed_copy(sr, cw, delay));
+        }
+    });
+    format!("postgres://postgres@127.0.0.1:{port}{}", url.path())
+}
+
+/// Copies `from` to `to`, each chunk `delay` after it was read (in order).
+async fn delayed_copy(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    mut to: impl tokio::io::AsyncWrite + Unpin + Send + 'static,
+    delay: Duration,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    tokio::spawn(async move {
+        while let Some((at, chunk)) = rx.recv().await {
+            tokio::time::sleep_until((at + delay).into()).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0; 16 * 1024];
+    while let Ok(n @ 1..) = from.read(&mut buf).await {
+        if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+            return;
+        }
+    }
+}
+
+/// Over a link with a 60 ms round trip, a lease renewed every 100 ms: setting up a connection takes
+/// several round trips, longer than one renewal interval. The replica is still elected and records
+/// the Service (the bid used to be cut at `leader_renew`, connecting included: never elected).
+#[tokio::test]
+async fn a_replica_is_elected_over_a_link_slower_than_its_renewal_interval() {
+    let h = Harness::new().await;
+    let slow = slow_link(h.pg_url.as_deref().unwrap(), Duration::from_millis(30)).await;
+    h.api.apply(lb_service("ns", "web", 80));
+    let mut config = h.config();
+    config.database.url = Some(vipwatch::config::Secret::new(&slow));
+    config.database.leader_ttl = Duration::from_secs(3);
+    config.database.leader_renew = Duration::from_millis(100);
+    let running = h.start(config).await;
+    let events = wait_events(&running.store, 1).await;
+    assert_eq!(summary(&events), vec![(s("ADDED"), s("startup"), s("ns/web"))]);
+    running.stop().await.unwrap();
+}
