@@ -162,6 +162,20 @@ fn values_that_would_misbehave_at_run_time_are_rejected_up_front() {
             "[database]\nwrite_retry_max_delay = \"10ms\"\n",
             "invalid value for `database.write_retry_max_delay`: must be between 100ms and 5m",
         ),
+        ("[database]\nleader_ttl = \"1s\"\n", "invalid value for `database.leader_ttl`: must be between 3s and 5m"),
+        (
+            "[database]\nleader_renew = \"0s\"\n",
+            "invalid value for `database.leader_renew`: must be between 100ms and 1m",
+        ),
+        (
+            "[database]\nleader_ttl = \"5s\"\nleader_renew = \"2s\"\n",
+            "invalid value for `database.leader_ttl`: must be at least three times database.leader_renew (2s)",
+        ),
+        (
+            "[database]\nleader_step_down_after = \"0s\"\n",
+            "invalid value for `database.leader_step_down_after`: must be between 1s and 1h",
+        ),
+        ("[database]\nreplica = \" \"\n", "invalid value for `database.replica`: must not be blank"),
     ];
     for (config, needle) in cases {
         let o = vipwatch(&["check-config"], &[], Some(config));

@@ -556,6 +556,27 @@ fn the_deployment_turns_service_links_off_and_outlasts_the_shutdown_grace() {
     }
 }
 
+/// Docker waits 10 s after SIGTERM by default, exactly `relay.shutdown_grace`: a drain that used it
+/// all was SIGKILLed before a leader could give its lease up (13–17 s without a leader).
+#[test]
+fn every_compose_vipwatch_outlasts_the_shutdown_grace() {
+    let config_path = Dockerfile::read().env("VIPWATCH_CONFIG");
+    for (file, name) in [(COMPOSE, "vipwatch"), (COMPOSE_POSTGRES, REPLICA_A), (COMPOSE_POSTGRES, REPLICA_B)] {
+        let compose = Compose::read_file(file);
+        let service = compose.service(name);
+        let grace =
+            service.stop_grace_period.as_deref().unwrap_or_else(|| panic!("{file} {name}: no stop_grace_period"));
+        let grace = humantime::parse_duration(grace).unwrap();
+        let mounted = compose.file(&service.mount_source(&config_path).unwrap());
+        let config = load_config(&mounted, &compose_environment(&compose, name, &compose_host_env()));
+        assert!(
+            config.relay.shutdown_grace + Duration::from_secs(5) <= grace,
+            "{file} {name}: {:?} vs {grace:?}",
+            config.relay.shutdown_grace
+        );
+    }
+}
+
 #[test]
 fn check_config_reads_the_same_configuration_from_what_a_kubelet_injects() {
     for m in Manifests::variants() {

@@ -34,6 +34,8 @@ pub(super) struct Shared {
     pub circuits: relay::Circuits,
     /// Where feedback for the current term's recorder goes; `None` between terms.
     pub route: signal::Sender<Option<mpsc::Sender<Feedback>>>,
+    /// The watch's per-scope health (what `/readyz` checks).
+    pub watch_health: watch::WatchHealth,
 }
 
 /// One term as leader: starts the relay, the write-back, the watch, pruning and the resync of
@@ -109,7 +111,8 @@ pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: Cancella
 /// is sent or written to Kubernetes after its trust ran out, and its database writes were fenced
 /// anyway), and it campaigns again. A term whose tasks fail (a database fault at its start, a write
 /// the database refused) is given up and this replica waits `database.leader_ttl` before bidding
-/// again, so another replica may take over. On `cancel` (graceful stop) the term's tasks drain,
+/// again, so another replica may take over; so is a term whose watch stays not ready for
+/// `database.leader_step_down_after` ([`unready_for`]). On `cancel` (graceful stop) the term's tasks drain,
 /// then the lease is given up at once so a follower takes over without waiting for it to expire.
 /// Publishes this replica's role in `role`.
 pub(super) async fn elect(
@@ -126,7 +129,26 @@ pub(super) async fn elect(
         let term_cancel = cancel.child_token();
         let run = lead(s.clone(), term.fenced(&s.store), term.trust.clone(), term_cancel.clone());
         tokio::pin!(run);
+        let unready =
+            unready_for(s.config.database.leader_step_down_after, s.ready.subscribe(), s.watch_health.clone());
         tokio::select! {
+            why = unready => {
+                warn!(epoch, reason = %why, after = ?s.config.database.leader_step_down_after,
+                    "watch not ready: giving the lease up so a replica that can reach Kubernetes leads");
+                term_cancel.cancel();
+                let result = run.await;
+                if let Err(e) = term.resign().await {
+                    warn!(error = %e, "cannot give up the leader lease; it expires by itself");
+                }
+                if cancel.is_cancelled() {
+                    return result;
+                }
+                role.send_replace(Role::Follower);
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(s.config.database.leader_ttl) => {}
+                }
+            }
             result = &mut run => {
                 if let Err(e) = term.resign().await {
                     warn!(error = %e, "cannot give up the leader lease; it expires by itself");
@@ -151,6 +173,26 @@ pub(super) async fn elect(
                 }
                 warn!(epoch, "stood down: following the new leader");
             }
+        }
+    }
+}
+
+/// Resolves with the reason once the watch has been not ready for `limit` without a break: its first
+/// lists not stored (`ready` false), or [`watch::WatchHealth::not_ready`] naming a scope — the two
+/// checks of `/readyz` on a leader. Checked every second.
+async fn unready_for(limit: Duration, ready: signal::Receiver<bool>, health: watch::WatchHealth) -> String {
+    let mut since = tokio::time::Instant::now();
+    let mut ticks = tokio::time::interval(Duration::from_secs(1).min(limit));
+    loop {
+        ticks.tick().await;
+        let why = match *ready.borrow() {
+            false => Some("waiting for the first full list".to_owned()),
+            true => health.not_ready(),
+        };
+        match why {
+            None => since = tokio::time::Instant::now(),
+            Some(why) if since.elapsed() >= limit => return why,
+            Some(_) => {}
         }
     }
 }

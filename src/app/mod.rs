@@ -135,6 +135,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         committed: committed_tx.clone(),
         circuits: relay::Circuits::default(),
         route: route_tx,
+        watch_health: watch_health.clone(),
     };
     let state = ApiState::new(
         store.clone(),

@@ -203,6 +203,13 @@ pub struct DatabaseConfig {
     /// one, e.g. `"2s"`. 100ms–1m.
     #[serde(with = "humantime_serde")]
     pub leader_renew: Duration,
+    /// PostgreSQL only: a leader whose watch is not ready this long — its first lists not stored,
+    /// or `/readyz`'s watch check failing (the apiserver unreachable, 401/403 in a row) — gives its
+    /// lease up and waits `leader_ttl` before bidding again, so a replica that can reach Kubernetes
+    /// takes over, e.g. `"60s"`. 1s–1h. (With the lease in Kubernetes, as upstream controllers
+    /// keep it, a leader cut off from the apiserver loses it by itself; ours is in PostgreSQL.)
+    #[serde(with = "humantime_serde")]
+    pub leader_step_down_after: Duration,
     /// PostgreSQL only: this replica's name in the lease and the API (`leader` of `/api/v1/status`).
     /// Unset: the host name plus a random suffix, new at every start (a restarted replica is a new
     /// holder). Also `VIPWATCH_DATABASE__REPLICA`; in Kubernetes the pod name.
@@ -218,6 +225,7 @@ impl Default for DatabaseConfig {
             write_retry_max_delay: Duration::from_secs(5),
             leader_ttl: Duration::from_secs(15),
             leader_renew: Duration::from_secs(2),
+            leader_step_down_after: Duration::from_secs(60),
             replica: None,
         }
     }
@@ -362,7 +370,7 @@ impl Config {
         Ok(())
     }
 
-    /// `database.leader_ttl` and `database.leader_renew` in range, the lease outliving three renewals
+    /// `database.leader_ttl`, `leader_renew` and `leader_step_down_after` in range, the lease outliving three renewals
     /// (client-go's rule: the lease duration exceeds the renew deadline, which exceeds the retry
     /// period times its jitter), and a replica name that is not blank.
     fn validate_leader(&self) -> Result<(), ConfigError> {
@@ -380,6 +388,10 @@ impl Config {
                 humantime::format_duration(d.leader_renew)
             );
             return Err(ConfigError::Value { key: "database.leader_ttl", reason });
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d.leader_step_down_after) {
+            let reason = "must be between 1s and 1h".into();
+            return Err(ConfigError::Value { key: "database.leader_step_down_after", reason });
         }
         if d.replica.as_deref().is_some_and(|r| r.trim().is_empty() || r.len() > 200) {
             let reason = "must not be blank and at most 200 characters; unset it for the host name".into();

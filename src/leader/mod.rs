@@ -164,7 +164,8 @@ impl Elector {
         loop {
             if listener.is_none() {
                 // Again at every round: a follower that started while the database was down has none.
-                listener = self.listen().await;
+                // Bounded, so an unreachable server does not hold up the bid.
+                listener = tokio::time::timeout(self.margin(), self.listen()).await.ok().flatten();
             }
             let started = Instant::now();
             let bid = tokio::select! {

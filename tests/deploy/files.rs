@@ -147,6 +147,8 @@ pub struct ComposeService {
     #[serde(default)]
     pub ports: Vec<String>,
     pub healthcheck: Healthcheck,
+    /// How long `docker compose stop` waits after SIGTERM before SIGKILL (docker's default: 10 s).
+    pub stop_grace_period: Option<String>,
 }
 
 /// `depends_on.NAME` in long form.

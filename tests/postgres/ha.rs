@@ -30,6 +30,11 @@ struct Replica {
 impl Replica {
     /// Starts replica `name` on `h`'s database, delivering to `rx`, with addresses from 10.9.0.0/22.
     async fn start(h: &Harness, name: &'static str, rx: &Receiver) -> Self {
+        Self::start_with(h, name, rx, &[]).await
+    }
+
+    /// [`Replica::start`] with `env` (`VIPWATCH_*` overrides) on top of its config file.
+    async fn start_with(h: &Harness, name: &'static str, rx: &Receiver, env: &[(&str, &str)]) -> Self {
         vipwatch::relay::sender::install_crypto_provider(); // for this test's own HTTP clients
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let config_path = h.dir.path().join(format!("{name}.toml"));
@@ -50,6 +55,7 @@ impl Replica {
             .arg("--config")
             .arg(&config_path)
             .env("VIPWATCH_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -479,4 +485,24 @@ async fn a_replica_is_elected_over_a_link_slower_than_its_renewal_interval() {
     let events = wait_events(&running.store, 1).await;
     assert_eq!(summary(&events), vec![(s("ADDED"), s("startup"), s("ns/web"))]);
     running.stop().await.unwrap();
+}
+
+/// A leader that cannot reach Kubernetes gives its lease up after `leader_step_down_after` (2 s
+/// here), and a replica that can takes over and records the cluster. The lease lives in PostgreSQL,
+/// so nothing else would end the cut-off leader's term.
+#[tokio::test]
+async fn a_leader_that_cannot_reach_kubernetes_gives_the_lease_to_one_that_can() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(lb_service("shop", "web", 80));
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // closed again: refused
+    let cut_off =
+        [("VIPWATCH_KUBERNETES__URL", &*format!("http://{dead}")), ("VIPWATCH_DATABASE__LEADER_STEP_DOWN_AFTER", "2s")];
+    let a = Replica::start_with(&h, "a", &rx, &cut_off).await;
+    wait_until("a leads", || async { (a.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    let b = Replica::start(&h, "b", &rx).await;
+    wait_until("b leads", || async { (b.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    wait_until("the ADDED delivered", || async { (rx.accepted().len() == 1).then_some(()) }).await;
+    assert_eq!(rx.accepted()[0].event().0, "ADDED");
+    assert_eq!(a.role().await.as_deref(), Some("follower"));
 }
