@@ -29,7 +29,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("vipwatch: {e:#}");
+            eprintln!("vipwatch: {}", vipwatch::app::ErrorChain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -87,9 +87,11 @@ fn with_config(command: Command, config: Config) -> anyhow::Result<()> {
 /// Logs to stderr, filtered by `VIPWATCH_LOG`; by default `info`, but `warn` for the demo commands so
 /// their readable lines on stdout stand out.
 fn init_tracing(command: &Command) {
+    // PostgreSQL's notices (`relation "_sqlx_migrations" already exists, skipping` at every start)
+    // are not news at info.
     let default = match command {
         Command::Demo { .. } | Command::DemoReceiver { .. } => "warn",
-        _ => "info",
+        _ => "info,sqlx::postgres::notice=warn",
     };
     let filter = EnvFilter::try_from_env("VIPWATCH_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     // Colours only on a terminal: redirected logs (files, journald, kubectl logs) stay plain text.

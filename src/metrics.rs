@@ -210,6 +210,10 @@ pub struct Metrics {
     pub store_write_errors: Family<StoreErrorLabels, Counter>,
     /// `vipwatch_store_writable`: 1 while the last write (or probe) succeeded, 0 while writes fail.
     pub store_writable: Gauge,
+    /// `vipwatch_leader`: 1 while this replica leads (always on SQLite, the only instance), 0 while
+    /// it follows (PostgreSQL). Summed over every replica's own scrape: 0 means nobody leads
+    /// (`VipwatchNoLeader`).
+    pub leader: Gauge,
     /// `vipwatch_watch_synced_timestamp_seconds{resource,scope}`: up to when the scope's data is known
     /// current (Unix seconds; now while its watch is healthy), refreshed on every scrape. What the
     /// `VipwatchNotSynced` alert watches.
@@ -260,6 +264,7 @@ impl Metrics {
             circuit_transitions: Family::default(),
             store_write_errors: Family::default(),
             store_writable: Gauge::default(),
+            leader: Gauge::default(),
             watch_synced: Family::default(),
             template_held: Family::default(),
         };
@@ -331,6 +336,11 @@ impl Metrics {
             "store_writable",
             "1 while the database can be written, 0 while writes fail",
             m.store_writable.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica leads (always on SQLite), 0 while it follows",
+            m.leader.clone(),
         );
         registry.register(
             "watch_synced_timestamp_seconds",

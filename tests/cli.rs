@@ -360,3 +360,20 @@ fn string_keys_from_the_environment_are_taken_as_written() {
     assert_invalid(&o, "`kubernetes.url`");
     assert!(stderr(&o).contains("(from `VIPWATCH_` environment variable(s))"), "{}", stderr(&o));
 }
+
+/// A PostgreSQL URL that cannot be reached names why, not only the pool's "timed out", and the
+/// URL without its password. (A refused port here; an unknown database or a wrong password come
+/// back from the server the same way, through the first connection.)
+#[test]
+fn serve_with_an_unreachable_postgresql_names_the_reason_and_hides_the_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port(); // closed again
+    let config = format!(
+        "[kubernetes]\nurl = \"http://127.0.0.1:1\"\n[database]\nurl = \"postgres://vw:hunter2@127.0.0.1:{port}/vipwatch\"\n"
+    );
+    let o = vipwatch(&["serve"], &[("VIPWATCH_SERVER__LISTEN", "127.0.0.1:0")], Some(&config));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("cannot open database postgres://vw:REDACTED@127.0.0.1:{port}/vipwatch")), "{err}");
+    assert!(err.contains("Connection refused"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}

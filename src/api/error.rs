@@ -58,8 +58,10 @@ pub enum ApiError {
     /// The body is larger than `server.body_limit` (413 `payload_too_large`).
     #[error("the request body is larger than the server accepts")]
     PayloadTooLarge,
-    /// The database failed (500 `internal`); the detail is logged, not returned.
-    #[error("internal error")]
+    /// The database failed: 503 `database_unavailable` for a storage fault that clears by itself
+    /// (unreachable, timed out, full, locked, read-only: [`StoreError::fault`]), naming its kind;
+    /// otherwise 500 `internal`. The error itself is logged, not returned (it may name the server).
+    #[error("{}", store_detail(.0))]
     Store(#[from] StoreError),
     /// Not ready: each failing readiness check and its reason (503 `not_ready`).
     #[error("not ready: {0}")]
@@ -99,6 +101,7 @@ impl ApiError {
             Self::Timeout => StatusCode::REQUEST_TIMEOUT,
             Self::WebhookDisabled(_) | Self::NothingHeld(_) => StatusCode::CONFLICT,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Store(e) if unavailable(e) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Other(status, _) => *status,
@@ -121,6 +124,7 @@ impl ApiError {
             Self::WebhookDisabled(_) => "webhook_disabled",
             Self::NothingHeld(_) => "nothing_held",
             Self::PayloadTooLarge => "payload_too_large",
+            Self::Store(e) if unavailable(e) => "database_unavailable",
             Self::Store(_) => "internal",
             Self::NotReady(_) => "not_ready",
             Self::Other(status, _) if status.is_server_error() => "internal",
@@ -150,6 +154,19 @@ impl ApiError {
             s if s.is_server_error() => Self::Other(s, "internal error"),
             s => Self::Other(s, "the request was not accepted"),
         }
+    }
+}
+
+/// Whether `e` is a storage fault that clears by itself: the database is unavailable, not broken.
+fn unavailable(e: &StoreError) -> bool {
+    e.fault().is_some_and(|k| k.is_transient())
+}
+
+/// The detail of [`ApiError::Store`]: the fault's kind, never the error's text.
+fn store_detail(e: &StoreError) -> String {
+    match e.fault() {
+        Some(kind) if kind.is_transient() => format!("the database is unavailable ({}); retry later", kind.as_str()),
+        _ => "internal error".to_owned(),
     }
 }
 

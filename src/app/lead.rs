@@ -197,6 +197,17 @@ async fn unready_for(limit: Duration, ready: signal::Receiver<bool>, health: wat
     }
 }
 
+/// Keeps `vipwatch_leader` at this replica's `role` (1 leading or single, 0 following) until the
+/// role's sender is gone.
+pub(super) async fn publish_role(mut role: signal::Receiver<Role>, metrics: Arc<Metrics>) -> Result<(), AppError> {
+    loop {
+        metrics.leader.set(i64::from(role.borrow_and_update().leads()));
+        if role.changed().await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
 /// Passes feedback from the API (operator requests) to the current term's recorder; between terms
 /// and on followers there is none, and the request is dropped with a warning (the API tells
 /// followers' clients so itself).

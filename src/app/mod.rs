@@ -148,8 +148,9 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     .with_feedback(feedback_tx)
     .with_watch_health(watch_health)
     .with_circuits(shared.circuits.clone())
-    .with_role(replica, role);
+    .with_role(replica, role.clone());
     let mut tasks = vec![tokio::spawn(lead::forward_feedback(feedback_rx, route, cancel.clone()))];
+    tasks.push(tokio::spawn(lead::publish_role(role, metrics.clone())));
     match elector {
         None => {
             let lead = lead::lead(shared, store.clone(), Trust::always(), cancel.clone());
@@ -199,15 +200,21 @@ fn fatal_on_error(
     })
 }
 
-/// Displays an error with its sources, `a: b: c`.
-pub(crate) struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+/// Displays an error with its sources, `a: b: c`, leaving out a source whose text the one before
+/// already ends with (sqlx's "error returned from database: X" has X as its source again).
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut last = self.0.to_string();
+        f.write_str(&last)?;
         let mut source = self.0.source();
         while let Some(e) = source {
-            write!(f, ": {e}")?;
+            let text = e.to_string();
+            if !last.ends_with(&text) {
+                write!(f, ": {text}")?;
+            }
+            last = text;
             source = e.source();
         }
         Ok(())

@@ -5,7 +5,8 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::Connection as _;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use super::db::{Backend, Pools};
@@ -13,6 +14,9 @@ use super::{Store, StoreError};
 
 /// Read connections per store.
 const READ_CONNECTIONS: u32 = 4;
+
+/// How long opening PostgreSQL waits for the server, and each pool for a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Store {
     /// Opens the database `config` names: PostgreSQL when `database.url` is set, else the SQLite file
@@ -39,7 +43,15 @@ impl Store {
         let options = PgConnectOptions::from_str(url)?
             .application_name("vipwatch")
             .options([("idle_in_transaction_session_timeout", "5s")]);
-        let pool = |n| PgPoolOptions::new().max_connections(n).acquire_timeout(Duration::from_secs(5));
+        let pool = |n| PgPoolOptions::new().max_connections(n).acquire_timeout(CONNECT_TIMEOUT);
+        // One connection of its own first: a pool that cannot connect reports only "pool timed out
+        // while waiting for an open connection", hiding why (refused, unknown database, password).
+        let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await;
+        let first = first.map_err(|_| {
+            let why = format!("the server did not answer within {} s", CONNECT_TIMEOUT.as_secs());
+            sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
+        })??;
+        let _ = first.close().await;
         let write = pool(1).connect_with(options.clone()).await?;
         sqlx::migrate!("./migrations/postgres").run(&write).await?;
         let read = pool(READ_CONNECTIONS).connect_lazy_with(options.clone());

@@ -70,6 +70,12 @@ impl Replica {
         Some(status["leader"].clone())
     }
 
+    /// The value of the unlabelled sample `name` on `/metrics`.
+    async fn metric(&self, name: &str) -> Option<f64> {
+        let text = reqwest::get(format!("{}/metrics", self.api)).await.ok()?.text().await.ok()?;
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
     async fn role(&self) -> Option<String> {
         Some(self.leader().await?["role"].as_str()?.to_owned())
     }
@@ -250,6 +256,7 @@ async fn sigterm_of_the_leader_hands_over_in_under_2_s() {
     wait_until("a leads", || async { (a.role().await.as_deref() == Some("leader")).then_some(()) }).await;
     let b = Replica::start(&h, "b", &rx).await;
     wait_until("b follows", || async { (b.role().await.as_deref() == Some("follower")).then_some(()) }).await;
+    assert_eq!((a.metric("vipwatch_leader").await, b.metric("vipwatch_leader").await), (Some(1.0), Some(0.0)));
     h.api.apply(lb_service("shop", "web", 80));
     wait_until("the ADDED delivered", || async { (rx.accepted().len() == 1).then_some(()) }).await;
 
@@ -276,6 +283,12 @@ impl OwnServer {
         let out = std::process::Command::new(pg_script()).arg("start").arg(&dir).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         Self { dir, url: String::from_utf8(out.stdout).unwrap().trim().to_owned() }
+    }
+
+    /// Fast shutdown: every session is cut, and nothing answers until it is started again.
+    fn stop(&self) {
+        let out = std::process::Command::new(pg_script()).arg("stop").arg(&self.dir).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 
     /// Fast restart: every session is cut.
@@ -505,4 +518,28 @@ async fn a_leader_that_cannot_reach_kubernetes_gives_the_lease_to_one_that_can()
     wait_until("the ADDED delivered", || async { (rx.accepted().len() == 1).then_some(()) }).await;
     assert_eq!(rx.accepted()[0].event().0, "ADDED");
     assert_eq!(a.role().await.as_deref(), Some("follower"));
+}
+
+/// With PostgreSQL gone, reads answer 503 `database_unavailable` naming the fault's kind (what the
+/// operator can act on), not 500 `internal`: every read endpoint maps storage faults the same way.
+#[tokio::test]
+async fn reads_answer_503_database_unavailable_while_postgresql_is_down() {
+    let _ = pg_server_url(); // skips (or fails under CI) like every PostgreSQL test
+    let mut h = Harness::on(vipwatch::store::Backend::Sqlite).await;
+    let server = OwnServer::start(std::env::temp_dir().join(format!("vw-pg-{}", uuid::Uuid::new_v4().simple())));
+    h.pg_url = Some(fresh_pg_database(&server.url).await);
+    let rx = Receiver::ok().await;
+    let a = Replica::start(&h, "a", &rx).await;
+    one_leader(&[&a]).await;
+    server.stop();
+    for path in ["/api/v1/status", "/api/v1/services", "/api/v1/events"] {
+        let resp = reqwest::get(format!("{}{path}", a.api)).await.unwrap();
+        let status = resp.status().as_u16();
+        let problem: Value = resp.json().await.unwrap();
+        assert_eq!(
+            (status, problem["code"].as_str(), problem["detail"].as_str()),
+            (503, Some("database_unavailable"), Some("the database is unavailable (io); retry later")),
+            "{path}"
+        );
+    }
 }
