@@ -171,7 +171,7 @@ pub(super) async fn elect(
                 if let Err(e) = run.await {
                     warn!(epoch, error = %super::ErrorChain(&e), "the lost term's tasks ended with an error");
                 }
-                warn!(epoch, "stood down: following the new leader");
+                warn!(epoch, "stood down: following, and bidding for the lease again");
             }
         }
     }
