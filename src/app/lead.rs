@@ -177,16 +177,18 @@ pub(super) async fn elect(
     }
 }
 
-/// Resolves with the reason once the watch has been not ready for `limit` without a break: its first
-/// lists not stored (`ready` false), or [`watch::WatchHealth::not_ready`] naming a scope — the two
-/// checks of `/readyz` on a leader. Checked every second.
+/// Resolves with the reason once the watch has been failing for `limit` without a break: before its
+/// first lists are stored (`ready` false), a scope whose last request failed or stalled (a first list
+/// that is still being read is progress, however long a large cluster takes); after, what `/readyz`
+/// checks ([`watch::WatchHealth::not_ready`]). Checked every second.
 async fn unready_for(limit: Duration, ready: signal::Receiver<bool>, health: watch::WatchHealth) -> String {
     let mut since = tokio::time::Instant::now();
     let mut ticks = tokio::time::interval(Duration::from_secs(1).min(limit));
     loop {
         ticks.tick().await;
-        let why = match *ready.borrow() {
-            false => Some("waiting for the first full list".to_owned()),
+        let ready = *ready.borrow();
+        let why = match ready {
+            false => first_list_failing(&health),
             true => health.not_ready(),
         };
         match why {
@@ -195,6 +197,18 @@ async fn unready_for(limit: Duration, ready: signal::Receiver<bool>, health: wat
             Some(_) => {}
         }
     }
+}
+
+/// Why the first lists are not coming: the scopes whose last request failed or stalled, with their
+/// last error; `None` while every scope lists or watches (or none has started yet).
+fn first_list_failing(health: &watch::WatchHealth) -> Option<String> {
+    let failing: Vec<String> = health
+        .statuses()
+        .into_iter()
+        .filter(|s| matches!(s.state, watch::ScopeState::Failing | watch::ScopeState::Stalled))
+        .map(|s| format!("{}: {}", s.resource, s.last_error.unwrap_or_default()))
+        .collect();
+    (!failing.is_empty()).then(|| format!("first full list failing ({})", failing.join("; ")))
 }
 
 /// Keeps `vipwatch_leader` at this replica's `role` (1 leading or single, 0 following) until the

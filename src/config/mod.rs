@@ -203,9 +203,10 @@ pub struct DatabaseConfig {
     /// one, e.g. `"2s"`. 100ms–1m.
     #[serde(with = "humantime_serde")]
     pub leader_renew: Duration,
-    /// PostgreSQL only: a leader whose watch is not ready this long — its first lists not stored,
-    /// or `/readyz`'s watch check failing (the apiserver unreachable, 401/403 in a row) — gives its
-    /// lease up and waits `leader_ttl` before bidding again, so a replica that can reach Kubernetes
+    /// PostgreSQL only: a leader whose watch fails this long without a break — before its first
+    /// lists are stored, a scope whose requests fail or stall (a first list still being read is
+    /// progress, however large the cluster); after, `/readyz`'s watch check (the apiserver
+    /// unreachable past `kubernetes.stale_after`, 401/403 in a row) — gives its lease up and waits `leader_ttl` before bidding again, so a replica that can reach Kubernetes
     /// takes over, e.g. `"60s"`. 1s–1h. (With the lease in Kubernetes, as upstream controllers
     /// keep it, a leader cut off from the apiserver loses it by itself; ours is in PostgreSQL.)
     #[serde(with = "humantime_serde")]
