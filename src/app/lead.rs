@@ -340,3 +340,30 @@ async fn prune_loop(store: Store, retention: Duration, cancel: CancellationToken
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::watch::{ScopeSpec, Verb, WatchHealth};
+
+    #[test]
+    fn a_first_list_counts_as_failing_only_while_a_scope_fails_or_stalls() {
+        let health = WatchHealth::new(Metrics::new(), Duration::from_secs(30));
+        let services = ScopeSpec::services(None);
+        assert_eq!(first_list_failing(&health), None, "nothing asked yet");
+        health.opened(&services, Verb::List);
+        assert_eq!(first_list_failing(&health), None, "a list being read is progress");
+        health.failed(&services, Verb::List, "client error (Connect)");
+        assert_eq!(
+            first_list_failing(&health).as_deref(),
+            Some("first full list failing (services: list services in all namespaces failed: client error (Connect))")
+        );
+        health.opened(&services, Verb::List);
+        assert_eq!(first_list_failing(&health), None, "listing again");
+        health.stalled(&services, Verb::List, Duration::from_secs(7));
+        assert_eq!(
+            first_list_failing(&health).as_deref(),
+            Some("first full list failing (services: list stalled: nothing received for 7s)")
+        );
+    }
+}
