@@ -384,7 +384,12 @@ async fn an_endpoint_with_its_own_concurrency_has_no_more_deliveries_in_flight()
     }
     wait_hits(&fast, 5).await; // `wide` (relay.concurrency) sends all five at once
     wait_hits(&stuck, 2).await;
-    assert_eq!(stuck.hits().len(), 2, "`narrow` holds two in flight and waits");
+    let seen: Vec<(String, String)> = stuck
+        .hits()
+        .iter()
+        .map(|h| (h.header("webhook-id"), h.json()["data"]["service"]["name"].to_string()))
+        .collect();
+    assert_eq!(stuck.hits().len(), 2, "`narrow` holds two in flight and waits: {seen:?}");
 }
 
 /// A receiver that refuses every `ADDED` for good (422) and takes everything else.

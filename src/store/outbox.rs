@@ -271,7 +271,8 @@ pub(super) async fn claim_in(
     limit: usize,
 ) -> Result<Vec<Claimed>, StoreError> {
     let backend = exec.backend();
-    let sql = format!("{}{limit}{}{CLAIM_RETURNING}", backend.pick(CLAIM.lite, CLAIM.pg), backend.pick("", CLAIM_LOCK));
+    let sql =
+        format!("{}{limit}{}{CLAIM_RETURNING}", backend.pick(CLAIM.lite, CLAIM.pg), backend.pick(")", CLAIM_LOCK));
     let q = backend.query_dyn(sql).bind(webhook).bind(now).bind(now + lease_ms);
     let rows = q.fetch_all(exec).await?;
     let mut claimed: Vec<Claimed> = rows
@@ -336,14 +337,19 @@ const CLAIM: Dual = Dual {
         " ORDER BY d.id LIMIT "
     ),
     pg: concat!(
-        "UPDATE deliveries SET claimed_until = $3 WHERE id IN (SELECT d.id FROM deliveries d WHERE ",
+        "UPDATE deliveries SET claimed_until = $3 WHERE id = ANY(ARRAY(SELECT d.id FROM deliveries d WHERE ",
         claim_where!(),
         " ORDER BY d.id LIMIT "
     ),
 };
 
-/// The claim's row locks on PostgreSQL, after its LIMIT.
-const CLAIM_LOCK: &str = " FOR UPDATE SKIP LOCKED";
+/// The end of the claim's candidate list on PostgreSQL, after its LIMIT: the row locks, and the
+/// `ARRAY(…)` that makes the candidates an InitPlan, run once. As `id IN (SELECT … LIMIT n FOR
+/// UPDATE SKIP LOCKED)` the planner may run the subquery again per outer row (a semi join), and a
+/// run after rows were updated by the same statement skips them as locked and returns the next:
+/// a claim of 2 leased 5, and an endpoint with `concurrency = 2` had 3 attempts in flight
+/// (`relay::an_endpoint_with_its_own_concurrency_has_no_more_deliveries_in_flight`, on PostgreSQL).
+const CLAIM_LOCK: &str = " FOR UPDATE SKIP LOCKED))";
 
 /// Which deliveries of endpoint $1 a claim at $2 may take: pending, not held, due, not leased, heads.
 macro_rules! claim_where {
@@ -357,7 +363,7 @@ macro_rules! claim_where {
 }
 use claim_where;
 
-const CLAIM_RETURNING: &str = ") RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id";
+const CLAIM_RETURNING: &str = " RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id";
 
 const NEXT_DUE: Dual = Dual {
     lite: concat!(
