@@ -131,38 +131,21 @@ pub(super) async fn elect(
         tokio::pin!(run);
         let unready =
             unready_for(s.config.database.leader_step_down_after, s.ready.subscribe(), s.watch_health.clone());
-        tokio::select! {
+        // A term that ends while the lease is still ours (its watch failing too long, its tasks
+        // failed, a graceful stop) gives the lease up; a lost one has nothing to give up.
+        let result = tokio::select! {
             why = unready => {
                 warn!(epoch, reason = %why, after = ?s.config.database.leader_step_down_after,
                     "watch not ready: giving the lease up so a replica that can reach Kubernetes leads");
                 term_cancel.cancel();
-                let result = run.await;
-                if let Err(e) = term.resign().await {
-                    warn!(error = %e, "cannot give up the leader lease; it expires by itself");
-                }
-                if cancel.is_cancelled() {
-                    return result;
-                }
-                role.send_replace(Role::Follower);
-                tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(s.config.database.leader_ttl) => {}
-                }
+                run.await
             }
             result = &mut run => {
-                if let Err(e) = term.resign().await {
-                    warn!(error = %e, "cannot give up the leader lease; it expires by itself");
+                if !cancel.is_cancelled() {
+                    let why = result.as_ref().err().map(|e| super::ErrorChain(e).to_string()).unwrap_or_default();
+                    warn!(epoch, error = %why, retry_in = ?s.config.database.leader_ttl, "leader term failed; giving up the lease");
                 }
-                if cancel.is_cancelled() {
-                    return result;
-                }
-                role.send_replace(Role::Follower);
-                let why = result.err().map(|e| super::ErrorChain(&e).to_string()).unwrap_or_default();
-                warn!(epoch, error = %why, retry_in = ?s.config.database.leader_ttl, "leader term failed; gave up the lease");
-                tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(s.config.database.leader_ttl) => {}
-                }
+                result
             }
             _ = term.lost() => {
                 role.send_replace(Role::Follower);
@@ -172,7 +155,19 @@ pub(super) async fn elect(
                     warn!(epoch, error = %super::ErrorChain(&e), "the lost term's tasks ended with an error");
                 }
                 warn!(epoch, "stood down: following, and bidding for the lease again");
+                continue;
             }
+        };
+        if let Err(e) = term.resign().await {
+            warn!(error = %e, "cannot give up the leader lease; it expires by itself");
+        }
+        if cancel.is_cancelled() {
+            return result;
+        }
+        role.send_replace(Role::Follower);
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(s.config.database.leader_ttl) => {}
         }
     }
 }

@@ -76,6 +76,14 @@ impl Replica {
         text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
+    /// Waits until this replica's role is `role` (`leader`, `follower`).
+    async fn wait_role(&self, role: &str) {
+        wait_until(&format!("{} is {role}", self.name), || async {
+            (self.role().await.as_deref() == Some(role)).then_some(())
+        })
+        .await;
+    }
+
     async fn role(&self) -> Option<String> {
         Some(self.leader().await?["role"].as_str()?.to_owned())
     }
@@ -211,9 +219,9 @@ async fn a_leader_paused_past_its_lease_commits_and_sends_nothing_when_it_resume
     let h = Harness::new().await;
     let (rx_a, rx_b) = (Receiver::ok().await, Receiver::ok().await);
     let a = Replica::start(&h, "a", &rx_a).await;
-    wait_until("a leads", || async { (a.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    a.wait_role("leader").await;
     let b = Replica::start(&h, "b", &rx_b).await;
-    wait_until("b follows", || async { (b.role().await.as_deref() == Some("follower")).then_some(()) }).await;
+    b.wait_role("follower").await;
     for i in 0..10 {
         h.api.apply(lb_service("shop", &format!("web-{i}"), 80));
     }
@@ -221,7 +229,7 @@ async fn a_leader_paused_past_its_lease_commits_and_sends_nothing_when_it_resume
 
     a.signal(libc::SIGSTOP);
     let stopped = Instant::now();
-    wait_until("b took over", || async { (b.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    b.wait_role("leader").await;
     assert!(stopped.elapsed() >= TTL - Duration::from_secs(1), "b waited for the lease to expire");
     // While a is paused, its watch connection still receives these: it will read them on resuming.
     for i in 10..20 {
@@ -231,7 +239,7 @@ async fn a_leader_paused_past_its_lease_commits_and_sends_nothing_when_it_resume
     let sent_by_a = rx_a.hits().len();
 
     a.signal(libc::SIGCONT);
-    wait_until("a stood down", || async { (a.role().await.as_deref() == Some("follower")).then_some(()) }).await;
+    a.wait_role("follower").await;
     h.api.apply(lb_service("shop", "web-20", 80));
     wait_until("b delivered one more", || async {
         rx_b.accepted().iter().any(|hit| hit.json()["data"]["service"]["name"] == "web-20").then_some(())
@@ -253,16 +261,16 @@ async fn sigterm_of_the_leader_hands_over_in_under_2_s() {
     let h = Harness::new().await;
     let rx = Receiver::ok().await;
     let mut a = Replica::start(&h, "a", &rx).await;
-    wait_until("a leads", || async { (a.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    a.wait_role("leader").await;
     let b = Replica::start(&h, "b", &rx).await;
-    wait_until("b follows", || async { (b.role().await.as_deref() == Some("follower")).then_some(()) }).await;
+    b.wait_role("follower").await;
     assert_eq!((a.metric("vipwatch_leader").await, b.metric("vipwatch_leader").await), (Some(1.0), Some(0.0)));
     h.api.apply(lb_service("shop", "web", 80));
     wait_until("the ADDED delivered", || async { (rx.accepted().len() == 1).then_some(()) }).await;
 
     a.signal(libc::SIGTERM);
     let asked = Instant::now();
-    wait_until("b took over", || async { (b.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    b.wait_role("leader").await;
     let handover = asked.elapsed();
     eprintln!("handover after SIGTERM: {handover:?}");
     assert!(handover < Duration::from_secs(2), "handover took {handover:?}");
@@ -304,16 +312,23 @@ impl Drop for OwnServer {
     }
 }
 
+/// A harness on a fresh database of a PostgreSQL server of the test's own (which the test may stop
+/// or restart); skips, or fails under CI, like every PostgreSQL test.
+async fn on_own_server() -> (Harness, OwnServer) {
+    let _ = pg_server_url();
+    let mut h = Harness::on(vipwatch::store::Backend::Sqlite).await;
+    let server = OwnServer::start(std::env::temp_dir().join(format!("vw-pg-{}", uuid::Uuid::new_v4().simple())));
+    h.pg_url = Some(fresh_pg_database(&server.url).await);
+    (h, server)
+}
+
 fn pg_script() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pg-test.sh")
 }
 
 #[tokio::test]
 async fn after_a_restart_of_postgresql_every_replica_recovers_by_itself() {
-    let _ = pg_server_url(); // skips (or fails under CI) like every PostgreSQL test
-    let mut h = Harness::on(vipwatch::store::Backend::Sqlite).await;
-    let server = OwnServer::start(std::env::temp_dir().join(format!("vw-pg-{}", uuid::Uuid::new_v4().simple())));
-    h.pg_url = Some(fresh_pg_database(&server.url).await);
+    let (h, server) = on_own_server().await;
     let rx = Receiver::ok().await;
     let a = Replica::start(&h, "a", &rx).await;
     let b = Replica::start(&h, "b", &rx).await;
@@ -512,9 +527,9 @@ async fn a_leader_that_cannot_reach_kubernetes_gives_the_lease_to_one_that_can()
     let cut_off =
         [("VIPWATCH_KUBERNETES__URL", &*format!("http://{dead}")), ("VIPWATCH_DATABASE__LEADER_STEP_DOWN_AFTER", "2s")];
     let a = Replica::start_with(&h, "a", &rx, &cut_off).await;
-    wait_until("a leads", || async { (a.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    a.wait_role("leader").await;
     let b = Replica::start(&h, "b", &rx).await;
-    wait_until("b leads", || async { (b.role().await.as_deref() == Some("leader")).then_some(()) }).await;
+    b.wait_role("leader").await;
     wait_until("the ADDED delivered", || async { (rx.accepted().len() == 1).then_some(()) }).await;
     assert_eq!(rx.accepted()[0].event().0, "ADDED");
     assert_eq!(a.role().await.as_deref(), Some("follower"));
@@ -524,10 +539,7 @@ async fn a_leader_that_cannot_reach_kubernetes_gives_the_lease_to_one_that_can()
 /// operator can act on), not 500 `internal`: every read endpoint maps storage faults the same way.
 #[tokio::test]
 async fn reads_answer_503_database_unavailable_while_postgresql_is_down() {
-    let _ = pg_server_url(); // skips (or fails under CI) like every PostgreSQL test
-    let mut h = Harness::on(vipwatch::store::Backend::Sqlite).await;
-    let server = OwnServer::start(std::env::temp_dir().join(format!("vw-pg-{}", uuid::Uuid::new_v4().simple())));
-    h.pg_url = Some(fresh_pg_database(&server.url).await);
+    let (h, server) = on_own_server().await;
     let rx = Receiver::ok().await;
     let a = Replica::start(&h, "a", &rx).await;
     one_leader(&[&a]).await;
