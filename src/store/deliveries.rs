@@ -363,7 +363,7 @@ async fn record_attempts(tx: &mut Tx<'_>, now: i64, done: &[Completion]) -> Resu
     // writer waited for its turn.
     let mut retried = Vec::new();
     for chunk in done.chunks(ATTEMPT_ROWS) {
-        let mut q = tx.backend().query_dyn(values_sql(ATTEMPT_INSERT, chunk.len(), 9, ""));
+        let mut q = tx.backend().query_dyn(values_sql(tx.backend(), ATTEMPT_INSERT, chunk.len(), 9, ""));
         for c in chunk {
             let a = &c.attempt;
             q = q

@@ -430,7 +430,7 @@ const EVENT_INSERT: &str = "INSERT INTO events (id, observed_at, type, namespace
     cause, view, previous, changed, backends, backends_diff)";
 
 async fn insert_event_chunk(tx: &mut Tx<'_>, now: i64, chunk: &[(&EventJson<'_>, i64)]) -> Result<(), StoreError> {
-    let mut q = tx.backend().query_dyn(values_sql(EVENT_INSERT, chunk.len(), 13, ""));
+    let mut q = tx.backend().query_dyn(values_sql(tx.backend(), EVENT_INSERT, chunk.len(), 13, ""));
     for (r, id) in chunk {
         q = q
             .bind(*id)
