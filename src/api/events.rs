@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
-use vipwatch_contract::{BackendMode, Backends, BackendsDiff};
+use vipwatch_contract::{BackendMode, BackendsDiff};
 
 use super::ApiState;
 use super::error::{ApiError, Problem};
@@ -71,7 +71,8 @@ pub struct EventDetail {
     pub previous: Option<ServiceView>,
     /// ADDED and DELETED: the members per backend mode (keys `nodePort`, `pod`), as the payloads
     /// carried them; otherwise `{}`.
-    pub backends: BTreeMap<BackendMode, Backends>,
+    #[schema(value_type = BTreeMap<BackendMode, vipwatch_contract::Backends>)]
+    pub backends: crate::model::backends::BackendSets,
     /// MODIFIED whose members changed: what changed, per backend mode (the payload's
     /// `backendsDiff`); otherwise `{}`.
     pub backends_diff: BTreeMap<BackendMode, BackendsDiff>,

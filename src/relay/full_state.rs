@@ -63,7 +63,12 @@ impl FullState {
         }
         let services = rows
             .iter()
-            .map(|r| service_value(r, self.modes.mode_for(&r.view, &self.name).and_then(|m| r.backends.get(&m))))
+            .map(|r| {
+                service_value(
+                    r,
+                    self.modes.mode_for(&r.view, &self.name).and_then(|m| r.backends.get(&m)).map(Box::as_ref),
+                )
+            })
             .collect();
         let Some(req) = t.compiled.full_state() else {
             return Err(template_failure(TemplateError::Setup("no full_state request".into())));

@@ -228,7 +228,8 @@ pub(super) async fn insert_deliveries(
     while !rest.is_empty() {
         let n = if rest.len() >= CHUNK { CHUNK } else { 1 << rest.len().ilog2() };
         let (chunk, tail) = rest.split_at(n);
-        let mut q = tx.backend().query_dyn(values_sql(tx.backend(), DELIVERY_INSERT, chunk.len(), 10, " RETURNING id, kind"));
+        let mut q =
+            tx.backend().query_dyn(values_sql(tx.backend(), DELIVERY_INSERT, chunk.len(), 10, " RETURNING id, kind"));
         for (d, event_id, key, held) in chunk {
             q = q
                 .bind(&d.webhook)

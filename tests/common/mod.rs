@@ -299,5 +299,5 @@ pub fn node_port_members(
     let hash = format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>());
     let b =
         Backends { mode: BackendMode::NodePort, revision, hash, health_check: Some(health_check), reason: None, ports };
-    [(BackendMode::NodePort, b)].into_iter().collect()
+    [(BackendMode::NodePort, Box::new(b))].into_iter().collect()
 }

@@ -10,7 +10,11 @@ use super::members::{MemberRules, compute};
 use crate::model::{ServiceKey, ServiceView};
 
 /// A Service's members per mode. Serialized as an object keyed by mode (`{"nodePort": {...}}`).
-pub type BackendSets = BTreeMap<BackendMode, Backends>;
+///
+/// The members are boxed: a B-tree node has room for 11 entries whatever the map holds, and with
+/// [`Backends`] inline (about 140 bytes) that was 1.6 KiB per Service for its one or two modes —
+/// 16 MB of the recorder's mirror at 10,000 Services, a quarter of its heap (heaptrack, issue 13).
+pub type BackendSets = BTreeMap<BackendMode, Box<Backends>>;
 
 /// The members of `key` in each of `modes`, numbered against `current`: a mode keeps its revision
 /// while its hash is unchanged; a changed or new one gets the Service's next revision, one above the
@@ -34,7 +38,7 @@ pub fn compute_sets(
                 Some(c) if c.hash == b.hash => c.revision,
                 _ => next,
             };
-            (mode, b)
+            (mode, Box::new(b))
         })
         .collect()
 }
@@ -44,7 +48,7 @@ pub fn compute_sets(
 pub fn diffs(old: &BackendSets, new: &BackendSets) -> BTreeMap<BackendMode, BackendsDiff> {
     new.iter()
         .filter(|(mode, b)| old.get(mode).is_none_or(|o| o.hash != b.hash))
-        .map(|(mode, b)| (*mode, diff(old.get(mode), b)))
+        .map(|(mode, b)| (*mode, diff(old.get(mode).map(Box::as_ref), b)))
         .collect()
 }
 
