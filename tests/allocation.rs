@@ -342,6 +342,27 @@ async fn no_delivery_goes_out_before_the_finalizer_is_on_the_service() {
 }
 
 #[tokio::test]
+async fn a_slow_finalizer_patch_holds_back_only_its_own_services_deliveries() {
+    let h = Harness::new().await;
+    // Both exist before the start, so one pass of the publisher patches them together.
+    h.api.apply(lb_service("ns", "slow", 80));
+    h.api.apply(lb_service("ns", "fast", 81));
+    h.api.faults().hold_writes_to("slow", true);
+    let rx = Receiver::ok().await;
+    let running = h.start(config(&h, &rx, vec![])).await;
+    let names = || -> Vec<String> {
+        rx.accepted().iter().map(|hit| hit.json()["data"]["service"]["name"].as_str().unwrap().to_owned()).collect()
+    };
+    // The relay used to wait for every patch of the pass, the stuck one too.
+    wait_until("fast's ADDED delivered", || async { (names() == ["fast"]).then_some(()) }).await;
+    assert_eq!(h.api.get("ns", "slow").unwrap()["metadata"].get("finalizers"), None, "slow's patch is still held");
+    h.api.faults().hold_writes_to("slow", false);
+    wait_until("slow's ADDED delivered", || async { (names() == ["fast", "slow"]).then_some(()) }).await;
+    assert_eq!(h.api.get("ns", "slow").unwrap()["metadata"]["finalizers"], json!(["vipwatch.io/cleanup"]));
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn leaving_scope_clears_the_status_and_the_finalizer_after_the_deleted_is_acknowledged() {
     let h = Harness::new().await;
     let rx = Receiver::ok().await;

@@ -190,45 +190,51 @@ impl Publisher {
     }
 
     /// Adds the finalizer to Services whose deliveries wait for it (up to [`CONCURRENCY`] at once),
-    /// then lets those go. A Service that is gone or being deleted gets none (its DELETED follows), and
-    /// its deliveries go too. A Service whose patch failed stays held for the next pass.
+    /// letting the deliveries of each group of patches go as soon as that group is done, so the relay
+    /// starts on the first Services of a large first list while the later ones are patched (the
+    /// relay used to wait for the whole [`BATCH`], issue 13). A Service that is gone or being deleted
+    /// gets none (its DELETED follows), and its deliveries go too. A Service whose patch failed stays
+    /// held for the next pass.
     async fn finalizers(&mut self) -> Result<bool, PublishError> {
         let held = self.store.held_services(BATCH).await?;
         let full = held.len() as i64 == BATCH;
         let (client, trust) = (&self.client, &self.trust);
-        let results: Vec<(ServiceKey, Result<Written, kube::Error>)> = futures::stream::iter(held)
+        let mut finished = futures::stream::iter(held)
             .filter(|_| std::future::ready(trust.is_valid()))
             .map(|key| async move {
                 let written = kube_ops::add_finalizer(client, &key).await;
                 (key, written)
             })
             .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
-        let mut done = Vec::with_capacity(results.len());
-        let mut failed: Option<(&ServiceKey, &kube::Error, usize)> = None;
-        for (key, written) in &results {
-            self.metrics.kube_write("finalizer_add", written.is_ok());
-            match written {
-                Ok(Written::Refused(why)) => info!(service = %key, reason = %why, "finalizer not added"),
-                Ok(_) => {}
-                Err(e) => {
-                    let n = failed.map_or(0, |f| f.2);
-                    failed = Some((failed.map_or(key, |f| f.0), failed.map_or(e, |f| f.1), n + 1));
-                    continue;
+            .ready_chunks(CONCURRENCY);
+        let mut progress = false;
+        let mut failed: Option<(ServiceKey, String, usize)> = None;
+        while let Some(results) = finished.next().await {
+            let mut done = Vec::with_capacity(results.len());
+            for (key, written) in results {
+                self.metrics.kube_write("finalizer_add", written.is_ok());
+                match written {
+                    Ok(Written::Refused(why)) => info!(service = %key, reason = %why, "finalizer not added"),
+                    Ok(_) => {}
+                    Err(e) => {
+                        let f = failed.get_or_insert_with(|| (key, e.to_string(), 0));
+                        f.2 += 1;
+                        continue;
+                    }
                 }
+                done.push(key);
             }
-            done.push(key);
+            self.store.release_held(&done.iter().collect::<Vec<_>>()).await?;
+            if let Some(relay) = self.wake_relay.as_ref().filter(|_| !done.is_empty()) {
+                relay.send_modify(|_| {});
+            }
+            progress |= !done.is_empty();
         }
         if let Some((key, error, services)) = failed {
             warn!(service = %key, %error, services, "cannot add the finalizer; their deliveries wait (retrying)");
         }
-        self.store.release_held(&done).await?;
-        if let Some(relay) = self.wake_relay.as_ref().filter(|_| !done.is_empty()) {
-            relay.send_modify(|_| {});
-        }
         // Go on at once only while making progress: a failing apiserver must not be hammered.
-        Ok(full && !done.is_empty())
+        Ok(full && progress)
     }
 
     async fn statuses(&mut self) -> Result<(), PublishError> {

@@ -19,6 +19,8 @@ pub struct Faults {
     fail_next: AtomicUsize,
     /// HTTP status of the injected failures (500 unless set by [`Faults::fail_requests_with`]).
     fail_status: AtomicU16,
+    /// Objects whose writes wait (see [`Faults::hold_writes_to`]).
+    held: watch::Sender<std::collections::BTreeSet<String>>,
 }
 
 impl Faults {
@@ -31,6 +33,7 @@ impl Faults {
             expire_continue: AtomicBool::new(false),
             fail_next: AtomicUsize::new(0),
             fail_status: AtomicU16::new(500),
+            held: watch::Sender::new(Default::default()),
         }
     }
 
@@ -114,6 +117,32 @@ impl Faults {
         self.fail_next.store(n, Ordering::SeqCst);
     }
 
+    /// While `on`, every write (POST, PUT, PATCH, DELETE) whose path names the object `name` (its
+    /// last segment, or the one before `/status`) waits before it is applied, like a request stuck
+    /// in a slow apiserver; switching it off lets the waiting writes through in order. Other
+    /// requests are not affected.
+    pub fn hold_writes_to(&self, name: &str, on: bool) {
+        self.held.send_modify(|held| {
+            if on {
+                held.insert(name.to_owned());
+            } else {
+                held.remove(name);
+            }
+        });
+    }
+
+    /// Waits while writes to the object that `path` names are held ([`Faults::hold_writes_to`]).
+    pub(crate) async fn write_allowed(&self, path: &str) {
+        let mut segs = path.trim_end_matches('/').rsplit('/');
+        let name = match segs.next() {
+            Some("status") => segs.next(),
+            last => last,
+        };
+        let Some(name) = name else { return };
+        let mut held = self.held.subscribe();
+        let _ = held.wait_for(|h| !h.contains(name)).await;
+    }
+
     fn broadcast(&self, msg: impl Fn() -> WatchMsg) {
         self.store.lock().expect("store lock").broadcast(|_| msg());
     }
@@ -152,6 +181,7 @@ impl std::fmt::Debug for Faults {
             .field("expire_continue", &self.continue_expired())
             .field("silent", &*self.silent.borrow())
             .field("fail_next", &self.fail_next.load(Ordering::SeqCst))
+            .field("held", &*self.held.borrow())
             .finish()
     }
 }

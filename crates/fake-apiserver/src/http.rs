@@ -217,6 +217,9 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let headers = req.headers().clone();
     let ok = |v: &serde_json::Value| json_response(StatusCode::OK, v);
     let writes = matches!(method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE);
+    if writes {
+        shared.faults.write_allowed(&path).await;
+    }
     let body = if writes {
         match read_body(req).await {
             Ok(b) => b,
