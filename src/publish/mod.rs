@@ -190,9 +190,10 @@ impl Publisher {
     }
 
     /// Adds the finalizer to Services whose deliveries wait for it (up to [`CONCURRENCY`] at once),
-    /// letting the deliveries of each group of patches go as soon as that group is done, so the relay
-    /// starts on the first Services of a large first list while the later ones are patched (the
-    /// relay used to wait for the whole [`BATCH`], issue 13). A Service that is gone or being deleted
+    /// letting the deliveries of each group of patches go as soon as that group is done: a patch stuck
+    /// in a slow apiserver holds back only its own Service's deliveries, not the rest of the pass
+    /// (up to [`BATCH`]), and the relay starts on the first Services of a large first list while the
+    /// later ones are patched. Each group is one write. A Service that is gone or being deleted
     /// gets none (its DELETED follows), and its deliveries go too. A Service whose patch failed stays
     /// held for the next pass.
     async fn finalizers(&mut self) -> Result<bool, PublishError> {
