@@ -48,7 +48,10 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() {
     st.args(["-m", "schemathesis.cli", "--config-file"])
         .arg(config(h.dir.path()))
         .args(["run", spec, "--url", &format!("http://{}", vw.addr)])
-        .args(["--checks", "all", "--max-examples", "50", "--seed", "20261130", "--workers", "2"])
+        // One worker: with two, Hypothesis parses lambda sources with `ast` from both threads at once,
+        // and CPython 3.11's AST constructor then fails now and then with "AST constructor recursion
+        // depth mismatch" (a Runtime Error reported against a random operation, not our API).
+        .args(["--checks", "all", "--max-examples", "50", "--seed", "20261130", "--workers", "1"])
         .args(["--exclude-path", "/api/v1/events/stream", "--request-timeout", "10", "--no-shrink"])
         .args(["-H", &format!("Authorization: Bearer {TOKEN}"), "--report-dir"])
         .arg(&report)
