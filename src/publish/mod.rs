@@ -225,7 +225,7 @@ impl Publisher {
                 }
                 done.push(key);
             }
-            self.store.release_held(&done.iter().collect::<Vec<_>>()).await?;
+            self.store.release_held(&done).await?;
             if let Some(relay) = self.wake_relay.as_ref().filter(|_| !done.is_empty()) {
                 relay.send_modify(|_| {});
             }

@@ -64,10 +64,7 @@ impl FullState {
         let services = rows
             .iter()
             .map(|r| {
-                service_value(
-                    r,
-                    self.modes.mode_for(&r.view, &self.name).and_then(|m| r.backends.get(&m)).map(Box::as_ref),
-                )
+                service_value(r, crate::model::backends::in_mode(&r.backends, self.modes.mode_for(&r.view, &self.name)))
             })
             .collect();
         let Some(req) = t.compiled.full_state() else {

@@ -94,7 +94,7 @@ impl Router {
         let switched = before != mode;
         let switch_diff = match (switched, mode) {
             (true, Some(m)) => e.event.backends.get(&m).map(|new| {
-                let old = before.and_then(|b| e.event.previous_backends.as_ref()?.get(&b)).map(Box::as_ref);
+                let old = e.event.previous_backends.as_ref().and_then(|p| backends::in_mode(p, before));
                 backends::diff(old, new)
             }),
             _ => None,
@@ -120,7 +120,7 @@ impl Router {
             view: &e.event.view,
             previous: e.event.previous.as_ref(),
             changed: &changed,
-            backends: mode.and_then(|m| e.event.backends.get(&m)).map(Box::as_ref),
+            backends: backends::in_mode(&e.event.backends, mode),
             backends_diff: diff,
             sync: None,
         }))
@@ -141,7 +141,7 @@ impl Router {
             view: &s.view,
             previous: None,
             changed: &[],
-            backends: mode.and_then(|m| s.backends.get(&m)).map(Box::as_ref),
+            backends: backends::in_mode(&s.backends, mode),
             backends_diff: None,
             sync: Some(sync),
         });

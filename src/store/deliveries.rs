@@ -4,7 +4,7 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-use super::db::{Dual, Filter, Row, Tx, values_sql};
+use super::db::{Dual, Filter, Row, Tx};
 use super::outbox::{Claimed, DeliveryInsert, NewDelivery, insert_deliveries};
 use super::{Store, StoreError, now_ms};
 use crate::model::ServiceKey;
@@ -351,7 +351,7 @@ const COMPLETE: Dual = Dual {
     AS u(id bigint, state text, next bigint, finished bigint, status bigint, error text) WHERE deliveries.id = u.id",
 };
 
-/// Columns of an attempt row, in [`values_sql`] order.
+/// Columns of an attempt row, in [`super::db::values_sql`] order.
 const ATTEMPT_INSERT: &str = "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, \
     error, location, response_body, request)";
 
@@ -363,7 +363,7 @@ async fn record_attempts(tx: &mut Tx<'_>, now: i64, done: &[Completion]) -> Resu
     // writer waited for its turn.
     let mut retried = Vec::new();
     for chunk in done.chunks(ATTEMPT_ROWS) {
-        let mut q = tx.backend().query_dyn(values_sql(tx.backend(), ATTEMPT_INSERT, chunk.len(), 9, ""));
+        let mut q = tx.backend().values(ATTEMPT_INSERT, chunk.len(), 9, "");
         for c in chunk {
             let a = &c.attempt;
             q = q

@@ -2,7 +2,7 @@
 //! completed with an attempt row. Per (endpoint, Service) the pending deliveries form a FIFO queue
 //! whose head (lowest id) is the only one ever claimed, which is what keeps per-Service order.
 
-use super::db::{Dual, Exec, Tx, values_sql};
+use super::db::{Dual, Exec, Tx};
 use super::{Backend, Store, StoreError};
 use crate::model::{Cause, Recorded, ServiceKey};
 
@@ -91,7 +91,7 @@ pub struct Claimed {
     pub event_id: Option<i64>,
 }
 
-/// Columns of a delivery row, in [`values_sql`] order.
+/// Columns of a delivery row, in [`super::db::values_sql`] order.
 const DELIVERY_INSERT: &str = "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, \
     created_at, next_attempt_at, held)";
 
@@ -228,8 +228,7 @@ pub(super) async fn insert_deliveries(
     while !rest.is_empty() {
         let n = if rest.len() >= CHUNK { CHUNK } else { 1 << rest.len().ilog2() };
         let (chunk, tail) = rest.split_at(n);
-        let mut q =
-            tx.backend().query_dyn(values_sql(tx.backend(), DELIVERY_INSERT, chunk.len(), 10, " RETURNING id, kind"));
+        let mut q = tx.backend().values(DELIVERY_INSERT, chunk.len(), 10, " RETURNING id, kind");
         for (d, event_id, key, held) in chunk {
             q = q
                 .bind(&d.webhook)

@@ -94,7 +94,7 @@ impl Store {
     }
 
     /// Lets the held deliveries of `keys` go (due now), in one statement. Returns how many.
-    pub async fn release_held(&self, keys: &[&ServiceKey]) -> Result<u64, StoreError> {
+    pub async fn release_held(&self, keys: &[ServiceKey]) -> Result<u64, StoreError> {
         if keys.is_empty() {
             return Ok(0);
         }

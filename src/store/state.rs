@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::db::{Backend, Dual, Row, Tx, values_sql};
+use super::db::{Backend, Dual, Row, Tx};
 use super::outbox::{Outbox, RecordedEvent};
 use super::progress::{WatchProgress, write_progress};
 use super::{Store, StoreError, now_ms};
@@ -425,12 +425,12 @@ async fn insert_events(tx: &mut Tx<'_>, now: i64, rows: &[EventJson<'_>], ids: &
     Ok(())
 }
 
-/// Columns of an event row, in [`values_sql`] order.
+/// Columns of an event row, in [`super::db::values_sql`] order.
 const EVENT_INSERT: &str = "INSERT INTO events (id, observed_at, type, namespace, name, uid, resource_version, \
     cause, view, previous, changed, backends, backends_diff)";
 
 async fn insert_event_chunk(tx: &mut Tx<'_>, now: i64, chunk: &[(&EventJson<'_>, i64)]) -> Result<(), StoreError> {
-    let mut q = tx.backend().query_dyn(values_sql(tx.backend(), EVENT_INSERT, chunk.len(), 13, ""));
+    let mut q = tx.backend().values(EVENT_INSERT, chunk.len(), 13, "");
     for (r, id) in chunk {
         q = q
             .bind(*id)

@@ -16,6 +16,11 @@ use crate::model::{ServiceKey, ServiceView};
 /// 16 MB of the recorder's mirror at 10,000 Services, a quarter of its heap (heaptrack, issue 13).
 pub type BackendSets = BTreeMap<BackendMode, Box<Backends>>;
 
+/// The members of `sets` in `mode`, if it has that mode (`None`: no mode, nothing).
+pub fn in_mode(sets: &BackendSets, mode: Option<BackendMode>) -> Option<&Backends> {
+    sets.get(&mode?).map(Box::as_ref)
+}
+
 /// The members of `key` in each of `modes`, numbered against `current`: a mode keeps its revision
 /// while its hash is unchanged; a changed or new one gets the Service's next revision, one above the
 /// highest of `current` (revisions grow across modes, so an endpoint whose mode switches never sees
@@ -48,7 +53,7 @@ pub fn compute_sets(
 pub fn diffs(old: &BackendSets, new: &BackendSets) -> BTreeMap<BackendMode, BackendsDiff> {
     new.iter()
         .filter(|(mode, b)| old.get(mode).is_none_or(|o| o.hash != b.hash))
-        .map(|(mode, b)| (*mode, diff(old.get(mode).map(Box::as_ref), b)))
+        .map(|(mode, b)| (*mode, diff(in_mode(old, Some(*mode)), b)))
         .collect()
 }
 
