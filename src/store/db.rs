@@ -306,6 +306,23 @@ impl<'c> Tx<'c> {
     }
 }
 
+/// `rows` cut for multi-row statements: chunks of `most` rows while that many are left, then of the
+/// largest power of two that fits (`most` = 128: 300 rows → 128, 128, 32, 8, 4), so a table's inserts
+/// use at most `log2(most) + 1` distinct statement texts (each prepared once and cached).
+pub(super) fn row_chunks<T>(rows: &[T], most: usize) -> impl Iterator<Item = &[T]> {
+    let mut rest = rows;
+    std::iter::from_fn(move || {
+        let n = match rest.len() {
+            0 => return None,
+            len if len >= most => most,
+            len => 1 << len.ilog2(),
+        };
+        let (chunk, tail) = rest.split_at(n);
+        rest = tail;
+        Some(chunk)
+    })
+}
+
 /// `INSERT INTO ... (columns) VALUES (…), (…), ...` for `rows` rows of `columns` values each,
 /// followed by `tail` (e.g. ` RETURNING id`): the text of a multi-row insert whose parameters are
 /// bound row by row. PostgreSQL numbers them (`$1, $2, …`); SQLite gets anonymous `?`, which it

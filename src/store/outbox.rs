@@ -224,10 +224,7 @@ pub(super) async fn insert_deliveries(
     let rows: Vec<&DeliveryInsert<'_>> = rows.iter().filter(|r| r.0.coalesce_ms.is_none()).collect();
     let mut first_modified: Option<i64> = None;
     let mut first_full: Option<i64> = None;
-    let mut rest = &rows[..];
-    while !rest.is_empty() {
-        let n = if rest.len() >= CHUNK { CHUNK } else { 1 << rest.len().ilog2() };
-        let (chunk, tail) = rest.split_at(n);
+    for chunk in super::db::row_chunks(&rows, CHUNK) {
         let mut q = tx.backend().values(DELIVERY_INSERT, chunk.len(), 10, " RETURNING id, kind");
         for (d, event_id, key, held) in chunk {
             q = q
@@ -251,7 +248,6 @@ pub(super) async fn insert_deliveries(
             };
             *first = Some(first.map_or(id, |f| f.min(id)));
         }
-        rest = tail;
     }
     if let Some(first) = first_modified {
         tx.backend().dual(&SUPERSEDE).bind(now).bind(first).execute(tx.exec()).await?;

@@ -1,14 +1,13 @@
 //! Writing changes (event rows + state rows in one transaction) and reading the current-state table.
 //!
-//! A batch is written with a constant number of statements whatever its size: state rows travel as one
-//! JSON array parameter expanded by SQLite's `json_each` (PostgreSQL's `jsonb_to_recordset`), so
-//! 10,000 changes cost one upsert, not 10,000; events go in multi-row INSERTs.
+//! A batch is written with few statements whatever its size: events and state rows go in multi-row
+//! INSERTs of up to 128 rows (the state rows as upserts, each Service's view JSON the one its event
+//! row carries), so 10,000 changes cost about 80 upserts, not 10,000.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use serde::Serialize;
-
-use super::db::{Backend, Dual, Row, Tx};
+use super::db::{Backend, Dual, Row, Tx, row_chunks};
 use super::outbox::{Outbox, RecordedEvent};
 use super::progress::{WatchProgress, write_progress};
 use super::{Store, StoreError, now_ms};
@@ -93,62 +92,55 @@ struct EventJson<'a> {
     uid: &'a str,
     rv: &'a str,
     cause: &'static str,
-    view: String,
+    /// Shared with the Service's state row, if the batch upserts it from this event; bound without a
+    /// copy (sqlx copies a `&str` or `&String` parameter, an `Arc<str>` it only counts).
+    view: Arc<str>,
     previous: Option<String>,
     changed: Option<String>,
     backends: Option<String>,
     backends_diff: Option<String>,
 }
 
-/// A state row upsert as it travels in the JSON array parameter.
-#[derive(Serialize)]
-struct UpsertJson<'a> {
+/// A state row upsert, bound into a multi-row [`SERVICE_INSERT`].
+struct UpsertRow<'a> {
     ns: &'a str,
     name: &'a str,
     uid: &'a str,
     rv: &'a str,
     ty: &'a str,
     class: Option<&'a str>,
-    view: String,
+    view: ViewJson,
     publish: Option<String>,
     backends: Option<String>,
 }
 
-/// The last state-table operation per Service in a batch.
+/// Where a state row's view JSON is: the text its event row carries (`events[i].view` of the same
+/// [`Prepared`], serialized once for both), or its own (a refresh, which records no event).
+enum ViewJson {
+    Event(usize),
+    Own(Arc<str>),
+}
+
+/// The last state-table operation per Service in a batch; `event`: the index of the event row that
+/// carries the same view, if any.
 enum Final<'a> {
-    Upsert { uid: &'a str, rv: &'a str, view: &'a ServiceView, backends: &'a BackendSets },
+    Upsert { uid: &'a str, rv: &'a str, view: &'a ServiceView, backends: &'a BackendSets, event: Option<usize> },
     Delete,
 }
 
-const UPSERT_SERVICES: Dual = Dual {
-    lite: concat!(
-        "INSERT INTO services (namespace, name, uid, resource_version, type, \
-     load_balancer_class, view, publish, backends, first_seen_at, updated_at) SELECT j.value->>'ns', \
-     j.value->>'name', j.value->>'uid', j.value->>'rv', j.value->>'ty', j.value->>'class', j.value->>'view', \
-     j.value->>'publish', j.value->>'backends', $1, $1 \
-     FROM json_each($2) AS j WHERE true ",
-        upsert_services!()
-    ),
-    pg: concat!(
-        "INSERT INTO services (namespace, name, uid, resource_version, type, \
-     load_balancer_class, view, publish, backends, first_seen_at, updated_at) SELECT j.ns, j.name, j.uid, j.rv, \
-     j.ty, j.class, j.view, j.publish, j.backends, $1, $1 FROM jsonb_to_recordset($2::jsonb) AS j(ns text, \
-     name text, uid text, rv text, ty text, class text, view text, publish text, backends text) ",
-        upsert_services!()
-    ),
-};
+/// Columns of a state row, in [`super::db::values_sql`] order; [`UPSERT_SERVICES`] follows the
+/// values. Every Service appears at most once per statement (a batch is folded into the last
+/// operation per Service first), as PostgreSQL's `ON CONFLICT DO UPDATE` requires.
+const SERVICE_INSERT: &str = "INSERT INTO services (namespace, name, uid, resource_version, type, \
+     load_balancer_class, view, publish, backends, first_seen_at, updated_at)";
 
-/// The conflict clause of [`UPSERT_SERVICES`].
-macro_rules! upsert_services {
-    () => {
-        "ON CONFLICT (namespace, name) DO UPDATE SET \
+/// The conflict clause of a state row upsert: a row replaces the Service's, keeping `first_seen_at`
+/// while the uid stays the same.
+const UPSERT_SERVICES: &str = " ON CONFLICT (namespace, name) DO UPDATE SET \
      first_seen_at = CASE WHEN services.uid = excluded.uid THEN services.first_seen_at ELSE excluded.first_seen_at END, \
      uid = excluded.uid, resource_version = excluded.resource_version, type = excluded.type, \
      load_balancer_class = excluded.load_balancer_class, view = excluded.view, publish = excluded.publish, \
-     backends = excluded.backends, updated_at = excluded.updated_at"
-    };
-}
-use upsert_services;
+     backends = excluded.backends, updated_at = excluded.updated_at";
 
 const INSERT_RELEASES: Dual = Dual {
     lite: "INSERT OR REPLACE INTO releases (event_id, namespace, name, uid, addresses, created_at) \
@@ -230,7 +222,7 @@ pub struct Prepared<'a> {
     deliveries: Vec<super::outbox::DeliveryInsert<'a>>,
     cleanups: Option<String>,
     releases: Option<String>,
-    state: StateRows,
+    state: StateRows<'a>,
 }
 
 impl Prepared<'_> {
@@ -276,7 +268,7 @@ impl Store {
             .collect();
         let deliveries = super::outbox::route(outbox, &recorded);
         let (cleanups, releases) = cleanup_rows(changes, &ids)?;
-        let state = state_rows(changes)?;
+        let state = state_rows(changes, &events)?;
         Ok(Prepared { first_id, changes, progress, now, ids, events, deliveries, cleanups, releases, state })
     }
 
@@ -303,9 +295,7 @@ impl Store {
             if let Some(rows) = &p.state.deletes {
                 b.dual(&DELETE_SERVICES).bind(rows).execute(tx.exec()).await?;
             }
-            if let Some(rows) = &p.state.upserts {
-                b.dual(&UPSERT_SERVICES).bind(now).bind(rows).execute(tx.exec()).await?;
-            }
+            upsert_services(&mut tx, now, &p.state.upserts, &p.events).await?;
             if let Some(keys) = &p.state.touched {
                 b.dual(&CLEAR_VIPS).bind(keys).execute(tx.exec()).await?;
             }
@@ -394,7 +384,7 @@ fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson<'_>>, StoreError>
                 uid: &e.uid,
                 rv: &e.resource_version,
                 cause: cause.as_str(),
-                view: serde_json::to_string(&e.view)?,
+                view: serde_json::to_string(&e.view)?.into(),
                 previous: e.previous.as_ref().map(serde_json::to_string).transpose()?,
                 changed: (e.kind == ChangeKind::Modified).then(|| serde_json::to_string(&e.changed)).transpose()?,
                 backends: (e.kind != ChangeKind::Modified && !e.backends.is_empty())
@@ -412,12 +402,9 @@ fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson<'_>>, StoreError>
 /// Inserts event rows with their assigned ids (`ids[i]` for `rows[i]`); on PostgreSQL also moves
 /// `events_id_seq` up to the highest (SQLite's AUTOINCREMENT does that by itself).
 async fn insert_events(tx: &mut Tx<'_>, now: i64, rows: &[EventJson<'_>], ids: &[i64]) -> Result<(), StoreError> {
-    let mut rest: Vec<(&EventJson<'_>, i64)> = rows.iter().zip(ids.iter().copied()).collect();
-    while !rest.is_empty() {
-        let n = if rest.len() >= EVENT_CHUNK { EVENT_CHUNK } else { 1 << rest.len().ilog2() };
-        let tail = rest.split_off(n);
-        insert_event_chunk(tx, now, &rest).await?;
-        rest = tail;
+    let rows: Vec<(&EventJson<'_>, i64)> = rows.iter().zip(ids.iter().copied()).collect();
+    for chunk in row_chunks(&rows, EVENT_CHUNK) {
+        insert_event_chunk(tx, now, chunk).await?;
     }
     if let (Backend::Postgres, Some(last)) = (tx.backend(), ids.last()) {
         tx.backend().query("SELECT setval('events_id_seq', $1)").bind(*last).execute(tx.exec()).await?;
@@ -441,13 +428,46 @@ async fn insert_event_chunk(tx: &mut Tx<'_>, now: i64, chunk: &[(&EventJson<'_>,
             .bind(r.uid)
             .bind(r.rv)
             .bind(r.cause)
-            .bind(&r.view)
+            .bind(r.view.clone())
             .bind(&r.previous)
             .bind(&r.changed)
             .bind(&r.backends)
             .bind(&r.backends_diff);
     }
     q.execute(tx.exec()).await?;
+    Ok(())
+}
+
+/// Upserts the state rows, 128 to a statement; each row's view is bound from its event row
+/// (`events`) when it has one.
+async fn upsert_services<'a>(
+    tx: &mut Tx<'_>,
+    now: i64,
+    rows: &'a [UpsertRow<'a>],
+    events: &'a [EventJson<'a>],
+) -> Result<(), StoreError> {
+    for chunk in row_chunks(rows, EVENT_CHUNK) {
+        let mut q = tx.backend().values(SERVICE_INSERT, chunk.len(), 11, UPSERT_SERVICES);
+        for r in chunk {
+            let view = match &r.view {
+                ViewJson::Event(i) => events[*i].view.clone(),
+                ViewJson::Own(json) => json.clone(),
+            };
+            q = q
+                .bind(r.ns)
+                .bind(r.name)
+                .bind(r.uid)
+                .bind(r.rv)
+                .bind(r.ty)
+                .bind(r.class.map(str::to_owned))
+                .bind(view)
+                .bind(&r.publish)
+                .bind(&r.backends)
+                .bind(now)
+                .bind(now);
+        }
+        q.execute(tx.exec()).await?;
+    }
     Ok(())
 }
 
@@ -478,18 +498,37 @@ fn cleanup_rows(changes: &[StateChange], ids: &[i64]) -> Result<(Option<String>,
     Ok((json(rows)?, json(releases)?))
 }
 
-/// Folds the batch into the last operation per Service: the JSON arrays for one upsert
-/// ([`UPSERT_SERVICES`]) and one delete ([`DELETE_SERVICES`]); `None` = nothing to do.
-fn state_rows(changes: &[StateChange]) -> Result<StateRows, StoreError> {
+/// Folds the batch into the last operation per Service: the rows of its upserts (each event's view
+/// JSON taken from `events`, the batch's event rows in order) and the JSON arrays of its deletes
+/// ([`DELETE_SERVICES`]) and touched keys; `None` = nothing to do.
+fn state_rows<'a>(changes: &'a [StateChange], events: &[EventJson<'_>]) -> Result<StateRows<'a>, StoreError> {
     let mut last: HashMap<&ServiceKey, Final<'_>> = HashMap::new();
+    let mut event_no = 0..events.len();
     for change in changes {
         let (key, op) = match change {
-            StateChange::Event { key, event: e, .. } if e.kind == ChangeKind::Deleted => (key, Final::Delete),
             StateChange::Event { key, event: e, .. } => {
-                (key, Final::Upsert { uid: &e.uid, rv: &e.resource_version, view: &e.view, backends: &e.backends })
+                let event = event_no.next();
+                let op = match e.kind {
+                    ChangeKind::Deleted => Final::Delete,
+                    _ => Final::Upsert {
+                        uid: &e.uid,
+                        rv: &e.resource_version,
+                        view: &e.view,
+                        backends: &e.backends,
+                        event,
+                    },
+                };
+                (key, op)
             }
             StateChange::Refresh { key, tracked: t } => {
-                (key, Final::Upsert { uid: &t.uid, rv: &t.resource_version, view: &t.view, backends: &t.backends })
+                let op = Final::Upsert {
+                    uid: &t.uid,
+                    rv: &t.resource_version,
+                    view: &t.view,
+                    backends: &t.backends,
+                    event: None,
+                };
+                (key, op)
             }
             StateChange::Node { .. } | StateChange::Held { .. } => continue,
         };
@@ -512,7 +551,7 @@ fn state_rows(changes: &[StateChange]) -> Result<StateRows, StoreError> {
     }
     let json = |empty: bool, v: String| (!empty).then_some(v);
     Ok(StateRows {
-        upserts: json(upserts.is_empty(), serde_json::to_string(&upserts)?),
+        upserts,
         deletes: json(deletes.is_empty(), serde_json::to_string(&deletes)?),
         touched: json(touched.is_empty(), serde_json::to_string(&touched)?),
         vips: json(vips.is_empty(), serde_json::to_string(&vips)?),
@@ -535,28 +574,33 @@ fn held_ports(view: &ServiceView) -> impl Iterator<Item = (&String, &str, i32)> 
     pool_addresses(view).flat_map(move |a| ports.clone().into_iter().map(move |(proto, port)| (a, proto, port)))
 }
 
-/// The state rows of a batch as JSON arrays for its statements (`None` = nothing to do): upserted
-/// rows, deleted keys, every key the batch touched (their `vip_addresses` rows are rewritten) and
-/// the pool addresses of the upserted ones per port, `[address, protocol, port, namespace, name]`.
-struct StateRows {
-    upserts: Option<String>,
+/// The state rows of a batch for its statements: the upserted rows, and as JSON arrays (`None` =
+/// nothing to do) the deleted keys, every key the batch touched (their `vip_addresses` rows are
+/// rewritten) and the pool addresses of the upserted ones per port,
+/// `[address, protocol, port, namespace, name]`.
+struct StateRows<'a> {
+    upserts: Vec<UpsertRow<'a>>,
     deletes: Option<String>,
     touched: Option<String>,
     vips: Option<String>,
 }
 
-/// One state row upsert of `key` as it travels in [`UPSERT_SERVICES`]'s JSON array.
-fn upsert_row<'a>(key: &'a ServiceKey, op: Final<'a>) -> Result<UpsertJson<'a>, StoreError> {
-    let Final::Upsert { uid, rv, view, backends } = op else { unreachable!("only upserts") };
-    Ok(UpsertJson {
+/// One state row upsert of `key`: its view JSON is its event row's when it has one.
+fn upsert_row<'a>(key: &'a ServiceKey, op: Final<'a>) -> Result<UpsertRow<'a>, StoreError> {
+    let Final::Upsert { uid, rv, view: service, backends, event } = op else { unreachable!("only upserts") };
+    let view = match event {
+        Some(i) => ViewJson::Event(i),
+        None => ViewJson::Own(serde_json::to_string(service)?.into()),
+    };
+    Ok(UpsertRow {
         ns: &key.namespace,
         name: &key.name,
         uid,
         rv,
-        ty: &view.service_type,
-        class: view.load_balancer_class.as_deref(),
-        view: serde_json::to_string(view)?,
-        publish: view.status_to_publish().map(|i| serde_json::to_string(&i)).transpose()?,
+        ty: &service.service_type,
+        class: service.load_balancer_class.as_deref(),
+        view,
+        publish: service.status_to_publish().map(|i| serde_json::to_string(&i)).transpose()?,
         backends: (!backends.is_empty()).then(|| serde_json::to_string(backends)).transpose()?,
     })
 }
