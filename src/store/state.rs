@@ -101,7 +101,8 @@ struct EventJson<'a> {
     backends_diff: Option<String>,
 }
 
-/// A state row upsert, bound into a multi-row [`SERVICE_INSERT`].
+/// A state row upsert, bound into a multi-row [`SERVICE_INSERT`] (128 rows to a statement, like
+/// events: [`EVENT_CHUNK`]).
 struct UpsertRow<'a> {
     ns: &'a str,
     name: &'a str,
@@ -109,22 +110,16 @@ struct UpsertRow<'a> {
     rv: &'a str,
     ty: &'a str,
     class: Option<&'a str>,
-    view: ViewJson,
+    /// The view JSON: its event row's (serialized once for both) or, for a refresh, its own.
+    view: Arc<str>,
     publish: Option<String>,
     backends: Option<String>,
 }
 
-/// Where a state row's view JSON is: the text its event row carries (`events[i].view` of the same
-/// [`Prepared`], serialized once for both), or its own (a refresh, which records no event).
-enum ViewJson {
-    Event(usize),
-    Own(Arc<str>),
-}
-
-/// The last state-table operation per Service in a batch; `event`: the index of the event row that
-/// carries the same view, if any.
+/// The last state-table operation per Service in a batch; `json`: the view as its event row carries
+/// it, if it has one.
 enum Final<'a> {
-    Upsert { uid: &'a str, rv: &'a str, view: &'a ServiceView, backends: &'a BackendSets, event: Option<usize> },
+    Upsert { uid: &'a str, rv: &'a str, view: &'a ServiceView, backends: &'a BackendSets, json: Option<Arc<str>> },
     Delete,
 }
 
@@ -295,7 +290,7 @@ impl Store {
             if let Some(rows) = &p.state.deletes {
                 b.dual(&DELETE_SERVICES).bind(rows).execute(tx.exec()).await?;
             }
-            upsert_services(&mut tx, now, &p.state.upserts, &p.events).await?;
+            upsert_services(&mut tx, now, &p.state.upserts).await?;
             if let Some(keys) = &p.state.touched {
                 b.dual(&CLEAR_VIPS).bind(keys).execute(tx.exec()).await?;
             }
@@ -438,21 +433,11 @@ async fn insert_event_chunk(tx: &mut Tx<'_>, now: i64, chunk: &[(&EventJson<'_>,
     Ok(())
 }
 
-/// Upserts the state rows, 128 to a statement; each row's view is bound from its event row
-/// (`events`) when it has one.
-async fn upsert_services<'a>(
-    tx: &mut Tx<'_>,
-    now: i64,
-    rows: &'a [UpsertRow<'a>],
-    events: &'a [EventJson<'a>],
-) -> Result<(), StoreError> {
+/// Upserts the state rows, 128 to a statement.
+async fn upsert_services(tx: &mut Tx<'_>, now: i64, rows: &[UpsertRow<'_>]) -> Result<(), StoreError> {
     for chunk in row_chunks(rows, EVENT_CHUNK) {
         let mut q = tx.backend().values(SERVICE_INSERT, chunk.len(), 11, UPSERT_SERVICES);
         for r in chunk {
-            let view = match &r.view {
-                ViewJson::Event(i) => events[*i].view.clone(),
-                ViewJson::Own(json) => json.clone(),
-            };
             q = q
                 .bind(r.ns)
                 .bind(r.name)
@@ -460,7 +445,7 @@ async fn upsert_services<'a>(
                 .bind(r.rv)
                 .bind(r.ty)
                 .bind(r.class.map(str::to_owned))
-                .bind(view)
+                .bind(r.view.clone())
                 .bind(&r.publish)
                 .bind(&r.backends)
                 .bind(now)
@@ -499,15 +484,15 @@ fn cleanup_rows(changes: &[StateChange], ids: &[i64]) -> Result<(Option<String>,
 }
 
 /// Folds the batch into the last operation per Service: the rows of its upserts (each event's view
-/// JSON taken from `events`, the batch's event rows in order) and the JSON arrays of its deletes
-/// ([`DELETE_SERVICES`]) and touched keys; `None` = nothing to do.
+/// JSON shared with its row in `events`, the batch's event rows in order) and the JSON arrays of its
+/// deletes ([`DELETE_SERVICES`]) and touched keys; `None` = nothing to do.
 fn state_rows<'a>(changes: &'a [StateChange], events: &[EventJson<'_>]) -> Result<StateRows<'a>, StoreError> {
     let mut last: HashMap<&ServiceKey, Final<'_>> = HashMap::new();
-    let mut event_no = 0..events.len();
+    let mut event_views = events.iter().map(|e| &e.view);
     for change in changes {
         let (key, op) = match change {
             StateChange::Event { key, event: e, .. } => {
-                let event = event_no.next();
+                let json = event_views.next().cloned();
                 let op = match e.kind {
                     ChangeKind::Deleted => Final::Delete,
                     _ => Final::Upsert {
@@ -515,7 +500,7 @@ fn state_rows<'a>(changes: &'a [StateChange], events: &[EventJson<'_>]) -> Resul
                         rv: &e.resource_version,
                         view: &e.view,
                         backends: &e.backends,
-                        event,
+                        json,
                     },
                 };
                 (key, op)
@@ -526,7 +511,7 @@ fn state_rows<'a>(changes: &'a [StateChange], events: &[EventJson<'_>]) -> Resul
                     rv: &t.resource_version,
                     view: &t.view,
                     backends: &t.backends,
-                    event: None,
+                    json: None,
                 };
                 (key, op)
             }
@@ -587,10 +572,10 @@ struct StateRows<'a> {
 
 /// One state row upsert of `key`: its view JSON is its event row's when it has one.
 fn upsert_row<'a>(key: &'a ServiceKey, op: Final<'a>) -> Result<UpsertRow<'a>, StoreError> {
-    let Final::Upsert { uid, rv, view: service, backends, event } = op else { unreachable!("only upserts") };
-    let view = match event {
-        Some(i) => ViewJson::Event(i),
-        None => ViewJson::Own(serde_json::to_string(service)?.into()),
+    let Final::Upsert { uid, rv, view: service, backends, json } = op else { unreachable!("only upserts") };
+    let view = match json {
+        Some(json) => json,
+        None => serde_json::to_string(service)?.into(),
     };
     Ok(UpsertRow {
         ns: &key.namespace,
