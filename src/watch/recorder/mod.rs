@@ -36,6 +36,14 @@ use crate::store::{Outbox, StateChange, Store, StoreError, WatchProgress};
 /// Most observations folded into one transaction.
 const MAX_BATCH: usize = 4096;
 
+/// Most changes a (re)list accumulates before they go to the writer as a plan of their own. A first
+/// list of 10,000 Services planned whole held every change (its boxed event, notices, the plan's
+/// vector: about 16 MB) until the last was decided; in segments the writer stores the first while
+/// the rest is decided, and at most a few segments exist at once (the writer's queue is bounded).
+/// The list's progress and readiness go with the last segment, so a crash in between re-lists and
+/// diffs the stored part as already recorded.
+const LIST_SEGMENT: usize = 512;
+
 /// The single writer of Service events. Build with [`Recorder::load`], drive with [`Recorder::run`].
 pub struct Recorder {
     mirror: HashMap<ServiceKey, Tracked>,
@@ -152,7 +160,7 @@ impl Recorder {
             }
             let mut plan = Plan { changes: std::mem::take(&mut self.pending_startup), ..Plan::default() };
             for observation in queued.drain(..) {
-                self.plan(observation, &mut plan);
+                self.plan(observation, &mut plan, &plans).await;
             }
             if std::mem::take(&mut self.starting) {
                 self.members.settle_all();
@@ -167,6 +175,16 @@ impl Recorder {
         }
         drop(plans);
         let _ = writer.await;
+    }
+
+    /// Takes the changes and notices planned so far out of `plan` as a plan of their own (with the
+    /// gauges as they stand); the rest of `plan` (progress, readiness, guard reports) stays for the
+    /// last one.
+    fn segment(&self, plan: &mut Plan) -> Plan {
+        let changes = std::mem::take(&mut plan.changes);
+        let mut segment = Plan { changes, notices: std::mem::take(&mut plan.notices), ..Plan::default() };
+        self.fill_gauges(&mut segment);
+        segment
     }
 
     fn fill_gauges(&self, plan: &mut Plan) {
@@ -220,7 +238,7 @@ impl Recorder {
         true
     }
 
-    fn plan(&mut self, observation: Observation, plan: &mut Plan) {
+    async fn plan(&mut self, observation: Observation, plan: &mut Plan, plans: &mpsc::Sender<Plan>) {
         match observation {
             Observation::Apply(scope, obs) => self.plan_apply(plan, &scope, obs),
             Observation::Delete(scope, obs) => {
@@ -231,7 +249,7 @@ impl Recorder {
                 self.note_progress(plan, &scope, &obs.resource_version, None);
                 self.take(plan, &obs.key, Cause::Watch, decision, None);
             }
-            Observation::Listed { scope, objects, first } => self.plan_list(plan, scope, objects, first),
+            Observation::Listed { scope, objects, first } => self.plan_list(plan, plans, scope, objects, first).await,
             Observation::Node(scope, change) => self.plan_node(plan, &scope, change),
             Observation::Slice(scope, change) => self.plan_slice(plan, &scope, change),
             Observation::Feedback(Feedback::Assigned(a)) => {
@@ -330,7 +348,16 @@ impl Recorder {
 
     /// A (re)list: apply every listed object, then DELETE what we track in the scope but was not listed
     /// (unless the [`guard`] holds those deletions).
-    fn plan_list(&mut self, plan: &mut Plan, scope: ScopeSpec, objects: Vec<crate::model::Observed>, first: bool) {
+    /// A (re)list: every listed Service decided in turn (sent to the writer every [`LIST_SEGMENT`]
+    /// changes), then those that vanished.
+    async fn plan_list(
+        &mut self,
+        plan: &mut Plan,
+        plans: &mpsc::Sender<Plan>,
+        scope: ScopeSpec,
+        objects: Vec<crate::model::Observed>,
+        first: bool,
+    ) {
         let cause = if first { Cause::Startup } else { Cause::Relist };
         let known = self.mirror.keys().filter(|k| scope.covers(k) && !self.guard.holds(k)).count();
         let listed: HashSet<ServiceKey> = objects.iter().map(|o| o.key.clone()).collect();
@@ -348,6 +375,10 @@ impl Recorder {
             self.observe_members(&mut obs);
             let decision = self.decide(&obs);
             self.take(plan, &obs.key, cause, decision, Some(&obs));
+            if plan.changes.len() >= LIST_SEGMENT {
+                // A writer that is gone is noticed by the next send in `run`.
+                let _ = plans.send(self.segment(plan)).await;
+            }
         }
         let vanished: BTreeSet<ServiceKey> =
             self.mirror.keys().filter(|k| scope.covers(k) && !listed.contains(k)).cloned().collect();
