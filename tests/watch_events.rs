@@ -180,6 +180,44 @@ async fn changes_made_while_stopped_are_caught_on_restart_and_an_unchanged_resta
     vw.stop().await.unwrap();
 }
 
+/// A list longer than one of the recorder's segments (512 changes) goes to the writer in several
+/// plans; the log must hold each Service once, and a restart must diff against all of them.
+#[tokio::test]
+async fn a_first_list_of_several_segments_records_each_service_once_and_restarts_diff_against_all() {
+    const N: usize = 1200;
+    let h = Harness::new().await;
+    h.api.seed((0..N).map(|i| lb_service("bulk", &format!("svc-{i:04}"), 80)));
+    let vw = h.start(h.config()).await;
+    // Ready means the whole first list is stored, not its first segments.
+    let rows = events(&vw.store).await;
+    let names: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.key.name.as_str()).collect();
+    assert_eq!((rows.len(), names.len()), (N, N));
+    assert!(rows.iter().all(|r| r.event_type == "ADDED" && r.cause == "startup"));
+    vw.stop().await.unwrap();
+
+    assert!(h.api.delete("bulk", "svc-0000"));
+    h.api.update("bulk", "svc-1199", |o| o["spec"]["ports"][0]["port"] = json!(8081));
+    h.api.apply(lb_service("bulk", "svc-9999", 80));
+    let vw = h.start(h.config()).await;
+    let rows = wait_events(&vw.store, N + 3).await;
+    let mut tail = summary(&rows[N..]);
+    tail.sort();
+    assert_eq!(
+        tail,
+        vec![
+            (s("ADDED"), s("startup"), s("bulk/svc-9999")),
+            (s("DELETED"), s("startup"), s("bulk/svc-0000")),
+            (s("MODIFIED"), s("startup"), s("bulk/svc-1199"))
+        ]
+    );
+    vw.stop().await.unwrap();
+
+    let vw = h.start(h.config()).await;
+    assert_eq!(events(&vw.store).await.len(), N + 3, "a restart against an unchanged cluster records nothing");
+    assert_eq!(services(&vw.store).await.len(), N);
+    vw.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_recreated_service_with_a_new_uid_is_deleted_then_added() {
     let h = Harness::new().await;

@@ -153,7 +153,7 @@ pub async fn list_services(
         limit: i64::try_from(limit.max(200) + 1).unwrap_or(i64::MAX),
     };
     let keep = |r: &ServiceRow| {
-        selector.as_ref().is_none_or(|s| s.matches(&r.view.labels))
+        selector.as_ref().is_none_or(|s| s.matches_pairs(&r.view.labels))
             && q.has_vip.is_none_or(|want| want != r.view.vips().is_empty())
     };
     let (mut items, mut scanned) = (Vec::new(), 0usize);

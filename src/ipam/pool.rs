@@ -175,8 +175,8 @@ impl Pool {
     }
 
     /// Whether a Service in `namespace` with `labels` may use the pool.
-    pub fn accepts(&self, namespace: &str, labels: &std::collections::BTreeMap<String, String>) -> bool {
-        self.allows_namespace(namespace) && self.selector.matches(labels)
+    pub fn accepts(&self, namespace: &str, labels: &vipwatch_contract::StringMap) -> bool {
+        self.allows_namespace(namespace) && self.selector.matches_pairs(labels)
     }
 
     /// Whether `namespaces` is empty or lists `namespace`.

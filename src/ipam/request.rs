@@ -57,7 +57,7 @@ pub struct Request {
     /// `(port, protocol)` pairs, for the sharing rule.
     pub ports: Vec<(i32, String)>,
     /// `metadata.labels`, for the pools' `service_selector`.
-    pub labels: std::collections::BTreeMap<String, String>,
+    pub labels: vipwatch_contract::StringMap,
 }
 
 /// Reads the request of `view`. Errors: a message for the `AllocationFailed` Event when the request

@@ -57,15 +57,15 @@ impl Route {
             return false;
         }
         let ns_ok = self.namespaces.is_empty() || self.namespaces.contains(&e.key.namespace);
-        let labels_ok = self.selector.matches(&e.event.view.labels)
-            || e.event.previous.as_ref().is_some_and(|p| self.selector.matches(&p.labels));
+        let labels_ok = self.selector.matches_pairs(&e.event.view.labels)
+            || e.event.previous.as_ref().is_some_and(|p| self.selector.matches_pairs(&p.labels));
         self.events.contains(e.event.kind.as_str()) && ns_ok && labels_ok
     }
 
     /// Whether a full resync sends `s` to this endpoint.
     pub fn accepts_service(&self, s: &ServiceRow) -> bool {
         (self.namespaces.is_empty() || self.namespaces.contains(&s.key.namespace))
-            && self.selector.matches(&s.view.labels)
+            && self.selector.matches_pairs(&s.view.labels)
     }
 }
 

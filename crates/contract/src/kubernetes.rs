@@ -1,12 +1,10 @@
 //! Normalizing a Kubernetes Service (k8s-openapi) into a [`ServiceView`] (feature `kubernetes`): absent
 //! fields take Kubernetes' defaults, so that equal Services compare equal.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::view::{IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView};
+use crate::view::{IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap};
 
 impl ServiceView {
     /// Normalizes a Kubernetes Service. Never fails: absent fields take Kubernetes' defaults (type
@@ -21,12 +19,12 @@ impl ServiceView {
         let ingress = ingress_views(&svc);
         let spec = svc.spec.unwrap_or_default();
         let meta = svc.metadata;
-        let annotations: BTreeMap<String, String> = meta.annotations.unwrap_or_default();
+        let annotations: StringMap = meta.annotations.unwrap_or_default().into_iter().collect();
         Self {
             service_type: spec.type_.unwrap_or_else(|| "ClusterIP".to_owned()),
             load_balancer_class: spec.load_balancer_class,
             ports: spec.ports.unwrap_or_default().iter().map(port_view).collect(),
-            selector: spec.selector.unwrap_or_default(),
+            selector: spec.selector.unwrap_or_default().into_iter().collect(),
             external_traffic_policy: spec.external_traffic_policy,
             health_check_node_port: spec.health_check_node_port,
             session_affinity: spec.session_affinity.unwrap_or_else(|| "None".to_owned()),
@@ -42,7 +40,7 @@ impl ServiceView {
             load_balancer_ip: spec.load_balancer_ip.filter(|ip| is_ip(ip)),
             requested_ips: requested_ips(&annotations),
             ingress,
-            labels: meta.labels.unwrap_or_default(),
+            labels: meta.labels.unwrap_or_default().into_iter().collect(),
             annotations,
             allocation: None,
             finalizers: meta.finalizers.unwrap_or_default(),
@@ -67,7 +65,7 @@ fn port_view(p: &ServicePort) -> PortView {
     }
 }
 
-fn requested_ips(annotations: &BTreeMap<String, String>) -> Vec<String> {
+fn requested_ips(annotations: &StringMap) -> Vec<String> {
     let Some(value) = REQUESTED_IP_ANNOTATIONS.iter().find_map(|k| annotations.get(*k)) else {
         return Vec::new();
     };

@@ -33,6 +33,13 @@ impl LabelSelector {
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.0.matches(labels)
     }
+
+    /// [`Self::matches`] for labels held in another map (vipwatch's sorted vectors): the pairs are
+    /// copied into a `BTreeMap` for kube-core only when some term needs them; an empty selector
+    /// matches without looking.
+    pub fn matches_pairs<'a>(&self, labels: impl IntoIterator<Item = (&'a String, &'a String)>) -> bool {
+        self.0.selects_all() || self.0.matches(&labels.into_iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    }
 }
 
 /// Splits on commas outside parentheses, dropping empty terms.
