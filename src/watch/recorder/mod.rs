@@ -348,10 +348,9 @@ impl Recorder {
         }
     }
 
-    /// A (re)list: apply every listed object, then DELETE what we track in the scope but was not listed
-    /// (unless the [`guard`] holds those deletions).
-    /// A (re)list: every listed Service decided in turn (sent to the writer every [`LIST_SEGMENT`]
-    /// changes), then those that vanished.
+    /// A (re)list: apply every listed object (the changes sent to the writer every [`LIST_SEGMENT`]),
+    /// then DELETE what we track in the scope but was not listed (unless the [`guard`] holds those
+    /// deletions).
     async fn plan_list(
         &mut self,
         plan: &mut Plan,
