@@ -35,9 +35,10 @@ fn main() -> ExitCode {
     }
 }
 
-/// At most two glibc malloc arenas instead of up to eight per core: every thread that allocates
-/// (tokio's workers, its blocking pool, one thread per SQLite connection) otherwise gets an arena of
-/// its own that keeps freed memory, and peak RSS with 10,000 Services was ~10% higher (issue 13).
+/// One glibc malloc arena instead of up to eight per core: every thread that allocates (tokio's
+/// workers, its blocking pool, one thread per SQLite connection) otherwise gets an arena of its own
+/// that keeps freed memory. With 10,000 Services peak RSS was ~10% higher with eight per core, and
+/// 6–8 MiB higher with two than with one, at no CPU cost the burst benchmark could see (issue 13).
 /// `MALLOC_ARENA_MAX` in the environment still wins (glibc reads it at the first allocation, and
 /// this only runs when it is unset). Must run before any thread starts.
 fn limit_malloc_arenas() {
@@ -45,7 +46,7 @@ fn limit_malloc_arenas() {
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
         // SAFETY: mallopt only sets an allocator parameter; no other thread exists yet.
         unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
+            libc::mallopt(libc::M_ARENA_MAX, 1);
         }
     }
 }
