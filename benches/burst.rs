@@ -6,7 +6,9 @@
 //! 10000 1000 20000 500 20; `--no-finalizer` sets `kubernetes.finalizer = false`).
 //!
 //! Phases, each with vipwatch's own peak RSS (VmHWM, reset between phases through
-//! `/proc/<pid>/clear_refs`) next to the peak of the same binary started on an empty cluster:
+//! `/proc/<pid>/clear_refs`) next to the peak of the same binary started on an empty cluster, and
+//! its resident memory at the phase's end split into anonymous (heap, allocator) and file-backed
+//! (the binary's mapped code and data):
 //! 1. initial sync: SERVICES Services exist before the start; start → `/readyz` 200 and start → the
 //!    receiver has every Service's ADDED (with the finalizer, each first delivery waits for vipwatch's
 //!    finalizer patch), next to a bare reqwest client POSTing as many bodies to the same receiver.
@@ -24,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::load::{Seen, name, receiver, rev_of, service, settle, steady, write};
-use common::{Process, cpu_time, pct, reset_peak_rss};
+use common::{Process, cpu_time, pct, reset_peak_rss, rss_split_mib};
 use serde_json::{Value, json};
 use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
 
@@ -139,8 +141,12 @@ async fn main() {
         rss
     };
     println!("  baseline: peak RSS on an empty cluster {base_rss:.1} MiB");
-    let rss_line = |phase: &str, rss: f64| {
-        println!("  {phase}: peak RSS {rss:.1} MiB (ratio {:.2} to the empty cluster)", rss / base_rss)
+    let rss_line = |phase: &str, vw: &Process| {
+        let (rss, (anon, file)) = (vw.peak_rss_mib(), rss_split_mib(vw.pid()));
+        println!(
+            "  {phase}: peak RSS {rss:.1} MiB (ratio {:.2} to the empty cluster; at its end {anon:.1} MiB anonymous, {file:.1} MiB file-backed)",
+            rss / base_rss
+        )
     };
 
     let options =
@@ -167,7 +173,7 @@ async fn main() {
         base_posts.as_secs_f64(),
         delivered.as_secs_f64() / base_posts.as_secs_f64()
     );
-    rss_line("initial sync", vw.peak_rss_mib());
+    rss_line("initial sync", &vw);
 
     // 2. Burst.
     reset_peak_rss(vw.pid());
@@ -189,7 +195,7 @@ async fn main() {
         deliveries as f64 / last.as_secs_f64()
     );
     latency_line("burst", &got, &base);
-    rss_line("burst", vw.peak_rss_mib());
+    rss_line("burst", &vw);
 
     // 3. Steady rate.
     reset_peak_rss(vw.pid());
@@ -204,6 +210,6 @@ async fn main() {
         used.as_secs_f64(),
         ms(used) / written.len() as f64
     );
-    rss_line(&format!("steady {rate}/s"), vw.peak_rss_mib());
+    rss_line(&format!("steady {rate}/s"), &vw);
     vw.stop();
 }

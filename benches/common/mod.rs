@@ -24,6 +24,14 @@ pub fn rss_mib(pid: u32) -> f64 {
     status_kib(pid, "VmRSS:") / 1024.0
 }
 
+/// Resident set size now of `pid` by kind, in MiB: `(anonymous, file-backed)` (RssAnon, RssFile).
+/// File-backed is mostly the binary's own code and read-only data as mapped (the kernel maps pages
+/// around each one touched, so it follows the binary's size more than the code run); anonymous is
+/// the heap, stacks and the allocator's free lists.
+pub fn rss_split_mib(pid: u32) -> (f64, f64) {
+    (status_kib(pid, "RssAnon:") / 1024.0, status_kib(pid, "RssFile:") / 1024.0)
+}
+
 fn status_kib(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
