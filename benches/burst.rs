@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::load::{Seen, name, receiver, rev_of, service, settle, steady, write};
-use common::{Process, cpu_time, pct, reset_peak_rss, rss_split_mib};
+use common::{Process, cpu_time, pct, reset_peak_rss, rss_split_mib, wait_until};
 use serde_json::{Value, json};
 use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
 
@@ -162,9 +162,7 @@ async fn main() {
     let vw = vipwatch(dir.path(), &api, &url, finalizer);
     vw.wait_ready().await;
     let ready = start.elapsed();
-    while seen.names() < services {
-        tokio::time::sleep(Duration::from_millis(5)).await; // ok: benchmark polling, not a test
-    }
+    wait_until("every Service's ADDED delivered", Duration::from_millis(5), || seen.names() >= services).await;
     let delivered = start.elapsed();
     println!(
         "  initial sync: ready {:.2} s, all {services} delivered {:.2} s after start (bare POSTs of as many: {:.2} s; ratio {:.2})",

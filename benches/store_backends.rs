@@ -38,7 +38,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::load::{self, Seen};
-use common::{Process, pct};
+use common::{Process, pct, wait_until};
 use serde_json::{Value, json};
 use vipwatch::config::{DatabaseConfig, Secret};
 use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
@@ -169,9 +169,7 @@ async fn workload(dir: &Path, file: &str, database: &str, store: &DatabaseConfig
     let vw = Process::vipwatch(&load::config(dir, file, &api.url(), &hook, true, database));
     wait_status(&client, &vw, "led with its lists stored", leads_ready).await;
     let ready = start.elapsed();
-    while seen.names() < services {
-        tokio::time::sleep(Duration::from_millis(5)).await; // ok: benchmark polling, not a test
-    }
+    wait_until("every Service's ADDED delivered", Duration::from_millis(5), || seen.names() >= services).await;
     let synced = start.elapsed();
 
     let reader = Store::connect(store).await.expect("the benchmark opens the database too");
@@ -275,9 +273,7 @@ async fn takeovers(server: &str, lease: &Lease, kills: usize, terms: usize) -> H
         }
     };
     wait_status(&client, &replicas[first], "led with its lists stored", leads_ready).await;
-    while seen.names() < HA_SERVICES {
-        tokio::time::sleep(POLL).await; // ok: benchmark polling, not a test
-    }
+    wait_until("every Service's ADDED delivered", POLL, || seen.names() >= HA_SERVICES).await;
     let mut h = Handovers::default();
     let mut leader_at = first;
     for round in 0..kills + terms {

@@ -13,6 +13,20 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// The longest a benchmark waits for a phase that has no shorter bound of its own (vipwatch ready, an
+/// initial sync delivered): generous, since `BENCH_WRAP` may run vipwatch under a profiler that
+/// slows it tenfold, but finite.
+pub const SLOW_DEADLINE: Duration = Duration::from_secs(600);
+
+/// Polls `done` every `poll` until it holds; panics naming `what` after [`SLOW_DEADLINE`].
+pub async fn wait_until(what: &str, poll: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + SLOW_DEADLINE;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}: not within {} s", SLOW_DEADLINE.as_secs());
+        tokio::time::sleep(poll).await; // ok: benchmark polling, not a test
+    }
+}
+
 /// Peak resident set size (VmHWM) of `pid` since it started or since [`reset_peak_rss`], in MiB
 /// (0 when the process is gone).
 pub fn peak_rss_mib(pid: u32) -> f64 {
@@ -136,11 +150,18 @@ impl Process {
         peak_rss_mib(self.pid())
     }
 
-    /// Waits until `GET /readyz` answers 200.
+    /// Waits until `GET /readyz` answers 200. Panics after [`SLOW_DEADLINE`] (a benchmark that hangs
+    /// says so instead of waiting forever).
     pub async fn wait_ready(&self) {
         let url = format!("http://{}/readyz", self.addr);
         let client = reqwest::Client::new();
+        let deadline = std::time::Instant::now() + SLOW_DEADLINE;
         while client.get(&url).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{url} not 200 within {} s (BENCH_LOG_FILE keeps the process's log)",
+                SLOW_DEADLINE.as_secs()
+            );
             tokio::time::sleep(Duration::from_millis(5)).await; // ok: benchmark polling, not a test
         }
     }
