@@ -126,13 +126,7 @@ impl Vipwatch {
     }
 
     async fn wait_ready(&self) {
-        let url = format!("http://{}/readyz", self.addr);
-        let client = reqwest::Client::new();
-        let deadline = std::time::Instant::now() + common::SLOW_DEADLINE;
-        while client.get(&url).send().await.map(|r| r.status() != 200).unwrap_or(true) {
-            assert!(std::time::Instant::now() < deadline, "{url} not 200 within {} s", common::SLOW_DEADLINE.as_secs());
-            tokio::time::sleep(Duration::from_millis(5)).await; // ok: benchmark polling, not a test
-        }
+        common::wait_readyz(&self.addr).await
     }
 
     /// Waits until nothing is pending for the endpoint (the first sync's deliveries are out).

@@ -27,6 +27,19 @@ pub async fn wait_until(what: &str, poll: Duration, mut done: impl FnMut() -> bo
     }
 }
 
+/// Waits until `GET http://{addr}/readyz` answers 200. Panics after [`SLOW_DEADLINE`] (a benchmark
+/// that hangs says so instead of waiting forever).
+pub async fn wait_readyz(addr: &str) {
+    let url = format!("http://{addr}/readyz");
+    let client = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + SLOW_DEADLINE;
+    while client.get(&url).send().await.map(|r| r.status() != 200).unwrap_or(true) {
+        let wait = SLOW_DEADLINE.as_secs();
+        assert!(std::time::Instant::now() < deadline, "{url} not 200 within {wait} s (BENCH_LOG_FILE keeps the log)");
+        tokio::time::sleep(Duration::from_millis(5)).await; // ok: benchmark polling, not a test
+    }
+}
+
 /// Peak resident set size (VmHWM) of `pid` since it started or since [`reset_peak_rss`], in MiB
 /// (0 when the process is gone).
 pub fn peak_rss_mib(pid: u32) -> f64 {
@@ -150,20 +163,9 @@ impl Process {
         peak_rss_mib(self.pid())
     }
 
-    /// Waits until `GET /readyz` answers 200. Panics after [`SLOW_DEADLINE`] (a benchmark that hangs
-    /// says so instead of waiting forever).
+    /// Waits until `GET /readyz` answers 200 ([`wait_readyz`]).
     pub async fn wait_ready(&self) {
-        let url = format!("http://{}/readyz", self.addr);
-        let client = reqwest::Client::new();
-        let deadline = std::time::Instant::now() + SLOW_DEADLINE;
-        while client.get(&url).send().await.map(|r| r.status() != 200).unwrap_or(true) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{url} not 200 within {} s (BENCH_LOG_FILE keeps the process's log)",
-                SLOW_DEADLINE.as_secs()
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await; // ok: benchmark polling, not a test
-        }
+        wait_readyz(&self.addr).await
     }
 
     /// Sends `signal` (`libc::SIGKILL`, `libc::SIGTERM`, ...) without waiting.
