@@ -8,7 +8,7 @@ mod scope;
 mod view;
 
 pub use change::{Cause, ChangeKind, Decision, Observed, Recorded, Tracked, decide_apply, decide_delete};
-pub use notice::{Assignment, FINALIZER, Feedback, Notice};
+pub use notice::{Assignment, FINALIZER, Feedback, NOTICE_QUEUE, Notice};
 pub use scope::Scope;
 pub use view::{
     Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceKey, ServiceView, VipSource, changed_fields,

@@ -7,6 +7,11 @@ use super::ServiceKey;
 /// endpoint acknowledged its DELETED.
 pub const FINALIZER: &str = "vipwatch.io/cleanup";
 
+/// Capacity of the queue of Kubernetes Events waiting to be published (notices): a writer that finds
+/// it full drops the Event and says so, so a batch never holds more than this many either (see
+/// `watch::writer::Plan::note`).
+pub const NOTICE_QUEUE: usize = 4096;
+
 /// A Kubernetes Event to publish about a Service (type `Normal` or `Warning`), with the reasons the
 /// upstream service controller uses (`EnsuringLoadBalancer`, `EnsuredLoadBalancer`,
 /// `SyncLoadBalancerFailed`, `DeletedLoadBalancer`) plus `IPAllocated` / `AllocationFailed`.

@@ -353,9 +353,6 @@ impl Publisher {
     }
 }
 
-/// Capacity of the Kubernetes Event queue (notices).
-pub const NOTICE_QUEUE: usize = 4096;
-
 /// Starts the Event publisher task (publishing while `trust` lasts); returns where to send notices.
 pub fn start_events(
     client: kube::Client,
@@ -363,7 +360,7 @@ pub fn start_events(
     trust: crate::leader::Trust,
     cancel: CancellationToken,
 ) -> (mpsc::Sender<Notice>, tokio::task::JoinHandle<()>) {
-    let (tx, rx) = mpsc::channel(NOTICE_QUEUE);
+    let (tx, rx) = mpsc::channel(crate::model::NOTICE_QUEUE);
     (tx, tokio::spawn(events::run(client, rx, metrics, trust, cancel)))
 }
 

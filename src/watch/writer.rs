@@ -16,7 +16,7 @@ use vipwatch_contract::{BackendMode, MemberState};
 use super::stream::ScopeSpec;
 use crate::ipam::PoolUsage;
 use crate::metrics::Metrics;
-use crate::model::Notice;
+use crate::model::{NOTICE_QUEUE, Notice};
 use crate::store::{Outbox, Prepared, StateChange, Store, StoreError, WatchProgress};
 
 /// How many planned batches may wait for the writer (the recorder plans ahead by this much).
@@ -45,7 +45,13 @@ pub(super) struct Plan {
     pub first_lists: Vec<String>,
     pub services_in_scope: usize,
     pub vips_in_use: usize,
+    /// Kubernetes Events to publish once this plan committed: at most [`NOTICE_QUEUE`] (add with
+    /// [`Plan::note`]).
     pub notices: Vec<Notice>,
+    /// Events not kept because the plan already held [`NOTICE_QUEUE`]: more than the Event queue
+    /// takes, so they would be dropped when sent. A first list of 10,000 Services without members
+    /// made one Warning each; holding them all until the list was stored cost about 4 MiB (issue 13).
+    pub notices_dropped: usize,
     pub pool_usage: Vec<PoolUsage>,
     /// Members over every in-scope Service, per (mode, state).
     pub members: Vec<((BackendMode, MemberState), i64)>,
@@ -60,13 +66,26 @@ pub(super) struct Plan {
 }
 
 impl Plan {
+    /// Adds Kubernetes Events to publish, keeping at most [`NOTICE_QUEUE`]; the rest are counted in
+    /// `notices_dropped` (logged once the plan committed).
+    pub fn note(&mut self, notices: impl IntoIterator<Item = Notice>) {
+        for notice in notices {
+            if self.notices.len() < NOTICE_QUEUE {
+                self.notices.push(notice);
+            } else {
+                self.notices_dropped += 1;
+            }
+        }
+    }
+
     /// Appends `later` (planned after this one): its changes follow ours, its progress, gauges and
     /// first lists win.
     fn merge(&mut self, later: Plan) {
         self.changes.extend(later.changes);
         self.progress.extend(later.progress);
         self.first_lists.extend(later.first_lists);
-        self.notices.extend(later.notices);
+        self.note(later.notices);
+        self.notices_dropped += later.notices_dropped;
         self.guard_trips.extend(later.guard_trips);
         self.held_released.extend(later.held_released);
         self.services_in_scope = later.services_in_scope;
@@ -145,7 +164,7 @@ impl Writer {
     /// shares, only runs statements. Nothing is reported (metrics, log, readiness, Kubernetes Events)
     /// before the last chunk committed, and `committed` only after each chunk did; a failed attempt
     /// left nothing behind (the store rolls it back and drops the connection).
-    async fn commit(&mut self, plan: Plan) {
+    async fn commit(&mut self, mut plan: Plan) {
         if plan.changes.is_empty() && plan.progress.is_empty() {
             return;
         }
@@ -196,7 +215,8 @@ impl Writer {
                 self.signals.committed.send_replace(id);
             }
         }
-        self.after_commit(&plan);
+        let notices = std::mem::take(&mut plan.notices);
+        self.after_commit(&plan, notices);
     }
 
     /// The id of the next event: known after the first commit, else read (retried like a write).
@@ -260,7 +280,7 @@ impl Writer {
         write.retry(self.store.write_backoff()).when(retry).notify(notify).await
     }
 
-    fn after_commit(&mut self, plan: &Plan) {
+    fn after_commit(&mut self, plan: &Plan, notices: Vec<Notice>) {
         let metrics = &self.signals.metrics;
         let mut counts = [0usize; 3];
         for change in &plan.changes {
@@ -299,9 +319,9 @@ impl Writer {
             let labels = crate::metrics::HeldReleaseLabels { how: (*how).to_owned() };
             metrics.held_released.get_or_create(&labels).inc_by(*n as u64);
         }
-        let mut dropped = 0;
-        for notice in &plan.notices {
-            dropped += usize::from(self.signals.notices.try_send(notice.clone()).is_err());
+        let mut dropped = plan.notices_dropped;
+        for notice in notices {
+            dropped += usize::from(self.signals.notices.try_send(notice).is_err());
         }
         if dropped > 0 {
             warn!(dropped, "Kubernetes Event queue full; some Events were not published");
@@ -319,5 +339,40 @@ impl Writer {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{NOTICE_QUEUE, Plan};
+    use crate::model::{Notice, ServiceKey};
+
+    fn notices(n: usize) -> Vec<Notice> {
+        let notice = |i: usize| Notice {
+            key: ServiceKey::new("default", format!("svc-{i}")),
+            uid: format!("uid-{i}"),
+            warning: true,
+            reason: "UnAvailableLoadBalancer",
+            note: "There are no available members for the load balancer".into(),
+        };
+        (0..n).map(notice).collect()
+    }
+
+    /// A plan keeps the first [`NOTICE_QUEUE`] Events (what the Event queue can take) and counts the
+    /// rest, also across merged plans, so a first list of any size holds a bounded number.
+    #[test]
+    fn a_plan_keeps_at_most_a_queue_of_notices_and_counts_the_rest() {
+        let mut plan = Plan::default();
+        plan.note(notices(NOTICE_QUEUE - 1));
+        assert_eq!((plan.notices.len(), plan.notices_dropped), (NOTICE_QUEUE - 1, 0));
+        plan.note(notices(3));
+        assert_eq!((plan.notices.len(), plan.notices_dropped), (NOTICE_QUEUE, 2));
+        assert_eq!(plan.notices.last().map(|n| n.key.name.as_str()), Some("svc-0"));
+
+        let mut later = Plan::default();
+        later.note(notices(NOTICE_QUEUE + 5));
+        assert_eq!(later.notices_dropped, 5);
+        plan.merge(later);
+        assert_eq!((plan.notices.len(), plan.notices_dropped), (NOTICE_QUEUE, 2 + 5 + NOTICE_QUEUE));
     }
 }

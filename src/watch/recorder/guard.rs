@@ -71,7 +71,7 @@ impl Guard {
         plan.deletions_held = self.held.len();
         plan.guard_trips.append(&mut self.trips);
         plan.held_released.append(&mut self.released);
-        plan.notices.append(&mut self.notices);
+        plan.note(std::mem::take(&mut self.notices));
     }
 
     /// Decides what to do with `vanished` Services (missing from one list, or from every scope at

@@ -408,8 +408,8 @@ impl Recorder {
             Decision::Record(events) => {
                 for event in events {
                     let before = self.mirror.get(key);
-                    plan.notices.extend(Ownership::notices(key, &event, before.map(|t| &*t.view)));
-                    plan.notices.extend(super::members::notices(key, &event, before));
+                    plan.note(Ownership::notices(key, &event, before.map(|t| &*t.view)));
+                    plan.note(super::members::notices(key, &event, before));
                     let hold = self.ownership.hold(&event);
                     let cleanup = Ownership::cleanup(&event, live);
                     if cleanup.as_ref().is_some_and(|c| c.remove_finalizer) {
