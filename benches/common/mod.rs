@@ -20,11 +20,7 @@ pub const SLOW_DEADLINE: Duration = Duration::from_secs(600);
 
 /// Polls `done` every `poll` until it holds; panics naming `what` after [`SLOW_DEADLINE`].
 pub async fn wait_until(what: &str, poll: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + SLOW_DEADLINE;
-    while !done() {
-        assert!(std::time::Instant::now() < deadline, "{what}: not within {} s", SLOW_DEADLINE.as_secs());
-        tokio::time::sleep(poll).await; // ok: benchmark polling, not a test
-    }
+    poll_until(what, poll, || std::future::ready(done())).await
 }
 
 /// Waits until `GET http://{addr}/readyz` answers 200. Panics after [`SLOW_DEADLINE`] (a benchmark
@@ -32,11 +28,17 @@ pub async fn wait_until(what: &str, poll: Duration, mut done: impl FnMut() -> bo
 pub async fn wait_readyz(addr: &str) {
     let url = format!("http://{addr}/readyz");
     let client = reqwest::Client::new();
+    let ready = || async { client.get(&url).send().await.is_ok_and(|r| r.status() == 200) };
+    poll_until(&format!("{url} 200 (BENCH_LOG_FILE keeps the log)"), Duration::from_millis(5), ready).await
+}
+
+/// The loop behind [`wait_until`] and [`wait_readyz`]: awaits `done` every `poll` until it holds;
+/// panics naming `what` after [`SLOW_DEADLINE`].
+async fn poll_until<F: std::future::Future<Output = bool>>(what: &str, poll: Duration, mut done: impl FnMut() -> F) {
     let deadline = std::time::Instant::now() + SLOW_DEADLINE;
-    while client.get(&url).send().await.map(|r| r.status() != 200).unwrap_or(true) {
-        let wait = SLOW_DEADLINE.as_secs();
-        assert!(std::time::Instant::now() < deadline, "{url} not 200 within {wait} s (BENCH_LOG_FILE keeps the log)");
-        tokio::time::sleep(Duration::from_millis(5)).await; // ok: benchmark polling, not a test
+    while !done().await {
+        assert!(std::time::Instant::now() < deadline, "{what}: not within {} s", SLOW_DEADLINE.as_secs());
+        tokio::time::sleep(poll).await; // ok: benchmark polling, not a test
     }
 }
 

@@ -164,7 +164,7 @@ impl Writer {
     /// shares, only runs statements. Nothing is reported (metrics, log, readiness, Kubernetes Events)
     /// before the last chunk committed, and `committed` only after each chunk did; a failed attempt
     /// left nothing behind (the store rolls it back and drops the connection).
-    async fn commit(&mut self, mut plan: Plan) {
+    async fn commit(&mut self, plan: Plan) {
         if plan.changes.is_empty() && plan.progress.is_empty() {
             return;
         }
@@ -215,8 +215,7 @@ impl Writer {
                 self.signals.committed.send_replace(id);
             }
         }
-        let notices = std::mem::take(&mut plan.notices);
-        self.after_commit(&plan, notices);
+        self.after_commit(plan);
     }
 
     /// The id of the next event: known after the first commit, else read (retried like a write).
@@ -280,7 +279,7 @@ impl Writer {
         write.retry(self.store.write_backoff()).when(retry).notify(notify).await
     }
 
-    fn after_commit(&mut self, plan: &Plan, notices: Vec<Notice>) {
+    fn after_commit(&mut self, plan: Plan) {
         let metrics = &self.signals.metrics;
         let mut counts = [0usize; 3];
         for change in &plan.changes {
@@ -320,7 +319,7 @@ impl Writer {
             metrics.held_released.get_or_create(&labels).inc_by(*n as u64);
         }
         let mut dropped = plan.notices_dropped;
-        for notice in notices {
+        for notice in plan.notices {
             dropped += usize::from(self.signals.notices.try_send(notice).is_err());
         }
         if dropped > 0 {
