@@ -112,8 +112,7 @@ fn with_captured(ctx: &minijinja::Value, captured: &Map<String, serde_json::Valu
 
 /// sha256 (hex) of a sorted Service set.
 fn digest(keys: &[String]) -> String {
-    let digest = Sha256::digest(keys.join("\n").as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    format!("{:x}", Sha256::digest(keys.join("\n").as_bytes()))
 }
 
 /// A full-state delivery of `webhook` (`kind` `MODIFIED` or `SYNCED`) due in `debounce`; `why` is
