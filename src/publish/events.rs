@@ -13,11 +13,13 @@ use crate::model::Notice;
 pub const CONTROLLER: &str = "vipwatch.io/controller";
 
 /// Events published through one [`Recorder`] before a fresh one replaces it. The recorder keeps every
-/// Event it published for 6 minutes (about 2 KiB each, in a hash map) to fold repeats into a series;
+/// Event it published for 6 minutes (about 2.9 KiB each, in a hash map) to fold repeats into a series;
 /// during a first sync of 10,000 Services that cache reached 17.7 MB (heaptrack, issue 13). Starting
-/// over bounds it to ~4 MiB, as client-go bounds its event correlator (an LRU); a repeat of an Event
-/// published before the restart becomes a new Event instead of a series entry.
-const RECORDER_EVENTS: usize = 1024;
+/// over bounds it, as client-go bounds its event correlator (an LRU); a repeat of an Event published
+/// before the restart becomes a new Event instead of a series entry. At 1,024 the cache was still
+/// 2.95 MB of the initial sync's heap peak (heaptrack of `cargo bench --bench burst`); 256 keeps the
+/// repeats that matter (one Service's flapping reason) for about 0.7 MB.
+const RECORDER_EVENTS: usize = 256;
 
 /// Publishes every notice received until `cancel` or the channel closes. Failures are logged and
 /// counted, never retried: an Event is informational.
