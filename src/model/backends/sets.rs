@@ -9,12 +9,21 @@ use super::index::BackendIndex;
 use super::members::{MemberRules, compute};
 use crate::model::{ServiceKey, ServiceView};
 
-/// A Service's members per mode. Serialized as an object keyed by mode (`{"nodePort": {...}}`).
+/// A Service's members per mode, a vector sorted by mode ([`litemap::LiteMap`]). Serialized as an
+/// object keyed by mode (`{"nodePort": {...}}`); where it may be empty, with [`as_object`].
 ///
-/// The members are boxed: a B-tree node has room for 11 entries whatever the map holds, and with
-/// [`Backends`] inline (about 140 bytes) that was 1.6 KiB per Service for its one or two modes —
-/// 16 MB of the recorder's mirror at 10,000 Services, a quarter of its heap (heaptrack, issue 13).
-pub type BackendSets = BTreeMap<BackendMode, Box<Backends>>;
+/// The members are boxed and the map is a vector: a B-tree node has room for 11 entries whatever the
+/// map holds. With [`Backends`] inline (about 140 bytes) that was 1.6 KiB per Service for its one or
+/// two modes, 16 MB of the recorder's mirror at 10,000 Services; boxed, the node alone was still
+/// 1.3 MB of the burst benchmark's heap peak (heaptrack, issue 13), where a vector of one or two
+/// (mode, box) pairs takes 32 bytes.
+pub type BackendSets = litemap::LiteMap<BackendMode, Box<Backends>>;
+
+/// Serializes `sets` as a JSON object, `{}` when empty (serde `serialize_with`): litemap writes an
+/// empty map as `[]` to human-readable formats. Reading takes litemap's own `Deserialize`.
+pub fn as_object<S: serde::Serializer>(sets: &BackendSets, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(sets.iter())
+}
 
 /// The members of `sets` in `mode`, if it has that mode (`None`: no mode, nothing).
 pub fn in_mode(sets: &BackendSets, mode: Option<BackendMode>) -> Option<&Backends> {

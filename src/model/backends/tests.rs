@@ -240,3 +240,27 @@ fn the_annotation_beats_the_endpoint_which_beats_the_global_mode() {
     assert_eq!(super::annotated(&annotated), Err("podz"));
     assert_eq!(plan.mode_for(&annotated, "f5"), Some(BackendMode::Pod), "an invalid value is ignored");
 }
+
+#[test]
+fn member_sets_serialize_as_an_object_keyed_by_mode_even_when_empty_and_read_back() {
+    #[derive(serde::Serialize)]
+    struct Row {
+        #[serde(serialize_with = "as_object")]
+        backends: BackendSets,
+    }
+    let empty = serde_json::to_value(Row { backends: BackendSets::new() }).unwrap();
+    assert_eq!(empty, json!({"backends": {}}));
+    assert_eq!(serde_json::from_value::<BackendSets>(empty["backends"].clone()).unwrap(), BackendSets::new());
+
+    let mut index = BackendIndex::default();
+    let http = json!([{"name": "http", "protocol": "TCP", "port": 8080}]);
+    index.set_slice(slice("web-a", "IPv4", http, json!([ep("10.244.1.5", "w1", true, false)])));
+    let view = service(json!({"ports": [{"name": "http", "port": 80}]}));
+    let both = [BackendMode::Pod, BackendMode::NodePort];
+    let sets = compute_sets(&key(), &view, &both, &rules(), &index, &BackendSets::new());
+    let written = serde_json::to_value(Row { backends: sets.clone() }).unwrap();
+    let modes: Vec<&String> = written["backends"].as_object().unwrap().keys().collect();
+    assert_eq!(modes, vec!["nodePort", "pod"]);
+    assert_eq!(written["backends"]["pod"]["ports"][0]["members"][0]["address"], json!("10.244.1.5"));
+    assert_eq!(serde_json::from_value::<BackendSets>(written["backends"].clone()).unwrap(), sets);
+}
