@@ -24,7 +24,7 @@ pub fn withdrawn(e: &Recorded) -> Vec<IpAddr> {
         ChangeKind::Deleted => pool_addresses(&e.view),
         ChangeKind::Modified => {
             let now = pool_addresses(&e.view);
-            let before = e.previous.as_ref().map(pool_addresses).unwrap_or_default();
+            let before = e.previous.as_deref().map(pool_addresses).unwrap_or_default();
             before.into_iter().filter(|ip| !now.contains(ip)).collect()
         }
     }
@@ -54,7 +54,7 @@ mod tests {
             uid: "u".into(),
             resource_version: "1".into(),
             view: after.into(),
-            previous: before,
+            previous: before.map(Into::into),
             changed: vec!["allocation"],
             backends: Default::default(),
             backends_diff: Default::default(),

@@ -96,8 +96,9 @@ pub struct Recorded {
     pub resource_version: String,
     /// The view after the change; for DELETED, the last view.
     pub view: Arc<ServiceView>,
-    /// For MODIFIED: the view before.
-    pub previous: Option<ServiceView>,
+    /// For MODIFIED: the view before, shared with the mirror entry it replaces (not a deep copy per
+    /// change: about 30 allocations each, issue 13).
+    pub previous: Option<Arc<ServiceView>>,
     /// For MODIFIED: the changed field names, see [`changed_fields`], plus `backends` when the members
     /// of some mode changed.
     pub changed: Vec<&'static str>,
@@ -174,7 +175,7 @@ fn modified_or_refresh(cur: &Tracked, obs: &Observed) -> Decision {
             uid: obs.uid.clone(),
             resource_version: obs.resource_version.clone(),
             view: obs.view.clone(),
-            previous: Some((*cur.view).clone()),
+            previous: Some(cur.view.clone()),
             changed,
             backends: obs.backends.clone(),
             backends_diff: backends::diffs(&cur.backends, &obs.backends),

@@ -118,7 +118,7 @@ impl Router {
             uid: &e.event.uid,
             resource_version: &e.event.resource_version,
             view: &e.event.view,
-            previous: e.event.previous.as_ref(),
+            previous: e.event.previous.as_deref(),
             changed: &changed,
             backends: backends::in_mode(&e.event.backends, mode),
             backends_diff: diff,

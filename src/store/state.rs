@@ -380,7 +380,7 @@ fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson<'_>>, StoreError>
                 rv: &e.resource_version,
                 cause: cause.as_str(),
                 view: serde_json::to_string(&e.view)?.into(),
-                previous: e.previous.as_ref().map(serde_json::to_string).transpose()?,
+                previous: e.previous.as_deref().map(serde_json::to_string).transpose()?,
                 changed: (e.kind == ChangeKind::Modified).then(|| serde_json::to_string(&e.changed)).transpose()?,
                 backends: (e.kind != ChangeKind::Modified && !e.backends.is_empty())
                     .then(|| serde_json::to_string(&e.backends))
