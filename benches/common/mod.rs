@@ -10,6 +10,7 @@
 pub mod load;
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -107,8 +108,11 @@ pub struct Process {
 }
 
 impl Process {
-    /// Starts `cmd` and waits for `marker` on stdout (`from_stdout`) or stderr.
+    /// Starts `cmd` in a process group of its own and waits for `marker` on stdout (`from_stdout`)
+    /// or stderr. Signals go to the whole group, so a `BENCH_WRAP` profiler's process (heaptrack is a
+    /// shell script that waits for its child) and the vipwatch under it both get them.
     pub fn spawn(mut cmd: Command, marker: &str, from_stdout: bool) -> Self {
+        cmd.process_group(0);
         let mut child = if from_stdout { cmd.stdout(Stdio::piped()) } else { cmd.stderr(Stdio::piped()) }
             .spawn()
             .expect("the child starts");
@@ -170,15 +174,16 @@ impl Process {
         wait_readyz(&self.addr).await
     }
 
-    /// Sends `signal` (`libc::SIGKILL`, `libc::SIGTERM`, ...) without waiting.
+    /// Sends `signal` (`libc::SIGKILL`, `libc::SIGTERM`, ...) to the child's process group without
+    /// waiting.
     pub fn signal(&self, signal: libc::c_int) {
-        // SAFETY: sends a signal to our own child process.
-        assert_eq!(unsafe { libc::kill(self.pid() as libc::pid_t, signal) }, 0, "kill({})", self.pid());
+        // SAFETY: sends a signal to the process group our own child leads (`spawn`).
+        assert_eq!(unsafe { libc::kill(-(self.pid() as libc::pid_t), signal) }, 0, "kill(-{})", self.pid());
     }
 
-    /// SIGTERM, then waits for the exit.
+    /// SIGTERM to the process group, then waits for the child's exit.
     pub fn stop(mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        self.signal(libc::SIGTERM);
         let _ = self.child.wait();
     }
 }
@@ -188,7 +193,8 @@ impl Drop for Process {
     /// killed, so no `vipwatch serve` outlives its benchmark.
     fn drop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
+            // SAFETY: as in `signal`; the result is ignored (a drop during a panic must not panic).
+            unsafe { libc::kill(-(self.pid() as libc::pid_t), libc::SIGKILL) };
             let _ = self.child.wait();
         }
     }
