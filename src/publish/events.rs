@@ -17,8 +17,8 @@ pub const CONTROLLER: &str = "vipwatch.io/controller";
 /// during a first sync of 10,000 Services that cache reached 17.7 MB (heaptrack, issue 13). Starting
 /// over bounds it, as client-go bounds its event correlator (an LRU); a repeat of an Event published
 /// before the restart becomes a new Event instead of a series entry. At 1,024 the cache was still
-/// 2.95 MB of the initial sync's heap peak (heaptrack of `cargo bench --bench burst`); 256 keeps the
-/// repeats that matter (one Service's flapping reason) for about 0.7 MB.
+/// 2.95 MB of the heap's peak (in the burst of `cargo bench --bench burst`, heaptrack); 256 keeps
+/// the repeats that matter (one Service's flapping reason) for about 0.7 MB.
 const RECORDER_EVENTS: usize = 256;
 
 /// Publishes every notice received until `cancel` or the channel closes. Failures are logged and
