@@ -72,7 +72,7 @@ pub struct EventDetail {
     /// ADDED and DELETED: the members per backend mode (keys `nodePort`, `pod`), as the payloads
     /// carried them; otherwise `{}`.
     #[schema(value_type = BTreeMap<BackendMode, vipwatch_contract::Backends>)]
-    #[serde(serialize_with = "crate::model::backends::as_object")]
+    #[serde(serialize_with = "vipwatch_contract::object")]
     pub backends: crate::model::backends::BackendSets,
     /// MODIFIED whose members changed: what changed, per backend mode (the payload's
     /// `backendsDiff`); otherwise `{}`.

@@ -61,7 +61,7 @@ pub struct ServiceDto {
     /// Its pool members per backend mode in use (`nodePort`, `pod`), as last announced: what is behind
     /// its VIPs.
     #[schema(value_type = std::collections::BTreeMap<String, Backends>)]
-    #[serde(serialize_with = "crate::model::backends::as_object")]
+    #[serde(serialize_with = "vipwatch_contract::object")]
     pub backends: BackendSets,
     /// `true` when the mass-deletion guard holds this Service's deletion: a list missed it together
     /// with too many others (see `GET /api/v1/deletions/held`).

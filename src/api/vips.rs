@@ -54,7 +54,7 @@ pub struct VipService {
     pub item: VipItem,
     /// The Service's pool members per backend mode in use, as last announced.
     #[schema(value_type = std::collections::BTreeMap<String, Backends>)]
-    #[serde(serialize_with = "crate::model::backends::as_object")]
+    #[serde(serialize_with = "vipwatch_contract::object")]
     pub backends: BackendSets,
 }
 

@@ -21,4 +21,6 @@ pub use backends::{
     BackendMode, BackendPort, Backends, BackendsDiff, HealthCheck, HealthCheckScope, Member, MemberChange, MemberState,
 };
 pub use payload::{Cause, EventKind, PayloadType, SyncMarker, WebhookPayload, WebhookPayloadData, WebhookService};
-pub use view::{Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap, VipSource};
+pub use view::{
+    Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap, VipSource, object,
+};

@@ -111,9 +111,19 @@ impl Allocation {
 /// Written with [`object`]: litemap itself writes an empty map as `[]` to human-readable formats.
 pub type StringMap = litemap::LiteMap<String, String>;
 
-/// Serializes a [`StringMap`] as a JSON object (`{}` when empty), keys in order. Reading takes
-/// litemap's own `Deserialize`, which accepts an object in any key order.
-fn object<S: serde::Serializer>(map: &StringMap, serializer: S) -> Result<S::Ok, S::Error> {
+/// Serializes any [`litemap::LiteMap`] — a [`StringMap`], the controller's members per mode — as a
+/// JSON object (`{}` when empty), keys in order (serde `serialize_with`): litemap itself writes an
+/// empty map as `[]` to human-readable formats. Reading takes litemap's own `Deserialize`, which
+/// accepts an object in any key order.
+///
+/// # Errors
+/// Whatever `serializer` returns for a key or value it cannot write (JSON: a key that is not a string).
+pub fn object<K, V, S>(map: &litemap::LiteMap<K, V>, serializer: S) -> Result<S::Ok, S::Error>
+where
+    K: Serialize + Ord,
+    V: Serialize,
+    S: serde::Serializer,
+{
     serializer.collect_map(map.iter())
 }
 

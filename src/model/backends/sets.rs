@@ -10,7 +10,8 @@ use super::members::{MemberRules, compute};
 use crate::model::{ServiceKey, ServiceView};
 
 /// A Service's members per mode, a vector sorted by mode ([`litemap::LiteMap`]). Serialized as an
-/// object keyed by mode (`{"nodePort": {...}}`); where it may be empty, with [`as_object`].
+/// object keyed by mode (`{"nodePort": {...}}`); where it may be empty, with
+/// [`vipwatch_contract::object`].
 ///
 /// The members are boxed and the map is a vector: a B-tree node has room for 11 entries whatever the
 /// map holds. With [`Backends`] inline (about 140 bytes) that was 1.6 KiB per Service for its one or
@@ -18,12 +19,6 @@ use crate::model::{ServiceKey, ServiceView};
 /// 1.3 MB of the burst benchmark's heap peak (heaptrack, issue 13), where a vector of one or two
 /// (mode, box) pairs takes 32 bytes.
 pub type BackendSets = litemap::LiteMap<BackendMode, Box<Backends>>;
-
-/// Serializes `sets` as a JSON object, `{}` when empty (serde `serialize_with`): litemap writes an
-/// empty map as `[]` to human-readable formats. Reading takes litemap's own `Deserialize`.
-pub fn as_object<S: serde::Serializer>(sets: &BackendSets, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.collect_map(sets.iter())
-}
 
 /// The members of `sets` in `mode`, if it has that mode (`None`: no mode, nothing).
 pub fn in_mode(sets: &BackendSets, mode: Option<BackendMode>) -> Option<&Backends> {

@@ -245,7 +245,7 @@ fn the_annotation_beats_the_endpoint_which_beats_the_global_mode() {
 fn member_sets_serialize_as_an_object_keyed_by_mode_even_when_empty_and_read_back() {
     #[derive(serde::Serialize)]
     struct Row {
-        #[serde(serialize_with = "as_object")]
+        #[serde(serialize_with = "vipwatch_contract::object")]
         backends: BackendSets,
     }
     let empty = serde_json::to_value(Row { backends: BackendSets::new() }).unwrap();
