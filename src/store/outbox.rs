@@ -312,7 +312,7 @@ async fn coalesce(tx: &mut Tx<'_>, now: i64, d: &NewDelivery, event_id: Option<i
 }
 
 /// A pending delivery `d` is its queue's head when no pending delivery of the same (endpoint, Service)
-/// has a lower id. Walking pending deliveries by id (index `deliveries_pending`) and probing that
+/// has a lower id. Walking the pending deliveries not held, by id (index `deliveries_ready`), and probing that
 /// (index `deliveries_queue`) finds the oldest due heads without scanning every queue.
 macro_rules! is_head {
     () => {
@@ -327,7 +327,7 @@ macro_rules! is_head {
 /// read the same heads and both lease them (shared/reference/ha-postgres.md §0.6, verified there).
 const CLAIM: Dual = Dual {
     lite: concat!(
-        "UPDATE deliveries SET claimed_until = $3 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_pending \
+        "UPDATE deliveries SET claimed_until = $3 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_ready \
      WHERE ",
         claim_where!(),
         " ORDER BY d.id LIMIT "
@@ -363,7 +363,7 @@ const CLAIM_RETURNING: &str = " RETURNING id, namespace, name, kind, msg_id, pay
 
 const NEXT_DUE: Dual = Dual {
     lite: concat!(
-        "SELECT MIN(MAX(d.next_attempt_at, COALESCE(d.claimed_until, 0))) FROM deliveries d INDEXED BY deliveries_pending \
+        "SELECT MIN(MAX(d.next_attempt_at, COALESCE(d.claimed_until, 0))) FROM deliveries d INDEXED BY deliveries_ready \
      WHERE d.webhook = $1 AND d.state = 'pending' AND d.held = 0 AND ",
         is_head!()
     ),
