@@ -392,53 +392,6 @@ async fn an_endpoint_with_its_own_concurrency_has_no_more_deliveries_in_flight()
     assert_eq!(stuck.hits().len(), 2, "`narrow` holds two in flight and waits: {seen:?}");
 }
 
-/// The dispatcher claims heads ahead of its free slots (four per slot) so a finished attempt's slot
-/// is used again without waiting for the next round on the database. Stopping gives those leases
-/// back: whoever claims next (another replica, the next start) takes them at once, while the ones
-/// still in flight keep their leases.
-#[tokio::test]
-async fn heads_claimed_ahead_are_given_back_on_stop_and_those_in_flight_are_not() {
-    let h = Harness::new().await;
-    let stuck = Receiver::start(|_, _| Reply::Hang).await;
-    let mut narrow = webhook("narrow", &stuck.url);
-    narrow.concurrency = Some(2);
-    narrow.timeout = Duration::from_secs(30);
-    let mut config = h.config_with(vec![narrow]);
-    config.relay.lease = Duration::from_secs(60);
-    config.relay.shutdown_grace = Duration::from_millis(100);
-    let vw = h.start(config).await;
-    let names: Vec<String> = (0..5).map(|i| format!("web-{i}")).collect();
-    for name in &names {
-        h.api.apply(lb_service("shop", name, 80));
-    }
-    wait_until("all five claimed (two in flight, three waiting)", || async {
-        let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
-        let held = vw.store.held_services(10).await.unwrap();
-        let claimable = vw.store.next_due("narrow").await.unwrap();
-        // None held for the finalizer, and every head leased: the next one becomes claimable only
-        // when a lease runs out.
-        let leased = claimable.is_some_and(|at| at > vipwatch::store::now_ms() + 30_000);
-        (rows.len() == 5 && held.is_empty() && leased).then_some(())
-    })
-    .await;
-    wait_hits(&stuck, 2).await;
-    let in_flight: Vec<String> =
-        stuck.hits().iter().map(|h| s(h.json()["data"]["service"]["name"].as_str().unwrap())).collect();
-    vw.stop().await.unwrap();
-
-    let store = h.store().await;
-    let now = vipwatch::store::now_ms();
-    let mut given_back: Vec<String> =
-        store.claim("narrow", now, 60_000, 10).await.unwrap().into_iter().map(|c| c.key.name).collect();
-    given_back.sort();
-    let expected: Vec<String> = names.iter().filter(|n| !in_flight.contains(n)).cloned().collect();
-    assert_eq!(
-        given_back, expected,
-        "the three waiting heads are claimable at once; the two in flight ({in_flight:?}) are not"
-    );
-    assert_eq!(stuck.hits().len(), 2, "nothing beyond the two slots was sent");
-}
-
 /// A receiver that refuses every `ADDED` for good (422) and takes everything else.
 async fn refusing_added() -> Receiver {
     Receiver::start(|_, hit| if hit.event().0 == "ADDED" { Reply::Status(422) } else { Reply::Status(204) }).await

@@ -1,7 +1,5 @@
 //! One endpoint's dispatcher: claims due queue heads (one per Service, so per-Service order holds),
-//! sends them concurrently, records each attempt, and retries per the policy. It claims ahead of its
-//! free slots ([`CLAIM_AHEAD`]), so an attempt that succeeded frees its slot for the next claimed
-//! head at once instead of at the next round on the database. While the endpoint's
+//! sends them concurrently, records each attempt, and retries per the policy. While the endpoint's
 //! circuit is open (see [`super::circuit`]) it sends one probe at a time instead. Stops claiming on
 //! shutdown and lets in-flight attempts finish within `relay.shutdown_grace`.
 //!
@@ -11,7 +9,6 @@
 //! sent again just because recording it failed (only a restart before it is recorded re-sends it,
 //! with the same `webhook-id`).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::assign::assignment;
-use super::circuit::{Circuit, CircuitState, Circuits, Transition, endpoint_down};
+use super::circuit::{Circuit, Circuits, Transition, endpoint_down};
 use super::policy::{Verdict, after_failure, already_gone};
 use super::sender::AttemptResult;
 use super::templated::Transport;
@@ -37,27 +34,6 @@ use crate::store::{Claimed, Completion, Outcome, Store, StoreError, now_ms};
 /// with the claim of the next heads, in one round; the last attempt in flight is recorded at once.
 /// Adds at most this much to a delivery's wait.
 const ROUND_INTERVAL: Duration = Duration::from_millis(5);
-
-/// Heads an endpoint holds claimed per slot of its concurrency while its circuit is closed: in
-/// flight, or claimed ahead and waiting for a slot. With only as many claimed as there are slots,
-/// a slot freed by an attempt waited for the next round (record, claim) before it was used again,
-/// and the initial sync of 10,000 Services delivered about 1,300–2,000 per second with the machine
-/// 60 % idle (issue 13). A claimed head waiting is leased like one in flight: the database sees no
-/// difference (not claimable, not superseded), and it is sent only while its lease has an attempt's
-/// time left. Costs one claimed row (its payload, about 2 KB) per head waiting.
-///
-/// After a crash (SIGKILL), every head this replica held claimed may be sent again by the next
-/// leader or start: those in flight, and those whose success was not recorded yet (a slot freed by a
-/// success starts the next head before the round records it). So a receiver may see up to this many
-/// times `concurrency` repeated `webhook-id`s, not just `concurrency`.
-///
-/// Only when the lease leaves [`MIN_WAIT`] beyond an attempt's `timeout`: a head may wait only that
-/// long. With less, the dispatcher claims no more than its free slots, as it did before.
-pub const CLAIM_AHEAD: usize = 4;
-
-/// Least time a head claimed ahead may wait for a slot (`relay.lease` minus the endpoint's
-/// `timeout`) for the dispatcher to claim ahead at all.
-const MIN_WAIT: Duration = Duration::from_secs(1);
 
 /// Everything one endpoint's loop needs.
 pub(super) struct Dispatcher {
@@ -79,14 +55,7 @@ pub(super) struct Dispatcher {
     /// Until when this replica leads: no attempt starts after it, and one still running then is
     /// abandoned (its lease runs out; the next leader sends it again under the same `webhook-id`).
     pub trust: crate::leader::Trust,
-    /// The endpoint's `timeout`: a head claimed ahead starts only while its lease has more than this
-    /// left (the sender may take its margin beyond it, as for a head claimed the moment it starts).
-    pub attempt_timeout: Duration,
 }
-
-/// Heads claimed ahead of a free slot, oldest claim first, each with the end of its lease (Unix ms).
-#[derive(Default)]
-struct Waiting(VecDeque<(Claimed, i64)>);
 
 /// The endpoint's health as the loop tracks it.
 struct Health {
@@ -144,7 +113,6 @@ impl Dispatcher {
     /// retry is due, and every `relay.poll_interval` (work enqueued by another process).
     pub async fn run(self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
         let mut in_flight = InFlight::new();
-        let mut waiting = Waiting::default();
         let mut health = Health {
             failing: false,
             circuit: Circuit::new(self.circuit_failures, self.retry.clone()),
@@ -168,13 +136,10 @@ impl Dispatcher {
                 disabled = self.is_disabled().await;
                 health.disabled_now = false;
             }
-            if disabled {
-                self.give_back(&mut waiting).await;
-            }
             let just_claimed = std::mem::take(&mut claimed);
             if !disabled && !store.waiting() && store.unrecorded.is_empty() && !just_claimed {
                 spaced(&mut last_round).await;
-                self.fill(&mut in_flight, &mut waiting, &mut health.circuit, &mut store).await;
+                self.fill(&mut in_flight, &mut health.circuit, &mut store).await;
             }
             // With attempts in flight, their completion wakes us; the next-due query (a scan of the
             // queue heads) is only needed when idle. While the database fails, only the backoff does.
@@ -188,49 +153,26 @@ impl Dispatcher {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
-                    // Slots freed by successes go to heads claimed ahead at once. Others still in
-                    // flight may finish within the interval and share the round; the last one out
-                    // is recorded at once.
-                    let mut done: Vec<_> = joined.ok().flatten().into_iter().collect();
-                    self.collect(&mut done, 0, &mut in_flight, &mut waiting, &mut health.circuit, disabled);
+                    // Others still in flight may finish within the interval and share the round; the
+                    // last one out is recorded at once.
                     if in_flight.is_empty() {
                         last_round = tokio::time::Instant::now();
                     } else {
                         spaced(&mut last_round).await;
-                        let from = done.len();
-                        self.collect(&mut done, from, &mut in_flight, &mut waiting, &mut health.circuit, disabled);
                     }
-                    let refill = (!disabled).then_some((&mut in_flight, &mut waiting));
+                    let mut done = vec![joined];
+                    while let Some(more) = in_flight.try_join_next() {
+                        done.push(more);
+                    }
+                    let done = done.into_iter().filter_map(|r| r.ok().flatten()).collect();
+                    let refill = (!disabled).then_some(&mut in_flight);
                     claimed = self.finish(done, &mut health, &mut store, refill).await;
                 }
                 changed = committed.changed(), if committed_open && !backing_off => committed_open = changed.is_ok(),
                 _ = tokio::time::sleep(nap) => {}
             }
         }
-        self.give_back(&mut waiting).await;
         self.drain(in_flight, &mut health, &mut store).await;
-    }
-
-    /// Adds the attempts that finished by now to `done`, and gives each slot that one of `done[from..]`
-    /// freed with a success to a head claimed ahead. A failure's slot waits for the round, which
-    /// records the failure with the circuit first: a failing endpoint is not sent the waiting heads
-    /// one after another before the circuit has counted its failures.
-    fn collect(
-        &self,
-        done: &mut Vec<(Claimed, AttemptResult)>,
-        from: usize,
-        in_flight: &mut InFlight,
-        waiting: &mut Waiting,
-        circuit: &mut Circuit,
-        disabled: bool,
-    ) {
-        while let Some(more) = in_flight.try_join_next() {
-            done.extend(more.ok().flatten());
-        }
-        let freed = done[from..].iter().filter(|(_, r)| r.verdict == Verdict::Success).count();
-        if !disabled && freed > 0 {
-            self.start_waiting(freed, in_flight, waiting, circuit);
-        }
     }
 
     /// Records the outcomes kept in memory because the database refused them earlier.
@@ -257,100 +199,32 @@ impl Dispatcher {
         matches!(self.store.webhook_state(&self.name).await, Ok(Some(s)) if s.disabled_reason.is_some())
     }
 
-    /// Claims due heads for the room [`Self::to_claim`] finds and starts attempts in the free slots,
-    /// heads claimed ahead first. While the circuit is open: one probe when it is due and nothing is
-    /// in flight, else nothing.
-    async fn fill(
-        &self,
-        in_flight: &mut InFlight,
-        waiting: &mut Waiting,
-        circuit: &mut Circuit,
-        store: &mut StoreRetry,
-    ) {
+    /// Claims as many due heads as there are free slots and starts their attempts. Claims in batches
+    /// (when at least half the slots are free, or none is busy): each claim scans the queue heads.
+    /// While the circuit is open: one probe when it is due and nothing is in flight, else nothing.
+    async fn fill(&self, in_flight: &mut InFlight, circuit: &mut Circuit, store: &mut StoreRetry) {
         let now = now_ms();
-        let room = self.to_claim(in_flight, waiting, circuit, now);
-        if room > 0 {
-            match self.store.claim(&self.name, now, self.lease_ms(), room).await {
-                Ok(claimed) => {
-                    store.succeeded();
-                    let until = now + self.lease_ms();
-                    waiting.0.extend(claimed.into_iter().map(|c| (c, until)));
-                }
-                Err(e) => {
-                    let retry_in = store.failed(&self.store);
-                    error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, "cannot claim deliveries; backing off");
-                }
+        let free = self.free_slots(in_flight, circuit, now);
+        if free == 0 {
+            return;
+        }
+        match self.store.claim(&self.name, now, self.lease_ms(), free).await {
+            Ok(claimed) => {
+                store.succeeded();
+                self.start(claimed, in_flight, circuit);
+            }
+            Err(e) => {
+                let retry_in = store.failed(&self.store);
+                error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, "cannot claim deliveries; backing off");
             }
         }
-        self.start_waiting(usize::MAX, in_flight, waiting, circuit);
     }
 
-    /// How many heads to claim now; 0 = claim nothing. While the circuit is closed: up to
-    /// [`CLAIM_AHEAD`] per slot, counting those in flight and waiting, but only when at least half of
-    /// that is free or nothing is held (each claim scans the queue heads). Otherwise the circuit's
-    /// allowance (a probe), and only when no claimed head waits to be that probe.
-    fn to_claim(&self, in_flight: &InFlight, waiting: &Waiting, circuit: &Circuit, now: i64) -> usize {
-        if circuit.view().state != CircuitState::Closed {
-            let probe = circuit.allowance(now, in_flight.len(), self.relay.concurrency);
-            return if waiting.0.is_empty() { probe } else { 0 };
-        }
-        let window = self.window();
-        let held = in_flight.len() + waiting.0.len();
-        let room = window.saturating_sub(held);
-        if held > 0 && room < window.div_ceil(2) { 0 } else { room }
-    }
-
-    /// How many heads to hold claimed while the circuit is closed: [`CLAIM_AHEAD`] per slot when
-    /// the lease leaves a head [`MIN_WAIT`] to wait, else one per slot.
-    fn window(&self) -> usize {
-        let ahead = if self.claims_ahead() { CLAIM_AHEAD } else { 1 };
-        self.relay.concurrency.saturating_mul(ahead)
-    }
-
-    fn claims_ahead(&self) -> bool {
-        self.relay.lease >= self.attempt_timeout + MIN_WAIT
-    }
-
-    /// Starts attempts for up to `most` heads claimed ahead, as many as the circuit allows. A head
-    /// whose lease has no attempt's time left ([`Self::attempt_timeout`]) is not sent: it is left to
-    /// run out (within that time), and then claimed again in order.
-    fn start_waiting(&self, most: usize, in_flight: &mut InFlight, waiting: &mut Waiting, circuit: &mut Circuit) {
-        let now = now_ms();
-        let slots = circuit.allowance(now, in_flight.len(), self.relay.concurrency).min(most);
-        // Without claiming ahead every head starts as it is claimed: nothing to check.
-        let least = if self.claims_ahead() {
-            i64::try_from(self.attempt_timeout.as_millis()).unwrap_or(i64::MAX)
-        } else {
-            i64::MIN
-        };
-        let mut heads = Vec::with_capacity(slots.min(waiting.0.len()));
-        while heads.len() < slots
-            && let Some((head, until)) = waiting.0.pop_front()
-        {
-            if until.saturating_sub(now) > least {
-                heads.push(head);
-            } else {
-                debug!(webhook = %self.name, delivery = head.id, service = %head.key, "claimed ahead too long ago; its lease runs out and it is claimed again");
-            }
-        }
-        self.start(heads, in_flight, circuit);
-    }
-
-    /// Gives back the leases of the heads claimed ahead (the endpoint was disabled, or the loop
-    /// stops), so they are claimed again at once rather than after their lease — by this loop when
-    /// enabled again, by the next leader or the next start otherwise.
-    async fn give_back(&self, waiting: &mut Waiting) {
-        let mut heads = std::mem::take(&mut waiting.0);
-        while let Some(&(_, until)) = heads.front() {
-            let ids: Vec<i64> =
-                std::iter::from_fn(|| heads.pop_front_if(|(_, u)| *u == until)).map(|(c, _)| c.id).collect();
-            match self.store.unclaim(&ids, until).await {
-                Ok(n) => debug!(webhook = %self.name, given_back = n, "leases of deliveries claimed ahead given back"),
-                Err(e) => {
-                    warn!(webhook = %self.name, error = %e, deliveries = ids.len(), "cannot give back the leases of deliveries claimed ahead; they are claimed again when the leases run out")
-                }
-            }
-        }
+    /// How many heads to claim now: the free slots (the circuit's allowance), but only when at least
+    /// half are free or none is busy (each claim scans the queue heads); 0 = claim nothing.
+    fn free_slots(&self, in_flight: &InFlight, circuit: &Circuit, now: i64) -> usize {
+        let free = circuit.allowance(now, in_flight.len(), self.relay.concurrency);
+        if !in_flight.is_empty() && free < self.relay.concurrency.div_ceil(2) { 0 } else { free }
     }
 
     fn lease_ms(&self) -> i64 {
@@ -425,7 +299,7 @@ impl Dispatcher {
         done: Vec<(Claimed, AttemptResult)>,
         health: &mut Health,
         store: &mut StoreRetry,
-        refill: Option<(&mut InFlight, &mut Waiting)>,
+        refill: Option<&mut InFlight>,
     ) -> bool {
         let now = now_ms();
         let mut completions = Vec::with_capacity(done.len());
@@ -462,14 +336,11 @@ impl Dispatcher {
             // record them together later.
             store.unrecorded.extend(completions);
         } else {
-            let room = match &refill {
-                Some((in_flight, waiting)) if !health.disabled_now => {
-                    self.to_claim(in_flight, waiting, &health.circuit, now)
-                }
+            let free = match &refill {
+                Some(in_flight) if !health.disabled_now => self.free_slots(in_flight, &health.circuit, now),
                 _ => 0,
             };
-            let claim_at = now_ms();
-            let claim = (room > 0).then(|| (self.name.as_str(), claim_at, self.lease_ms(), room));
+            let claim = (free > 0).then(|| (self.name.as_str(), now_ms(), self.lease_ms(), free));
             match self.store.complete_and_claim(&completions, claim).await {
                 Err(e) => {
                     let retry_in = store.failed(&self.store);
@@ -482,12 +353,8 @@ impl Dispatcher {
                     if completions.iter().any(|c| c.outcome == Outcome::Succeeded) {
                         self.acked.send_modify(|n| *n = n.wrapping_add(1));
                     }
-                    if let Some((in_flight, waiting)) = refill {
-                        let until = claim_at + self.lease_ms();
-                        waiting.0.extend(heads.into_iter().map(|c| (c, until)));
-                        if !health.disabled_now {
-                            self.start_waiting(usize::MAX, in_flight, waiting, &mut health.circuit);
-                        }
+                    if let Some(in_flight) = refill {
+                        self.start(heads, in_flight, &mut health.circuit);
                     }
                 }
             }

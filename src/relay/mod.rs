@@ -27,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 pub use circuit::{CircuitState, CircuitView, Circuits};
-pub use dispatcher::CLAIM_AHEAD;
 pub use router::Router;
 use vipwatch_contract::SyncMarker;
 
@@ -188,7 +187,6 @@ pub async fn start(
             circuit_failures: w.circuit_failures.unwrap_or(config.relay.circuit_failures),
             circuits: circuits.clone(),
             trust: trust.clone(),
-            attempt_timeout: w.timeout,
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));
     }

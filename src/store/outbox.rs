@@ -359,14 +359,6 @@ macro_rules! claim_where {
 }
 use claim_where;
 
-/// [`Store::unclaim`]: the ids in the JSON array $1, leased until exactly $2.
-const UNCLAIM: Dual = Dual {
-    lite: "UPDATE deliveries SET claimed_until = NULL WHERE id IN (SELECT value FROM json_each($1)) \
-           AND state = 'pending' AND claimed_until = $2",
-    pg: "UPDATE deliveries SET claimed_until = NULL WHERE id IN (SELECT jsonb_array_elements_text($1::jsonb)::bigint) \
-         AND state = 'pending' AND claimed_until = $2",
-};
-
 const CLAIM_RETURNING: &str = " RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id";
 
 const NEXT_DUE: Dual = Dual {
@@ -418,21 +410,6 @@ impl Store {
         let sql = "UPDATE deliveries SET claimed_until = NULL WHERE state = 'pending' AND claimed_until IS NOT NULL";
         let mut conn = self.writer().await?;
         let result = conn.execute(self.backend.query(sql)).await;
-        self.settle(conn, result)
-    }
-
-    /// Gives back the leases of claimed deliveries `ids` that were never sent (a dispatcher stopping
-    /// with heads it had claimed ahead), so another replica or the next start claims them at once
-    /// instead of after the lease. Only a lease still ending at `until` (Unix ms, the one this claim
-    /// set) is cleared: a lease that ran out and was taken again by someone else stays theirs.
-    /// Returns how many were given back.
-    pub async fn unclaim(&self, ids: &[i64], until: i64) -> Result<u64, StoreError> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let ids = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
-        let mut conn = self.writer().await?;
-        let result = conn.execute(self.backend.dual(&UNCLAIM).bind(ids).bind(until)).await;
         self.settle(conn, result)
     }
 
