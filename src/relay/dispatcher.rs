@@ -106,9 +106,10 @@ impl StoreRetry {
 /// distinct limit is a statement SQLite prepares and keeps on the write connection (store module
 /// docs), and the claim's, with its head check, is among the largest. Claims of any size from half
 /// the slots up kept up to 17 of them with the default 32 slots; powers of two keep at most six.
-/// Burst benchmark, same minutes: peak RSS 70.1 MiB in the burst and 64.0 MiB at the initial sync,
-/// against 71.3 and 65.7 (issue 13); a claim that leaves a few slots free until the next round
-/// changed neither the sync nor the burst latency.
+/// With the `deliveries_ready` index, three alternating runs of the burst benchmark against the
+/// build before both: peak RSS 70.2–70.9 MiB in the burst and 64.4–64.6 at the initial sync,
+/// against 70.8–71.2 and 64.7–65.5 (issue 13). A claim that leaves a few slots free until the next
+/// round changed neither the sync nor the burst latency beyond the noise.
 fn power_of_two_within(n: usize) -> usize {
     n.checked_ilog2().map_or(0, |log| 1 << log)
 }
