@@ -26,7 +26,8 @@
 //!   {plural}/{name}` and, for Services and Nodes, `.../{name}/status` (409 `Conflict` on a stale
 //!   `resourceVersion`; PATCH as merge patch, strategic merge patch, JSON patch or apply patch; a body of
 //!   another kind/apiVersion: 400), `DELETE .../{name}` (200 with the object). A write that changes
-//!   nothing keeps the resourceVersion and emits no event.
+//!   nothing keeps the resourceVersion and emits no event. A `GET` or `PATCH` that accepts
+//!   `as=PartialObjectMetadata` is answered with the metadata only (`partial.rs`).
 //! - Finalizers, for every resource: deleting an object with `metadata.finalizers` only sets
 //!   `metadata.deletionTimestamp` (now, RFC 3339) and `deletionGracePeriodSeconds: 0` (MODIFIED); any
 //!   later write that leaves it without finalizers deletes it (DELETED, carrying the state stored before
@@ -56,6 +57,7 @@ mod jsonpatch;
 mod list;
 mod meta;
 mod objects;
+mod partial;
 mod patch;
 mod resource;
 mod selector;

@@ -109,6 +109,7 @@ pub(crate) fn get(shared: &Arc<Shared>, target: &Target, headers: &HeaderMap) ->
         Some(obj) if super::table::wanted(headers) => {
             json_response(StatusCode::OK, &super::table::of(target.res, std::slice::from_ref(obj), store.rv()))
         }
+        Some(obj) if super::partial::wanted(headers) => json_response(StatusCode::OK, &super::partial::of(obj)),
         Some(obj) => json_response(StatusCode::OK, obj),
         None => target.not_found().response(),
     }
@@ -196,7 +197,8 @@ pub(crate) fn patch(
         target.res.check_type(&new)?;
         write(&mut store, target, &current, new, dry_run(params))
     });
-    respond(StatusCode::OK, result)
+    let metadata_only = super::partial::wanted(headers);
+    respond(StatusCode::OK, result.map(|obj| if metadata_only { super::partial::of(&obj) } else { obj }))
 }
 
 /// Check and store `new` as the next state of `current` (see the module docs); returns the object as

@@ -37,14 +37,8 @@ pub(crate) fn of(res: Resource, objects: &[Value], rv: u64) -> Value {
                    "description": "", "priority": priority})
         })
         .collect();
-    let rows: Vec<Value> = objects
-        .iter()
-        .map(|obj| {
-            let object =
-                json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]});
-            json!({"cells": cells(obj), "object": object})
-        })
-        .collect();
+    let rows: Vec<Value> =
+        objects.iter().map(|obj| json!({"cells": cells(obj), "object": super::partial::of(obj)})).collect();
     json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": rv.to_string()},
            "columnDefinitions": columns, "rows": rows})
 }

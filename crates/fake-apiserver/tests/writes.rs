@@ -128,6 +128,40 @@ async fn create_replace_patch_delete_over_http() {
     assert_eq!(api_error(api.delete("web", &DeleteParams::default()).await.unwrap_err()).code, 404);
 }
 
+/// A client asking for `PartialObjectMetadata` (kube's `get_metadata`, `patch_metadata`) gets only the
+/// object's metadata, as from a real apiserver; the patch itself applies to the whole object.
+#[tokio::test]
+async fn metadata_only_get_and_patch_answer_the_metadata_alone() {
+    let server = FakeApiServer::start().await.unwrap();
+    let client = client(&server);
+    let api: Api<Service> = Api::namespaced(client.clone(), "default");
+    api.create(&PostParams::default(), &svc("web", &[])).await.unwrap();
+    let request = kube::core::Request::new("/api/v1/namespaces/default/services");
+    let patch = Patch::Strategic(json!({"metadata": {"finalizers": ["example.com/x"]}, "spec": {"type": "NodePort"}}));
+
+    let raw = request.patch_metadata("web", &PatchParams::default(), &patch).unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&client.request_text(raw).await.unwrap()).unwrap();
+    let stored = server.get("default", "web").unwrap();
+    let partial =
+        json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": stored["metadata"]});
+    assert_eq!(answer, partial);
+    assert_eq!(
+        (stored["metadata"]["finalizers"][0].as_str(), stored["spec"]["type"].as_str()),
+        (Some("example.com/x"), Some("NodePort"))
+    );
+
+    let raw = request.get_metadata("web", &kube::api::GetParams::default()).unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&client.request_text(raw).await.unwrap()).unwrap();
+    assert_eq!(answer, partial);
+    let typed = api.patch_metadata("web", &PatchParams::default(), &patch).await.unwrap();
+    assert_eq!(typed.metadata.finalizers, Some(vec!["example.com/x".to_string()]));
+    assert_eq!(
+        api.get("web").await.unwrap().spec.unwrap().type_.as_deref(),
+        Some("NodePort"),
+        "a full GET is unchanged"
+    );
+}
+
 #[tokio::test]
 async fn finalizer_lifecycle_over_http() {
     let server = FakeApiServer::start().await.unwrap();
