@@ -38,14 +38,23 @@ fn settle<T>(result: Result<T, kube::Error>) -> Result<Written, kube::Error> {
 /// Adds vipwatch's finalizer (`metadata.finalizers` merges as a set). Errors: transport or apiserver
 /// errors other than 404/422.
 pub async fn add_finalizer(client: &kube::Client, key: &ServiceKey) -> Result<Written, kube::Error> {
-    let patch = json!({"metadata": {"finalizers": [FINALIZER]}});
-    settle(api(client, key).patch(&key.name, &PatchParams::default(), &Patch::Strategic(patch)).await)
+    patch_finalizers(client, key, json!({"metadata": {"finalizers": [FINALIZER]}})).await
 }
 
 /// Removes vipwatch's finalizer and no other. Errors: as [`add_finalizer`].
 pub async fn remove_finalizer(client: &kube::Client, key: &ServiceKey) -> Result<Written, kube::Error> {
-    let patch = json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}});
-    settle(api(client, key).patch(&key.name, &PatchParams::default(), &Patch::Strategic(patch)).await)
+    patch_finalizers(client, key, json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [FINALIZER]}})).await
+}
+
+/// A strategic merge patch of the metadata, answered with the metadata only (`PartialObjectMetadata`):
+/// the answer is not used, and the whole Service would be sent, parsed and dropped on every first
+/// sync of every Service (issue 13: the initial sync is bound by these patches).
+async fn patch_finalizers(
+    client: &kube::Client,
+    key: &ServiceKey,
+    patch: serde_json::Value,
+) -> Result<Written, kube::Error> {
+    settle(api(client, key).patch_metadata(&key.name, &PatchParams::default(), &Patch::Strategic(patch)).await)
 }
 
 /// Sets `status.loadBalancer.ingress` (JSON merge patch on the `status` subresource; an empty list
