@@ -248,13 +248,16 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
                 Err(e) => bad_request(e),
             }
         }
-        (Method::GET, Route::Collection { res, ns, watch }) => collection(&shared, res, ns, None, watch, &params),
+        (Method::GET, Route::Collection { res, ns, watch }) => {
+            let metadata_only = super::partial::list_wanted(&headers);
+            collection(&shared, res, ns, None, watch, &params, metadata_only)
+        }
         (Method::POST, Route::Collection { res, ns, watch: false }) if res.namespaced() == ns.is_some() => {
             objects::create(&shared, res, ns.unwrap_or(""), &params, &body)
         }
         (Method::GET, Route::Object { target, watch }) if !target.status && (watch || params.flag("watch")) => {
             let ns = Some(target.ns).filter(|_| target.res.namespaced());
-            collection(&shared, target.res, ns, Some(target.name), true, &params)
+            collection(&shared, target.res, ns, Some(target.name), true, &params, false)
         }
         (Method::GET, Route::Object { target, .. }) => objects::get(&shared, &target, &headers),
         (Method::PUT, Route::Object { target, watch: false }) => objects::replace(&shared, &target, &params, &body),
@@ -293,7 +296,7 @@ fn matcher(res: Resource, ns: Option<&str>, name: Option<&str>, params: &Params)
 }
 
 /// List or watch a collection of `res` (`name` narrows a watch to one object, as the named watch paths
-/// do).
+/// do); `metadata_only` answers a list with a `PartialObjectMetadataList`.
 fn collection(
     shared: &Arc<Shared>,
     res: Resource,
@@ -301,6 +304,7 @@ fn collection(
     name: Option<&str>,
     watch: bool,
     params: &Params,
+    metadata_only: bool,
 ) -> Response {
     let matcher = match matcher(res, ns, name, params) {
         Ok(m) => m,
@@ -309,7 +313,7 @@ fn collection(
     if watch || params.flag("watch") {
         watch_request(shared, res, matcher, params)
     } else {
-        list::objects(shared, res, &matcher, params)
+        list::objects(shared, res, &matcher, params, metadata_only)
     }
 }
 

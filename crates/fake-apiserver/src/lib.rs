@@ -27,7 +27,8 @@
 //!   `resourceVersion`; PATCH as merge patch, strategic merge patch, JSON patch or apply patch; a body of
 //!   another kind/apiVersion: 400), `DELETE .../{name}` (200 with the object). A write that changes
 //!   nothing keeps the resourceVersion and emits no event. A `GET` or `PATCH` that accepts
-//!   `as=PartialObjectMetadata` is answered with the metadata only (`partial.rs`).
+//!   `as=PartialObjectMetadata` is answered with the metadata only, a list that accepts
+//!   `as=PartialObjectMetadataList` with the metadata of each item (`partial.rs`).
 //! - Finalizers, for every resource: deleting an object with `metadata.finalizers` only sets
 //!   `metadata.deletionTimestamp` (now, RFC 3339) and `deletionGracePeriodSeconds: 0` (MODIFIED); any
 //!   later write that leaves it without finalizers deletes it (DELETED, carrying the state stored before

@@ -102,8 +102,15 @@ pub(crate) fn list_response(
     )
 }
 
-/// `GET` of a collection of `res` (not a watch): `{Kind}List` with the page of matching objects.
-pub(crate) fn objects(shared: &Arc<Shared>, res: Resource, matcher: &Matcher, params: &Params) -> Response {
+/// `GET` of a collection of `res` (not a watch): `{Kind}List` with the page of matching objects, or
+/// with `metadata_only` a `meta.k8s.io/v1` `PartialObjectMetadataList` of their metadata.
+pub(crate) fn objects(
+    shared: &Arc<Shared>,
+    res: Resource,
+    matcher: &Matcher,
+    params: &Params,
+    metadata_only: bool,
+) -> Response {
     let (limit, token) = match paging(shared, params) {
         Ok(p) => p,
         Err(e) => return e.response(),
@@ -114,6 +121,13 @@ pub(crate) fn objects(shared: &Arc<Shared>, res: Resource, matcher: &Matcher, pa
         None => (store.rv(), None),
     };
     let objects = store.objects_after(res, matcher.namespace.as_deref(), after);
+    if metadata_only {
+        // Each item keeps its kind and apiVersion here, as the real apiserver's
+        // `asPartialObjectMetadataList` sets them (`page` drops those of typed items).
+        let (items, next) = page(objects, matcher, limit, rv, |obj| json!({"metadata": obj["metadata"]}));
+        let items = items.iter().map(super::partial::of).collect();
+        return list_response("PartialObjectMetadataList", "meta.k8s.io/v1", rv, items, next);
+    }
     let (items, next) = page(objects, matcher, limit, rv, Value::clone);
     list_response(res.list_kind(), res.api_version(), rv, items, next)
 }

@@ -129,7 +129,8 @@ async fn create_replace_patch_delete_over_http() {
 }
 
 /// A client asking for `PartialObjectMetadata` (kube's `get_metadata`, `patch_metadata`) gets only the
-/// object's metadata, as from a real apiserver; the patch itself applies to the whole object.
+/// object's metadata, as from a real apiserver, and for a `PartialObjectMetadataList` (`list_metadata`)
+/// the metadata of each item; the patch itself applies to the whole object.
 #[tokio::test]
 async fn metadata_only_get_and_patch_answer_the_metadata_alone() {
     let server = FakeApiServer::start().await.unwrap();
@@ -160,6 +161,15 @@ async fn metadata_only_get_and_patch_answer_the_metadata_alone() {
         Some("NodePort"),
         "a full GET is unchanged"
     );
+
+    let raw = request.list_metadata(&ListParams::default()).unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&client.request_text(raw).await.unwrap()).unwrap();
+    let list = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                      "metadata": {"resourceVersion": server.resource_version()}, "items": [partial]});
+    assert_eq!(answer, list);
+    let typed = api.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(typed.items.iter().map(|o| o.metadata.name.as_deref()).collect::<Vec<_>>(), [Some("web")]);
+    assert!(api.list(&ListParams::default()).await.unwrap().items[0].spec.is_some(), "a full list is unchanged");
 }
 
 #[tokio::test]
