@@ -83,7 +83,8 @@ pub async fn get(client: &kube::Client, key: &ServiceKey) -> Result<Option<Servi
     api(client, key).get_opt(&key.name).await
 }
 
-/// Every Service carrying vipwatch's finalizer in `namespaces` (empty = all), by key.
+/// Every Service carrying vipwatch's finalizer in `namespaces` (empty = all), by key. Lists the
+/// metadata only (`PartialObjectMetadataList`): the finalizers are all it reads.
 pub async fn with_finalizer(client: &kube::Client, namespaces: &[String]) -> Result<Vec<ServiceKey>, kube::Error> {
     let apis: Vec<Api<Service>> = if namespaces.is_empty() {
         vec![Api::all(client.clone())]
@@ -92,7 +93,7 @@ pub async fn with_finalizer(client: &kube::Client, namespaces: &[String]) -> Res
     };
     let mut out = Vec::new();
     for api in apis {
-        for svc in api.list(&ListParams::default()).await? {
+        for svc in api.list_metadata(&ListParams::default()).await? {
             let ours = svc.metadata.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == FINALIZER));
             if ours {
                 let ns = svc.metadata.namespace.clone().unwrap_or_else(|| "default".into());
