@@ -132,7 +132,7 @@ async fn create_replace_patch_delete_over_http() {
 /// object's metadata, as from a real apiserver, and for a `PartialObjectMetadataList` (`list_metadata`)
 /// the metadata of each item; the patch itself applies to the whole object.
 #[tokio::test]
-async fn metadata_only_get_and_patch_answer_the_metadata_alone() {
+async fn metadata_only_requests_are_answered_with_the_metadata_alone() {
     let server = FakeApiServer::start().await.unwrap();
     let client = client(&server);
     let api: Api<Service> = Api::namespaced(client.clone(), "default");
