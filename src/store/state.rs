@@ -330,7 +330,9 @@ impl Store {
         let rows = self.services().await?;
         Ok(rows
             .into_iter()
-            .map(|r| {
+            .map(|mut r| {
+                // Kept for as long as the Service is: without the room JSON's vectors grow with.
+                r.view.shrink_to_fit();
                 let tracked = Tracked {
                     uid: r.uid,
                     resource_version: r.resource_version,

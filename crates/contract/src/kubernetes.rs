@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::view::{IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap};
+use crate::view::{IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap, string_map};
 
 impl ServiceView {
     /// Normalizes a Kubernetes Service. Never fails: absent fields take Kubernetes' defaults (type
@@ -19,12 +19,12 @@ impl ServiceView {
         let ingress = ingress_views(&svc);
         let spec = svc.spec.unwrap_or_default();
         let meta = svc.metadata;
-        let annotations: StringMap = meta.annotations.unwrap_or_default().into_iter().collect();
-        Self {
+        let annotations = string_map(meta.annotations.unwrap_or_default());
+        let mut view = Self {
             service_type: spec.type_.unwrap_or_else(|| "ClusterIP".to_owned()),
             load_balancer_class: spec.load_balancer_class,
             ports: spec.ports.unwrap_or_default().iter().map(port_view).collect(),
-            selector: spec.selector.unwrap_or_default().into_iter().collect(),
+            selector: string_map(spec.selector.unwrap_or_default()),
             external_traffic_policy: spec.external_traffic_policy,
             health_check_node_port: spec.health_check_node_port,
             session_affinity: spec.session_affinity.unwrap_or_else(|| "None".to_owned()),
@@ -40,12 +40,15 @@ impl ServiceView {
             load_balancer_ip: spec.load_balancer_ip.filter(|ip| is_ip(ip)),
             requested_ips: requested_ips(&annotations),
             ingress,
-            labels: meta.labels.unwrap_or_default().into_iter().collect(),
+            labels: string_map(meta.labels.unwrap_or_default()),
             annotations,
             allocation: None,
             finalizers: meta.finalizers.unwrap_or_default(),
             deleting: meta.deletion_timestamp.is_some(),
-        }
+        };
+        // The object's own vectors (finalizers, ipFamilies, ...) were read from JSON with room to spare.
+        view.shrink_to_fit();
+        view
     }
 }
 
@@ -95,6 +98,28 @@ mod tests {
 
     fn view(json: serde_json::Value) -> ServiceView {
         ServiceView::from_service(&serde_json::from_value(json).unwrap())
+    }
+
+    /// A view holds no spare room: the mirror keeps one per Service (issue 13).
+    #[test]
+    fn views_hold_exactly_their_entries() {
+        let v = view(serde_json::json!({"metadata": {"name": "a", "labels": {"app": "a", "rev": "1"},
+            "finalizers": ["vipwatch.io/finalizer"]},
+            "spec": {"type": "LoadBalancer", "selector": {"app": "a"}, "ipFamilies": ["IPv4"],
+                     "ports": [{"port": 80}]}}));
+        let json = serde_json::to_string(&v).unwrap();
+        // Moved out, not cloned: a clone would have exactly its length whatever the original held.
+        let capacities = (
+            v.labels.into_tuple_vec().capacity(),
+            v.selector.into_tuple_vec().capacity(),
+            v.annotations.into_tuple_vec().capacity(),
+            v.finalizers.capacity(),
+            v.ip_families.capacity(),
+        );
+        assert_eq!(capacities, (2, 1, 0, 1, 1));
+        let mut read: ServiceView = serde_json::from_str(&json).unwrap();
+        read.shrink_to_fit();
+        assert_eq!((read.labels.into_tuple_vec().capacity(), read.finalizers.capacity()), (2, 1));
     }
 
     #[test]

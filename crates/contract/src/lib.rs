@@ -22,5 +22,6 @@ pub use backends::{
 };
 pub use payload::{Cause, EventKind, PayloadType, SyncMarker, WebhookPayload, WebhookPayloadData, WebhookService};
 pub use view::{
-    Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap, VipSource, object,
+    Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap, VipSource, compact_map,
+    object, string_map,
 };
