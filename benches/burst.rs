@@ -158,6 +158,7 @@ async fn main() {
 
     // 1. Initial sync.
     let dir = tempfile::tempdir().unwrap();
+    let own_cpu = cpu_time(std::process::id());
     let start = Instant::now();
     let vw = vipwatch(dir.path(), &api, &url, finalizer);
     vw.wait_ready().await;
@@ -171,6 +172,11 @@ async fn main() {
         base_posts.as_secs_f64(),
         delivered.as_secs_f64() / base_posts.as_secs_f64()
     );
+    println!(
+        "  initial sync: CPU until all delivered: vipwatch {:.2} s, this process (fake apiserver, receiver) {:.2} s",
+        cpu_time(vw.pid()).as_secs_f64(),
+        (cpu_time(std::process::id()) - own_cpu).as_secs_f64()
+    );
     rss_line("initial sync", &vw);
 
     // 2. Burst.
@@ -178,6 +184,7 @@ async fn main() {
     let watched = Seen::default();
     bare_watch(&api, api.resource_version(), watched.clone()).await;
     let before = seen.count.load(Ordering::Relaxed);
+    let (vw_cpu, own_cpu) = (cpu_time(vw.pid()), cpu_time(std::process::id()));
     let start = Instant::now();
     let written = burst(&api, hot, changes, 1).await;
     let wrote = start.elapsed();
@@ -193,6 +200,11 @@ async fn main() {
         deliveries as f64 / last.as_secs_f64()
     );
     latency_line("burst", &got, &base);
+    println!(
+        "  burst: CPU until settled: vipwatch {:.2} s, this process (fake apiserver, writers, receiver) {:.2} s",
+        (cpu_time(vw.pid()) - vw_cpu).as_secs_f64(),
+        (cpu_time(std::process::id()) - own_cpu).as_secs_f64()
+    );
     rss_line("burst", &vw);
 
     // 3. Steady rate.

@@ -67,8 +67,26 @@ pub fn rev_of(service: &Value) -> u64 {
 }
 
 /// The receiver on `127.0.0.1:0`: 204 at once, noting each delivery's Service and `rev` label in
-/// `seen`. Returns its URL.
+/// `seen`. Returns its URL. It runs on a thread and runtime of its own, as the independent load
+/// test's nginx sink ran in a process of its own: on the benchmark's runtime its answers waited
+/// behind the fake apiserver and the burst's writers, which are as busy as the apiserver lets them be.
 pub async fn receiver(seen: Seen) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    std::thread::Builder::new()
+        .name("receiver".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                serve_receiver(tokio::net::TcpListener::from_std(listener).unwrap(), seen).await;
+            });
+        })
+        .unwrap();
+    url
+}
+
+async fn serve_receiver(listener: tokio::net::TcpListener, seen: Seen) {
     let app = Router::new()
         .fallback(|State(seen): State<Seen>, body: Bytes| async move {
             let now = Instant::now();
@@ -79,10 +97,7 @@ pub async fn receiver(seen: Seen) -> String {
             StatusCode::NO_CONTENT
         })
         .with_state(seen);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+    axum::serve(listener, app).await.unwrap();
 }
 
 /// LoadBalancer Service `i` in namespace `bench`, label `rev` = 0.
