@@ -337,7 +337,7 @@ impl Store {
                     uid: r.uid,
                     resource_version: r.resource_version,
                     view: r.view.into(),
-                    backends: r.backends.into(),
+                    backends: crate::model::backends::shrink(r.backends).into(),
                 };
                 (r.key, tracked)
             })

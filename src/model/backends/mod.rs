@@ -13,7 +13,7 @@ pub use index::BackendIndex;
 pub use members::{MemberRules, compute};
 pub use mode::{MODE_ANNOTATION, ModePlan, ModeSetting, annotated};
 pub use node::{ADDRESS_TYPES, AUTOSCALER_TAINT, EXCLUDE_LABEL, NodeAddressView, NodeView, ObservedNode, ZONE_LABEL};
-pub use sets::{BackendSets, changed, compute_sets, diff, diffs, in_mode};
+pub use sets::{BackendSets, changed, compute_sets, diff, diffs, in_mode, shrink};
 pub use slice::{ObservedSlice, SERVICE_NAME_LABEL, SliceEndpoint, SlicePort, SliceView};
 
 #[cfg(test)]

@@ -264,3 +264,23 @@ fn member_sets_serialize_as_an_object_keyed_by_mode_even_when_empty_and_read_bac
     assert_eq!(written["backends"]["pod"]["ports"][0]["members"][0]["address"], json!("10.244.1.5"));
     assert_eq!(serde_json::from_value::<BackendSets>(written["backends"].clone()).unwrap(), sets);
 }
+
+/// Member sets hold exactly their modes, in mode order, whether computed or read back and shrunk
+/// (the mirror keeps one per Service; issue 13); a mode given twice is there once.
+#[test]
+fn member_sets_hold_exactly_their_modes() {
+    let index = BackendIndex::default();
+    let view = service(json!({"ports": [{"name": "http", "port": 80, "nodePort": 30080}]}));
+    let one = compute_sets(&key(), &view, &[BackendMode::NodePort], &rules(), &index, &BackendSets::new());
+    let json = serde_json::to_string(&one).unwrap();
+    assert_eq!(one.into_tuple_vec().capacity(), 1);
+
+    let read: BackendSets = serde_json::from_str(&json).unwrap();
+    assert_eq!(super::shrink(read).into_tuple_vec().capacity(), 1);
+
+    let modes = [BackendMode::Pod, BackendMode::NodePort, BackendMode::Pod];
+    let sets = compute_sets(&key(), &view, &modes, &rules(), &index, &BackendSets::new());
+    let sets = sets.into_tuple_vec();
+    let order: Vec<BackendMode> = sets.iter().map(|(mode, _)| *mode).collect();
+    assert_eq!((order, sets.capacity()), (vec![BackendMode::NodePort, BackendMode::Pod], 2));
+}
