@@ -190,52 +190,78 @@ impl Publisher {
     }
 
     /// Adds the finalizer to Services whose deliveries wait for it (up to [`CONCURRENCY`] at once),
-    /// letting the deliveries of each group of patches go as soon as that group is done: a patch stuck
-    /// in a slow apiserver holds back only its own Service's deliveries, not the rest of the pass
-    /// (up to [`BATCH`]), and the relay starts on the first Services of a large first list while the
-    /// later ones are patched. Each group is one write. A Service that is gone or being deleted
-    /// gets none (its DELETED follows), and its deliveries go too. A Service whose patch failed stays
-    /// held for the next pass.
+    /// letting each Service's deliveries go as soon as its patch is done: a patch stuck in a slow
+    /// apiserver holds back only its own Service's deliveries, not the rest of the pass (up to
+    /// [`BATCH`]), and the relay starts on the first Services of a large first list while the later
+    /// ones are patched. The patches and the writes that let deliveries go run side by side: each
+    /// write takes every patch finished since the last one, and the next patches start while it
+    /// waits for the write connection (when the write came between them, every such wait left the
+    /// patches idle; issue 13). A Service that is gone or being deleted gets none (its DELETED
+    /// follows), and its deliveries go too. A Service whose patch failed stays held for the next pass.
     async fn finalizers(&mut self) -> Result<bool, PublishError> {
         let held = self.store.held_services(BATCH).await?;
         let full = held.len() as i64 == BATCH;
         let (client, trust) = (&self.client, &self.trust);
-        let mut finished = futures::stream::iter(held)
-            .filter(|_| std::future::ready(trust.is_valid()))
-            .map(|key| async move {
-                let written = kube_ops::add_finalizer(client, &key).await;
-                (key, written)
-            })
-            .buffer_unordered(CONCURRENCY)
-            .ready_chunks(CONCURRENCY);
-        let mut progress = false;
-        let mut failed: Option<(ServiceKey, String, usize)> = None;
-        while let Some(results) = finished.next().await {
-            let mut done = Vec::with_capacity(results.len());
-            for (key, written) in results {
-                self.metrics.kube_write("finalizer_add", written.is_ok());
-                match written {
-                    Ok(Written::Refused(why)) => info!(service = %key, reason = %why, "finalizer not added"),
-                    Ok(_) => {}
-                    Err(e) => {
-                        let f = failed.get_or_insert_with(|| (key, e.to_string(), 0));
-                        f.2 += 1;
-                        continue;
-                    }
+        let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
+        let patching = async move {
+            let mut patches = futures::stream::iter(held)
+                .filter(|_| std::future::ready(trust.is_valid()))
+                .map(|key| async move {
+                    let written = kube_ops::add_finalizer(client, &key).await;
+                    (key, written)
+                })
+                .buffer_unordered(CONCURRENCY);
+            while let Some(finished) = patches.next().await {
+                // The receiver is gone only when letting go failed: the pass ends with that error.
+                let _ = finished_tx.send(finished);
+            }
+            Ok::<(), PublishError>(())
+        };
+        let releasing = async {
+            let mut progress = false;
+            let mut failed: Option<(ServiceKey, String, usize)> = None;
+            let mut results = Vec::new();
+            while finished_rx.recv_many(&mut results, BATCH as usize).await > 0 {
+                let done = self.released(results.drain(..), &mut failed);
+                self.store.release_held(&done).await?;
+                if let Some(relay) = self.wake_relay.as_ref().filter(|_| !done.is_empty()) {
+                    relay.send_modify(|_| {});
                 }
-                done.push(key);
+                progress |= !done.is_empty();
             }
-            self.store.release_held(&done).await?;
-            if let Some(relay) = self.wake_relay.as_ref().filter(|_| !done.is_empty()) {
-                relay.send_modify(|_| {});
+            if let Some((key, error, services)) = failed {
+                warn!(service = %key, %error, services, "cannot add the finalizer; their deliveries wait (retrying)");
             }
-            progress |= !done.is_empty();
-        }
-        if let Some((key, error, services)) = failed {
-            warn!(service = %key, %error, services, "cannot add the finalizer; their deliveries wait (retrying)");
-        }
+            Ok::<bool, PublishError>(progress)
+        };
+        let ((), progress) = tokio::try_join!(patching, releasing)?;
         // Go on at once only while making progress: a failing apiserver must not be hammered.
         Ok(full && progress)
+    }
+
+    /// The Services among finished finalizer patches whose deliveries may go (patched, or refused
+    /// for good: gone or being deleted), counting each patch in the metrics; the first failure and
+    /// how many failed go to `failed` (those stay held).
+    fn released(
+        &self,
+        results: impl Iterator<Item = (ServiceKey, Result<Written, kube::Error>)>,
+        failed: &mut Option<(ServiceKey, String, usize)>,
+    ) -> Vec<ServiceKey> {
+        let mut done = Vec::new();
+        for (key, written) in results {
+            self.metrics.kube_write("finalizer_add", written.is_ok());
+            match written {
+                Ok(Written::Refused(why)) => info!(service = %key, reason = %why, "finalizer not added"),
+                Ok(_) => {}
+                Err(e) => {
+                    let f = failed.get_or_insert_with(|| (key, e.to_string(), 0));
+                    f.2 += 1;
+                    continue;
+                }
+            }
+            done.push(key);
+        }
+        done
     }
 
     async fn statuses(&mut self) -> Result<(), PublishError> {
