@@ -201,7 +201,7 @@ impl Publisher {
     async fn finalizers(&mut self) -> Result<bool, PublishError> {
         let held = self.store.held_services(BATCH).await?;
         let full = held.len() as i64 == BATCH;
-        let (client, trust) = (&self.client, &self.trust);
+        let (client, trust, metrics) = (&self.client, &self.trust, &self.metrics);
         let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
         let patching = async move {
             let mut patches = futures::stream::iter(held)
@@ -211,57 +211,36 @@ impl Publisher {
                     (key, written)
                 })
                 .buffer_unordered(CONCURRENCY);
-            while let Some(finished) = patches.next().await {
-                // The receiver is gone only when letting go failed: the pass ends with that error.
-                let _ = finished_tx.send(finished);
+            // Counted and logged as each patch finishes, so none goes unrecorded when letting go
+            // fails (that ends the pass, dropping the patches still running).
+            let mut failed: Option<(ServiceKey, String, usize)> = None;
+            while let Some((key, written)) = patches.next().await {
+                if let Some(key) = settled(metrics, key, written, &mut failed) {
+                    // Never fails: the receiver outlives this future.
+                    let _ = finished_tx.send(key);
+                }
             }
-            Ok::<(), PublishError>(())
+            Ok::<_, PublishError>(failed)
         };
         let releasing = async {
             let mut progress = false;
-            let mut failed: Option<(ServiceKey, String, usize)> = None;
-            let mut results = Vec::new();
-            while finished_rx.recv_many(&mut results, BATCH as usize).await > 0 {
-                let done = self.released(results.drain(..), &mut failed);
+            let mut done = Vec::new();
+            while finished_rx.recv_many(&mut done, BATCH as usize).await > 0 {
                 self.store.release_held(&done).await?;
-                if let Some(relay) = self.wake_relay.as_ref().filter(|_| !done.is_empty()) {
+                if let Some(relay) = &self.wake_relay {
                     relay.send_modify(|_| {});
                 }
-                progress |= !done.is_empty();
-            }
-            if let Some((key, error, services)) = failed {
-                warn!(service = %key, %error, services, "cannot add the finalizer; their deliveries wait (retrying)");
+                progress = true;
+                done.clear();
             }
             Ok::<bool, PublishError>(progress)
         };
-        let ((), progress) = tokio::try_join!(patching, releasing)?;
+        let (failed, progress) = tokio::try_join!(patching, releasing)?;
+        if let Some((key, error, services)) = failed {
+            warn!(service = %key, %error, services, "cannot add the finalizer; their deliveries wait (retrying)");
+        }
         // Go on at once only while making progress: a failing apiserver must not be hammered.
         Ok(full && progress)
-    }
-
-    /// The Services among finished finalizer patches whose deliveries may go (patched, or refused
-    /// for good: gone or being deleted), counting each patch in the metrics; the first failure and
-    /// how many failed go to `failed` (those stay held).
-    fn released(
-        &self,
-        results: impl Iterator<Item = (ServiceKey, Result<Written, kube::Error>)>,
-        failed: &mut Option<(ServiceKey, String, usize)>,
-    ) -> Vec<ServiceKey> {
-        let mut done = Vec::new();
-        for (key, written) in results {
-            self.metrics.kube_write("finalizer_add", written.is_ok());
-            match written {
-                Ok(Written::Refused(why)) => info!(service = %key, reason = %why, "finalizer not added"),
-                Ok(_) => {}
-                Err(e) => {
-                    let f = failed.get_or_insert_with(|| (key, e.to_string(), 0));
-                    f.2 += 1;
-                    continue;
-                }
-            }
-            done.push(key);
-        }
-        done
     }
 
     async fn statuses(&mut self) -> Result<(), PublishError> {
@@ -399,4 +378,26 @@ pub async fn release_finalizers(client: &kube::Client, config: &Config) -> Resul
         kube_ops::remove_finalizer(client, key).await?;
     }
     Ok(keys)
+}
+
+/// One finished finalizer patch of `key`, counted in `metrics`: the key when its deliveries may go
+/// (patched, or refused for good: the Service is gone or being deleted, logged), `None` when the
+/// patch failed (the Service stays held for the next pass; the first failure and how many there were
+/// go to `failed`, logged once by the pass).
+fn settled(
+    metrics: &Metrics,
+    key: ServiceKey,
+    written: Result<Written, kube::Error>,
+    failed: &mut Option<(ServiceKey, String, usize)>,
+) -> Option<ServiceKey> {
+    metrics.kube_write("finalizer_add", written.is_ok());
+    match written {
+        Ok(Written::Refused(why)) => info!(service = %key, reason = %why, "finalizer not added"),
+        Ok(_) => {}
+        Err(e) => {
+            failed.get_or_insert_with(|| (key, e.to_string(), 0)).2 += 1;
+            return None;
+        }
+    }
+    Some(key)
 }

@@ -311,7 +311,8 @@ impl<'c> Tx<'c> {
 /// 2, 2), so a table's inserts use at most `log4(most) + 2` distinct statement texts, each prepared
 /// once and kept on the connection. Halving instead kept eight per table with 128 (the largest
 /// take about 100 KB each on SQLite; heaptrack put the write connection's prepared statements at
-/// 2 MB of a 10,000-Service heap; issue 13), for at most two more statements in a chunk's tail.
+/// 2 MB of a 10,000-Service heap; issue 13), for at most three more statements for a tail of fewer
+/// than `most` rows (127 rows: 10 statements, where halving took 7).
 pub(super) fn row_chunks<T>(rows: &[T], most: usize) -> impl Iterator<Item = &[T]> {
     let mut rest = rows;
     std::iter::from_fn(move || {

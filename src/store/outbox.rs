@@ -95,7 +95,7 @@ pub struct Claimed {
 const DELIVERY_INSERT: &str = "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, \
     created_at, next_attempt_at, held)";
 
-/// Rows per multi-row delivery INSERT (10 parameters each), cut as 128, 64, ..., 1.
+/// Rows per multi-row delivery INSERT (10 parameters each), cut as 128, 32, 8, 2, 1 ([`super::db::row_chunks`]).
 const CHUNK: usize = 128;
 
 /// Supersedes, among deliveries touched by this batch (a newer pending MODIFIED with id >= $2), every

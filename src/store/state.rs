@@ -366,7 +366,8 @@ pub(super) fn service_row(r: &Row) -> Result<ServiceRow, StoreError> {
 }
 
 /// Rows per multi-row INSERT: 12 parameters each, far below SQLite's 32,766-parameter limit. Batches
-/// are cut into chunks of 128, 64, ..., 1 rows so at most 8 distinct statements get prepared.
+/// are cut into chunks of 128, 32, 8, 2 and 1 rows ([`row_chunks`]), so at most five distinct
+/// statements per table get prepared.
 const EVENT_CHUNK: usize = 128;
 
 /// The event rows of `changes`, in order, serialized.
