@@ -31,8 +31,8 @@ use crate::store::{Claimed, Completion, Outcome, Store, StoreError, now_ms};
 /// round is a transaction on the one write connection and writes its pages into the WAL; at 500
 /// changes/s a round per finished attempt plus one per commit of the watch cost more than the
 /// attempts themselves (issue 13). Attempts that finish within the interval are recorded together,
-/// with the claim of the next heads, in one round; the last attempt in flight is recorded at once.
-/// Adds at most this much to a delivery's wait.
+/// with the claim of the next heads, in one round, which starts as soon as the last attempt in
+/// flight is out ([`gather`]). Adds at most this much to a delivery's wait.
 const ROUND_INTERVAL: Duration = Duration::from_millis(5);
 
 /// Everything one endpoint's loop needs.
@@ -70,6 +70,9 @@ struct Health {
 
 /// Attempts in flight; one abandoned when the leader's trust ran out ends as `None`.
 type InFlight = JoinSet<Option<(Claimed, AttemptResult)>>;
+
+/// One attempt out of [`InFlight`] (`Err`: its task panicked or was aborted).
+type FinishedAttempt = Result<Option<(Claimed, AttemptResult)>, tokio::task::JoinError>;
 
 /// Writes the dispatcher could not make yet, and when to try the database again.
 #[derive(Default)]
@@ -112,6 +115,35 @@ impl StoreRetry {
 /// round changed neither the sync nor the burst latency beyond the noise.
 fn power_of_two_within(n: usize) -> usize {
     n.checked_ilog2().map_or(0, |log| 1 << log)
+}
+
+/// The attempts that finished for the next round, starting with `first`: the others in flight that
+/// finish within [`ROUND_INTERVAL`] of the last round share it, and the round starts as soon as the
+/// last one is out. (It used to start at once only when `first` was the last one in flight, and
+/// otherwise waited out the interval even when the rest finished a moment later: every round of a
+/// first list's deliveries, all sent together and answered within a few ms, lost the rest of the
+/// interval; issue 13.)
+async fn gather(
+    first: FinishedAttempt,
+    in_flight: &mut InFlight,
+    last_round: &mut tokio::time::Instant,
+) -> Vec<FinishedAttempt> {
+    let due = *last_round + ROUND_INTERVAL;
+    let mut done = vec![first];
+    loop {
+        while let Some(more) = in_flight.try_join_next() {
+            done.push(more);
+        }
+        if in_flight.is_empty() || tokio::time::Instant::now() >= due {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(due) => {}
+            Some(more) = in_flight.join_next() => done.push(more),
+        }
+    }
+    *last_round = tokio::time::Instant::now();
+    done
 }
 
 /// Waits until [`ROUND_INTERVAL`] has passed since the last round started, then starts this one.
@@ -165,17 +197,7 @@ impl Dispatcher {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
-                    // Others still in flight may finish within the interval and share the round; the
-                    // last one out is recorded at once.
-                    if in_flight.is_empty() {
-                        last_round = tokio::time::Instant::now();
-                    } else {
-                        spaced(&mut last_round).await;
-                    }
-                    let mut done = vec![joined];
-                    while let Some(more) = in_flight.try_join_next() {
-                        done.push(more);
-                    }
+                    let done = gather(joined, &mut in_flight, &mut last_round).await;
                     let done = done.into_iter().filter_map(|r| r.ok().flatten()).collect();
                     let refill = (!disabled).then_some(&mut in_flight);
                     claimed = self.finish(done, &mut health, &mut store, refill).await;
