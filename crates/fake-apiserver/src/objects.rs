@@ -147,7 +147,7 @@ pub(crate) fn create(shared: &Arc<Shared>, res: Resource, ns: &str, params: &Par
         if dry_run(params) {
             return Ok(obj);
         }
-        Ok(store.commit(res, obj).object)
+        Ok(Arc::unwrap_or_clone(store.commit(res, obj).object))
     });
     respond(StatusCode::CREATED, result)
 }
@@ -223,7 +223,7 @@ fn write(store: &mut Store, target: &Target, current: &Value, new: Value, dry: b
     if next == *current || dry {
         return Ok(next);
     }
-    Ok(store.commit(res, next).object)
+    Ok(Arc::unwrap_or_clone(store.commit(res, next).object))
 }
 
 /// The URL's name and namespace (400 on a mismatch; a cluster-scoped object's namespace is ignored), and

@@ -237,7 +237,7 @@ impl WatchTask {
                     (false, true) => event_line("ADDED", &entry.object),
                     (true, false) => {
                         // Stopped matching: DELETED with the previous state at the new resourceVersion.
-                        let mut old = entry.prev.clone().unwrap_or(Value::Null);
+                        let mut old = entry.prev.as_deref().cloned().unwrap_or(Value::Null);
                         old["metadata"]["resourceVersion"] = Value::String(entry.rv.to_string());
                         event_line("DELETED", &old)
                     }
