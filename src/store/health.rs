@@ -279,7 +279,7 @@ impl Health {
 /// to the pooled connection.
 pub(super) struct WriteConn {
     conn: super::db::Pooled,
-    _turn: tokio::sync::OwnedMutexGuard<()>,
+    _turn: super::turns::Turn,
     fence: Option<Arc<super::Fence>>,
 }
 
@@ -405,7 +405,7 @@ impl Store {
     }
 
     async fn probe(&self, write: bool) -> Result<(), StoreError> {
-        let _turn = self.turn.clone().lock_owned().await;
+        let _turn = self.turns.take().await;
         let conn = self.pools.write().await?;
         // The same guarded `begin` as every write (on PostgreSQL: the order lock, and the fence on a
         // leader's store), but not `writer`/`settle`: the caller records the outcome once.
@@ -435,7 +435,7 @@ impl Store {
     /// relay, whose claims then waited for the burst to end. Errors: [`StoreError`] when no
     /// connection comes (recorded as a write fault).
     pub(super) async fn writer(&self) -> Result<WriteConn, StoreError> {
-        let turn = self.turn.clone().lock_owned().await;
+        let turn = self.turns.take().await;
         match self.pools.write().await {
             Ok(conn) => Ok(WriteConn { conn, _turn: turn, fence: self.fence.clone() }),
             Err(e) => {

@@ -26,6 +26,7 @@ mod publish;
 mod queries;
 mod state;
 mod statistics;
+mod turns;
 
 pub use checkpoint::{CHECKPOINT_INTERVAL, Checkpointed, WRITER_AUTOCHECKPOINT_PAGES};
 pub use db::Backend;
@@ -57,7 +58,7 @@ pub struct Store {
     backend: Backend,
     pools: db::Pools,
     /// Whose turn it is on `write` (see `Store::writer`).
-    turn: std::sync::Arc<tokio::sync::Mutex<()>>,
+    turns: std::sync::Arc<turns::Turns>,
     log_id: std::sync::Arc<str>,
     health: std::sync::Arc<health::Health>,
     /// Set on a leader's store (PostgreSQL): every write transaction is fenced by it ([`Store::fenced`]).
@@ -68,6 +69,18 @@ impl Store {
     /// Which database this store runs on.
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// Turns given on the write connection so far: a mark for [`Store::write_shared_since`].
+    pub fn write_mark(&self) -> u64 {
+        self.turns.mark()
+    }
+
+    /// Whether another in-process writer (the relay's claims and completions, the publisher's rows,
+    /// the API's writes) took a turn on the write connection since `mark`, or waits for one now. The
+    /// watch's writer asks between its own writes, with the mark taken just after the last one.
+    pub fn write_shared_since(&self, mark: u64) -> bool {
+        self.turns.shared_since(mark)
     }
 
     /// `q` on a read connection: every row.

@@ -74,7 +74,7 @@ impl Store {
         Ok(Self {
             backend: Backend::Postgres,
             pools,
-            turn: Default::default(),
+            turns: Default::default(),
             log_id,
             health: Default::default(),
             fence: None,
@@ -117,7 +117,7 @@ impl Store {
         Ok(Self {
             backend: Backend::Sqlite,
             pools,
-            turn: Default::default(),
+            turns: Default::default(),
             log_id,
             health: Default::default(),
             fence: None,

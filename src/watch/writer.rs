@@ -22,13 +22,23 @@ use crate::store::{Outbox, Prepared, StateChange, Store, StoreError, WatchProgre
 /// How many planned batches may wait for the writer (the recorder plans ahead by this much).
 const QUEUED_PLANS: usize = 2;
 
-/// Most changes per transaction. A plan holding more (a first list of 10,000 Services, a burst) is
-/// committed as several transactions in order, so the relay's claims and completions, which share
-/// the one write connection, wait for one chunk (a few ms) rather than for the whole plan; the
-/// `committed` signal is pulsed after each chunk, so deliveries start while the rest is written.
-/// The watch progress (resourceVersion) goes with the last chunk: a crash between chunks resumes
-/// from the previous resourceVersion and the re-seen changes diff as already recorded.
+/// Most changes per transaction while another writer uses the write connection too. A plan holding
+/// more (a first list of 10,000 Services, a burst) is committed as several transactions in order, so
+/// the relay's claims and completions, which share the one write connection, wait for one chunk (a
+/// few ms) rather than for the whole plan; the `committed` signal is pulsed after each chunk, so
+/// deliveries start while the rest is written. The watch progress (resourceVersion) goes with the
+/// last chunk: a crash between chunks resumes from the previous resourceVersion and the re-seen
+/// changes diff as already recorded.
 const CHUNK_CHANGES: usize = 128;
+
+/// Most changes per transaction while the watch's writer has the write connection to itself (no
+/// other writer took a turn since its last write, none waits: [`Store::write_shared_since`]). Each
+/// commit has a cost of its own (the pages it touched go into the WAL once per commit, and the
+/// statements are prepared, bound and stepped per chunk): 40,000 changes into SQLite went at
+/// 16,600–17,600/s in chunks of 128 and 20,300–21,500/s in chunks of 512 (`cargo bench --bench
+/// ingest`, issue 13). Always 512 made the burst's deliveries later (p99 2.5 s against 2.0 s in the
+/// burst benchmark): the relay's turns waited for the longer transactions.
+const CHUNK_CHANGES_ALONE: usize = 512;
 
 /// Least time between the starts of two commits (the watch's group commit). Each commit writes every
 /// page it touched into the WAL (about 15 for one change: the event, its delivery and their indexes),
@@ -122,12 +132,14 @@ pub(super) struct Writer {
     awaiting_first_list: HashSet<String>,
     /// The id the next event gets (`None`: read it from the store first).
     next_id: Option<i64>,
+    /// [`Store::write_mark`] just after this writer's last write.
+    mark: u64,
 }
 
 impl Writer {
     pub fn new(store: Store, outbox: Arc<dyn Outbox>, scopes: &[ScopeSpec], signals: Signals) -> Self {
         let awaiting_first_list = scopes.iter().map(ScopeSpec::key).collect();
-        Self { store, outbox, signals, awaiting_first_list, next_id: None }
+        Self { store, outbox, signals, awaiting_first_list, next_id: None, mark: 0 }
     }
 
     /// Starts the writer task; returns where to send plans and the task handle.
@@ -139,6 +151,7 @@ impl Writer {
             signals: self.signals.clone(),
             awaiting_first_list: self.awaiting_first_list.clone(),
             next_id: None,
+            mark: self.store.write_mark(),
         };
         let task = tokio::spawn(async move {
             let mut last = tokio::time::Instant::now();
@@ -157,7 +170,8 @@ impl Writer {
         (tx, task)
     }
 
-    /// Writes the plan in transactions of at most [`CHUNK_CHANGES`] changes, each retried with the
+    /// Writes the plan in transactions of at most [`CHUNK_CHANGES`] changes ([`CHUNK_CHANGES_ALONE`]
+    /// while no other writer uses the connection; see [`Writer::chunk_size`]), each retried with the
     /// store's backoff ([`Store::write_backoff`]: 0.1 s doubling to `database.write_retry_max_delay`,
     /// jittered) until it commits. Each chunk is prepared first ([`Store::prepare`]: ids, JSON, routed
     /// and rendered deliveries), so the transaction, and with it the write connection the relay
@@ -169,11 +183,11 @@ impl Writer {
             return;
         }
         let progress: Vec<WatchProgress> = plan.progress.values().cloned().collect();
-        let chunks: Vec<&[StateChange]> =
-            if plan.changes.is_empty() { vec![&[]] } else { plan.changes.chunks(CHUNK_CHANGES).collect() };
-        let last = chunks.len() - 1;
-        for (n, chunk) in chunks.into_iter().enumerate() {
-            let progress = if n == last { progress.as_slice() } else { &[] };
+        let mut rest: &[StateChange] = &plan.changes;
+        loop {
+            let (chunk, after) = rest.split_at(self.chunk_size().min(rest.len()));
+            rest = after;
+            let progress = if rest.is_empty() { progress.as_slice() } else { &[] };
             let mut conflicts = self.store.write_backoff().build();
             let ids = loop {
                 let Some(first_id) = self.first_id().await else { return };
@@ -211,11 +225,21 @@ impl Writer {
                     }
                 }
             };
+            self.mark = self.store.write_mark();
             if let Some(id) = ids.last().copied() {
                 self.signals.committed.send_replace(id);
             }
+            if rest.is_empty() {
+                break;
+            }
         }
         self.after_commit(plan);
+    }
+
+    /// How many changes the next transaction takes: [`CHUNK_CHANGES_ALONE`] when no other writer used
+    /// the write connection since this writer's last write or waits for it now, else [`CHUNK_CHANGES`].
+    fn chunk_size(&self) -> usize {
+        if self.store.write_shared_since(self.mark) { CHUNK_CHANGES } else { CHUNK_CHANGES_ALONE }
     }
 
     /// The id of the next event: known after the first commit, else read (retried like a write).
