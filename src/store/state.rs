@@ -225,6 +225,11 @@ impl Prepared<'_> {
     pub fn next_id(&self) -> i64 {
         self.first_id + self.ids.len() as i64
     }
+
+    /// How many deliveries this chunk enqueues.
+    pub fn deliveries(&self) -> usize {
+        self.deliveries.len()
+    }
 }
 
 impl Store {

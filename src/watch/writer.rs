@@ -32,12 +32,15 @@ const QUEUED_PLANS: usize = 2;
 const CHUNK_CHANGES: usize = 128;
 
 /// Most changes per transaction while the watch's writer has the write connection to itself (no
-/// other writer took a turn since its last write, none waits: [`Store::write_shared_since`]). Each
-/// commit has a cost of its own (the pages it touched go into the WAL once per commit, and the
-/// statements are prepared, bound and stepped per chunk): 40,000 changes into SQLite went at
-/// 16,600–17,600/s in chunks of 128 and 20,300–21,500/s in chunks of 512 (`cargo bench --bench
-/// ingest`, issue 13). Always 512 made the burst's deliveries later (p99 2.5 s against 2.0 s in the
-/// burst benchmark): the relay's turns waited for the longer transactions.
+/// other writer took a turn since its last write, none waits: [`Store::write_shared_since`]) and its
+/// last transaction enqueued no delivery (no endpoint subscribes to these changes, so the relay will
+/// not want the connection for them). Each commit has a cost of its own (the pages it touched go
+/// into the WAL once per commit; statements are bound and stepped per chunk): 40,000 changes went
+/// into SQLite at 18,900–20,600/s in chunks of 512 against 16,600–19,100/s in chunks of 128
+/// (alternating runs of `cargo bench --bench ingest` built without LTO, issue 13). Chunks that
+/// enqueue deliveries stay at [`CHUNK_CHANGES`]: with 512 whenever the connection was free, the
+/// burst benchmark's peak RSS rose by 4 MiB (the bigger transactions' rows and payloads at once), and
+/// with 512 always its deliveries came later (p99 2.5 s against 2.0 s) as the relay's turns waited.
 const CHUNK_CHANGES_ALONE: usize = 512;
 
 /// Least time between the starts of two commits (the watch's group commit). Each commit writes every
@@ -134,12 +137,14 @@ pub(super) struct Writer {
     next_id: Option<i64>,
     /// [`Store::write_mark`] just after this writer's last write.
     mark: u64,
+    /// Whether this writer's last write enqueued deliveries (`true` before the first).
+    routed: bool,
 }
 
 impl Writer {
     pub fn new(store: Store, outbox: Arc<dyn Outbox>, scopes: &[ScopeSpec], signals: Signals) -> Self {
         let awaiting_first_list = scopes.iter().map(ScopeSpec::key).collect();
-        Self { store, outbox, signals, awaiting_first_list, next_id: None, mark: 0 }
+        Self { store, outbox, signals, awaiting_first_list, next_id: None, mark: 0, routed: true }
     }
 
     /// Starts the writer task; returns where to send plans and the task handle.
@@ -152,6 +157,7 @@ impl Writer {
             awaiting_first_list: self.awaiting_first_list.clone(),
             next_id: None,
             mark: self.store.write_mark(),
+            routed: true,
         };
         let task = tokio::spawn(async move {
             let mut last = tokio::time::Instant::now();
@@ -171,7 +177,8 @@ impl Writer {
     }
 
     /// Writes the plan in transactions of at most [`CHUNK_CHANGES`] changes ([`CHUNK_CHANGES_ALONE`]
-    /// while no other writer uses the connection; see [`Writer::chunk_size`]), each retried with the
+    /// while no delivery is enqueued and no other writer uses the connection; see
+    /// [`Writer::chunk_size`]), each retried with the
     /// store's backoff ([`Store::write_backoff`]: 0.1 s doubling to `database.write_retry_max_delay`,
     /// jittered) until it commits. Each chunk is prepared first ([`Store::prepare`]: ids, JSON, routed
     /// and rendered deliveries), so the transaction, and with it the write connection the relay
@@ -195,6 +202,7 @@ impl Writer {
                 match self.write(&prepared).await {
                     Ok(ids) => {
                         self.next_id = Some(prepared.next_id());
+                        self.routed = prepared.deliveries() > 0;
                         break ids;
                     }
                     // Ids taken by someone else: read the next free one and prepare this chunk again.
@@ -236,10 +244,11 @@ impl Writer {
         self.after_commit(plan);
     }
 
-    /// How many changes the next transaction takes: [`CHUNK_CHANGES_ALONE`] when no other writer used
-    /// the write connection since this writer's last write or waits for it now, else [`CHUNK_CHANGES`].
+    /// How many changes the next transaction takes: [`CHUNK_CHANGES_ALONE`] when the last one enqueued
+    /// no delivery and no other writer used the write connection since or waits for it now, else
+    /// [`CHUNK_CHANGES`].
     fn chunk_size(&self) -> usize {
-        if self.store.write_shared_since(self.mark) { CHUNK_CHANGES } else { CHUNK_CHANGES_ALONE }
+        if self.routed || self.store.write_shared_since(self.mark) { CHUNK_CHANGES } else { CHUNK_CHANGES_ALONE }
     }
 
     /// The id of the next event: known after the first commit, else read (retried like a write).
