@@ -77,8 +77,10 @@ impl Store {
     }
 
     /// Whether another in-process writer (the relay's claims and completions, the publisher's rows,
-    /// the API's writes) took a turn on the write connection since `mark`, or waits for one now. The
-    /// watch's writer asks between its own writes, with the mark taken just after the last one.
+    /// the API's writes, pruning, the `/readyz` write probe) took a turn on the write connection
+    /// since `mark`, or waits for one now. The watch's writer asks between its own writes, with the
+    /// mark its last one left. The two reads made on the write connection (`next_event_id`,
+    /// `write_generation`) take no turn and are not counted.
     pub fn write_shared_since(&self, mark: u64) -> bool {
         self.turns.shared_since(mark)
     }

@@ -230,6 +230,11 @@ impl Prepared<'_> {
     pub fn deliveries(&self) -> usize {
         self.deliveries.len()
     }
+
+    /// How many events this chunk records.
+    pub fn events(&self) -> usize {
+        self.ids.len()
+    }
 }
 
 impl Store {

@@ -49,8 +49,8 @@ impl Turns {
     }
 
     /// Whether a turn was given since `mark` or a writer is in line now. Asked by a writer outside its
-    /// own turn, with the mark it took just after its last one: `true` means someone else wants the
-    /// connection too.
+    /// own turn, with the mark taken before it asked for its last turn plus one (its own): `true`
+    /// means someone else used or wants the connection too.
     pub(super) fn shared_since(&self, mark: u64) -> bool {
         self.mark() != mark || self.in_line.load(Ordering::Relaxed) > 0
     }

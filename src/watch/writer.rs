@@ -32,15 +32,19 @@ const QUEUED_PLANS: usize = 2;
 const CHUNK_CHANGES: usize = 128;
 
 /// Most changes per transaction while the watch's writer has the write connection to itself (no
-/// other writer took a turn since its last write, none waits: [`Store::write_shared_since`]) and its
-/// last transaction enqueued no delivery (no endpoint subscribes to these changes, so the relay will
-/// not want the connection for them). Each commit has a cost of its own (the pages it touched go
-/// into the WAL once per commit; statements are bound and stepped per chunk): 40,000 changes went
-/// into SQLite at 18,900–20,600/s in chunks of 512 against 16,600–19,100/s in chunks of 128
-/// (alternating runs of `cargo bench --bench ingest` built without LTO, issue 13). Chunks that
-/// enqueue deliveries stay at [`CHUNK_CHANGES`]: with 512 whenever the connection was free, the
-/// burst benchmark's peak RSS rose by 4 MiB (the bigger transactions' rows and payloads at once), and
-/// with 512 always its deliveries came later (p99 2.5 s against 2.0 s) as the relay's turns waited.
+/// other writer took a turn since its last write, none waits: [`Store::write_shared_since`]) and the
+/// last transaction that recorded events enqueued no delivery for them: a guess that the next ones
+/// will not either, which holds while no endpoint subscribes to these Services. With an endpoint
+/// subscribed the relay claims after every commit, and the writer stays at [`CHUNK_CHANGES`].
+///
+/// Each commit has a cost of its own (the pages it touched go into the WAL once per commit;
+/// statements are bound and stepped per chunk): 40,000 changes went into SQLite at
+/// 20,156–20,801/s in chunks of 512 against 17,919–19,026/s in chunks of 128 (alternating runs of
+/// `cargo bench --bench ingest` built without LTO, issue 13). With 512 whenever the connection was
+/// free, the burst benchmark's peak RSS rose by 4 MiB (the bigger transactions' rows and payloads
+/// at once), and with 512 always its deliveries came later (p99 2.5 s against 2.0 s) as the relay's
+/// turns waited. Measured on SQLite; on PostgreSQL the same rule applies, and the turns it sees are
+/// this process's only (another replica does not write: only the leader does).
 const CHUNK_CHANGES_ALONE: usize = 512;
 
 /// Least time between the starts of two commits (the watch's group commit). Each commit writes every
@@ -135,9 +139,10 @@ pub(super) struct Writer {
     awaiting_first_list: HashSet<String>,
     /// The id the next event gets (`None`: read it from the store first).
     next_id: Option<i64>,
-    /// [`Store::write_mark`] just after this writer's last write.
+    /// [`Store::write_mark`] as this writer's last write left it, if no one else took a turn.
     mark: u64,
-    /// Whether this writer's last write enqueued deliveries (`true` before the first).
+    /// Whether this writer's last write that recorded events enqueued deliveries (`true` before
+    /// the first).
     routed: bool,
 }
 
@@ -199,10 +204,16 @@ impl Writer {
             let ids = loop {
                 let Some(first_id) = self.first_id().await else { return };
                 let prepared = self.prepare(chunk, progress, first_id).await;
+                // Taken before asking for the turn: a turn given to another writer while this one
+                // waits or after it ends counts as shared (never the other way round).
+                let before = self.store.write_mark();
                 match self.write(&prepared).await {
                     Ok(ids) => {
                         self.next_id = Some(prepared.next_id());
-                        self.routed = prepared.deliveries() > 0;
+                        self.mark = before + 1;
+                        if prepared.events() > 0 {
+                            self.routed = prepared.deliveries() > 0;
+                        }
                         break ids;
                     }
                     // Ids taken by someone else: read the next free one and prepare this chunk again.
@@ -233,7 +244,6 @@ impl Writer {
                     }
                 }
             };
-            self.mark = self.store.write_mark();
             if let Some(id) = ids.last().copied() {
                 self.signals.committed.send_replace(id);
             }
@@ -244,9 +254,9 @@ impl Writer {
         self.after_commit(plan);
     }
 
-    /// How many changes the next transaction takes: [`CHUNK_CHANGES_ALONE`] when the last one enqueued
-    /// no delivery and no other writer used the write connection since or waits for it now, else
-    /// [`CHUNK_CHANGES`].
+    /// How many changes the next transaction takes: [`CHUNK_CHANGES_ALONE`] when the last one that
+    /// recorded events enqueued no delivery and no other writer used the write connection since or
+    /// waits for it now, else [`CHUNK_CHANGES`].
     fn chunk_size(&self) -> usize {
         if self.routed || self.store.write_shared_since(self.mark) { CHUNK_CHANGES } else { CHUNK_CHANGES_ALONE }
     }
