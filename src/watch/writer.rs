@@ -148,22 +148,25 @@ pub(super) struct Writer {
 
 impl Writer {
     pub fn new(store: Store, outbox: Arc<dyn Outbox>, scopes: &[ScopeSpec], signals: Signals) -> Self {
-        let awaiting_first_list = scopes.iter().map(ScopeSpec::key).collect();
+        Self::starting(store, outbox, signals, scopes.iter().map(ScopeSpec::key).collect())
+    }
+
+    /// A writer that has written nothing yet: the next id is read from the store, and the first
+    /// transaction is [`CHUNK_CHANGES`] (`routed` until one recorded events without deliveries; its
+    /// write sets `mark`).
+    fn starting(store: Store, outbox: Arc<dyn Outbox>, signals: Signals, awaiting_first_list: HashSet<String>) -> Self {
         Self { store, outbox, signals, awaiting_first_list, next_id: None, mark: 0, routed: true }
     }
 
     /// Starts the writer task; returns where to send plans and the task handle.
     pub fn spawn(&self) -> (mpsc::Sender<Plan>, JoinHandle<()>) {
         let (tx, mut rx) = mpsc::channel::<Plan>(QUEUED_PLANS);
-        let mut writer = Writer {
-            store: self.store.clone(),
-            outbox: self.outbox.clone(),
-            signals: self.signals.clone(),
-            awaiting_first_list: self.awaiting_first_list.clone(),
-            next_id: None,
-            mark: self.store.write_mark(),
-            routed: true,
-        };
+        let mut writer = Writer::starting(
+            self.store.clone(),
+            self.outbox.clone(),
+            self.signals.clone(),
+            self.awaiting_first_list.clone(),
+        );
         let task = tokio::spawn(async move {
             let mut last = tokio::time::Instant::now();
             while let Some(mut plan) = rx.recv().await {
@@ -183,9 +186,8 @@ impl Writer {
 
     /// Writes the plan in transactions of at most [`CHUNK_CHANGES`] changes ([`CHUNK_CHANGES_ALONE`]
     /// while no delivery is enqueued and no other writer uses the connection; see
-    /// [`Writer::chunk_size`]), each retried with the
-    /// store's backoff ([`Store::write_backoff`]: 0.1 s doubling to `database.write_retry_max_delay`,
-    /// jittered) until it commits. Each chunk is prepared first ([`Store::prepare`]: ids, JSON, routed
+    /// [`Writer::chunk_size`]), each retried with the store's backoff ([`Store::write_backoff`]: 0.1 s
+    /// doubling to `database.write_retry_max_delay`, jittered) until it commits. Each chunk is prepared first ([`Store::prepare`]: ids, JSON, routed
     /// and rendered deliveries), so the transaction, and with it the write connection the relay
     /// shares, only runs statements. Nothing is reported (metrics, log, readiness, Kubernetes Events)
     /// before the last chunk committed, and `committed` only after each chunk did; a failed attempt
