@@ -53,11 +53,6 @@ impl Backend {
         self.query(sqlx::AssertSqlSafe(sql))
     }
 
-    /// The multi-row insert [`values_sql`] writes for this backend, to bind row by row.
-    pub(super) fn values(self, head: &str, rows: usize, columns: usize, tail: &str) -> Query {
-        self.query_dyn(values_sql(self, head, rows, columns, tail))
-    }
-
     /// The backend's name as logs and the API show it: `sqlite` or `postgres`.
     pub fn as_str(self) -> &'static str {
         self.pick("sqlite", "postgres")

@@ -4,8 +4,9 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-use super::db::{Dual, Filter, Row, Tx};
+use super::db::{Dual, Filter, Row};
 use super::outbox::{Claimed, DeliveryInsert, NewDelivery, insert_deliveries};
+use super::script::{Script, Stmt};
 use super::{Store, StoreError, now_ms};
 use crate::model::ServiceKey;
 
@@ -150,12 +151,18 @@ impl Store {
         let mut conn = self.writer().await?;
         let result = async {
             let mut tx = conn.begin().await?;
-            record_attempts(&mut tx, now, done).await?;
+            let mut s = Script::new(&mut tx);
+            record_attempts(&mut s, now, done).await?;
             let claimed = match claim {
                 Some((webhook, at, lease_ms, limit)) if limit > 0 => {
-                    super::outbox::claim_in(tx.exec(), webhook, at, lease_ms, limit).await?
+                    let rows =
+                        s.fetch_all(super::outbox::claim_stmt(s.backend(), webhook, at, lease_ms, limit)).await?;
+                    super::outbox::claimed(&rows)
                 }
-                _ => Vec::new(),
+                _ => {
+                    s.flush().await?;
+                    Vec::new()
+                }
             };
             tx.commit().await?;
             Ok(claimed)
@@ -184,7 +191,9 @@ impl Store {
         let mut conn = self.writer().await?;
         let result = async {
             let mut tx = conn.begin().await?;
-            insert_deliveries(&mut tx, now_ms(), &rows).await?;
+            let mut s = Script::new(&mut tx);
+            insert_deliveries(&mut s, now_ms(), &rows).await?;
+            s.flush().await?;
             tx.commit().await?;
             Ok(rows.len())
         }
@@ -332,7 +341,8 @@ pub(super) fn attempt_row(r: &Row) -> AttemptRow {
     }
 }
 
-/// Attempts recorded per statement (9 parameters each).
+/// Attempts per [`COMPLETE`] statement; their rows go in inserts of 64, 16, 4 and 1 rows (9
+/// parameters each; [`super::db::row_chunks`]), so a round's few texts recur.
 const ATTEMPT_ROWS: usize = 64;
 
 /// Sets each delivery's state after its attempt, from the JSON array ?1 of `{id, state, next,
@@ -357,27 +367,29 @@ const ATTEMPT_INSERT: &str = "INSERT INTO attempts (delivery_id, started_at, dur
 
 /// Records each attempt of `done` and the delivery's new state, then supersedes the retried ones a
 /// DELETED or SYNCED queued behind makes redundant.
-async fn record_attempts(tx: &mut Tx<'_>, now: i64, done: &[Completion]) -> Result<(), StoreError> {
-    // Two statements per 64 attempts rather than two per attempt: each statement is a round trip to
-    // SQLite's connection thread, and a relay round of 32 attempts made 64 of them while the watch's
-    // writer waited for its turn.
+async fn record_attempts(s: &mut Script<'_, '_>, now: i64, done: &[Completion]) -> Result<(), StoreError> {
+    // A few statements per round rather than two per attempt, all in the round's one script (see
+    // `store::script`): a relay round of 32 attempts once made 64 round trips to SQLite's connection
+    // thread while the watch's writer waited for its turn.
     let mut retried = Vec::new();
     for chunk in done.chunks(ATTEMPT_ROWS) {
-        let mut q = tx.backend().values(ATTEMPT_INSERT, chunk.len(), 9, "");
-        for c in chunk {
-            let a = &c.attempt;
-            q = q
-                .bind(c.delivery_id)
-                .bind(a.started_at)
-                .bind(a.duration_ms)
-                .bind(a.status_code.map(i64::from))
-                .bind(a.error_class)
-                .bind(&a.error)
-                .bind(&a.location)
-                .bind(&a.response_body)
-                .bind(&a.request);
+        for rows in super::db::row_chunks(chunk, ATTEMPT_ROWS) {
+            let mut q = Stmt::values(s.backend(), ATTEMPT_INSERT, rows.len(), 9, "");
+            for c in rows {
+                let a = &c.attempt;
+                q = q
+                    .bind(c.delivery_id)
+                    .bind(a.started_at)
+                    .bind(a.duration_ms)
+                    .bind(a.status_code.map(i64::from))
+                    .bind(a.error_class)
+                    .bind(&a.error)
+                    .bind(&a.location)
+                    .bind(&a.response_body)
+                    .bind(&a.request);
+            }
+            s.run(q).await?;
         }
-        q.execute(tx.exec()).await?;
         let rows: Vec<serde_json::Value> = chunk
             .iter()
             .map(|c| {
@@ -394,7 +406,7 @@ async fn record_attempts(tx: &mut Tx<'_>, now: i64, done: &[Completion]) -> Resu
             })
             .collect();
         let rows = serde_json::Value::Array(rows).to_string();
-        tx.backend().dual(&COMPLETE).bind(rows).execute(tx.exec()).await?;
+        s.run(Stmt::dual(s.backend(), &COMPLETE).bind(rows)).await?;
     }
-    super::outbox::supersede_retried(tx, now, &retried).await
+    super::outbox::supersede_retried(s, now, &retried).await
 }

@@ -3,6 +3,7 @@
 //! declaration outside an event (start, periodic resend, resync).
 
 use super::outbox::{ENDPOINT_QUEUE, NewDelivery, insert_deliveries};
+use super::script::Script;
 use super::{Store, StoreError, now_ms};
 
 /// An endpoint's full-state record.
@@ -89,7 +90,9 @@ impl Store {
         let mut conn = self.writer().await?;
         let result = async {
             let mut tx = conn.begin().await?;
-            insert_deliveries(&mut tx, now_ms(), &rows).await?;
+            let mut s = Script::new(&mut tx);
+            insert_deliveries(&mut s, now_ms(), &rows).await?;
+            s.flush().await?;
             tx.commit().await?;
             Ok(())
         }

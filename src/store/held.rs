@@ -3,7 +3,8 @@
 
 use std::collections::HashSet;
 
-use super::db::{Dual, Tx};
+use super::db::Dual;
+use super::script::{Script, Stmt};
 use super::state::StateChange;
 use super::{Store, StoreError};
 use crate::model::{Cause, ServiceKey};
@@ -45,7 +46,7 @@ const DELETE: Dual = Dual {
 };
 
 /// Applies the [`StateChange::Held`] changes of a batch, in order (the last one per Service wins).
-pub(super) async fn write_held(tx: &mut Tx<'_>, changes: &[StateChange]) -> Result<(), StoreError> {
+pub(super) async fn write_held(s: &mut Script<'_, '_>, changes: &[StateChange]) -> Result<(), StoreError> {
     let mut last = std::collections::HashMap::new();
     for change in changes {
         if let StateChange::Held { key, held } = change {
@@ -61,10 +62,10 @@ pub(super) async fn write_held(tx: &mut Tx<'_>, changes: &[StateChange]) -> Resu
         }
     }
     if !deletes.is_empty() {
-        tx.backend().dual(&DELETE).bind(serde_json::to_string(&deletes)?).execute(tx.exec()).await?;
+        s.run(Stmt::dual(s.backend(), &DELETE).bind(serde_json::to_string(&deletes)?)).await?;
     }
     if !upserts.is_empty() {
-        tx.backend().dual(&UPSERT).bind(serde_json::to_string(&upserts)?).execute(tx.exec()).await?;
+        s.run(Stmt::dual(s.backend(), &UPSERT).bind(serde_json::to_string(&upserts)?)).await?;
     }
     Ok(())
 }

@@ -24,6 +24,7 @@ mod outbox;
 mod progress;
 mod publish;
 mod queries;
+mod script;
 mod state;
 mod statistics;
 mod turns;

@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 
-use super::db::{Dual, Tx};
+use super::db::Dual;
+use super::script::{Script, Stmt};
 use super::{StateChange, Store, StoreError};
 use crate::model::backends::{NodeView, ObservedNode};
 
@@ -39,7 +40,7 @@ pub struct NodeRow {
 }
 
 /// Folds the Node changes of a batch into the last one per Node, then one upsert and one delete.
-pub(super) async fn write_nodes(tx: &mut Tx<'_>, now: i64, changes: &[StateChange]) -> Result<(), StoreError> {
+pub(super) async fn write_nodes(s: &mut Script<'_, '_>, now: i64, changes: &[StateChange]) -> Result<(), StoreError> {
     let mut last: HashMap<&str, Option<&ObservedNode>> = HashMap::new();
     for change in changes {
         if let StateChange::Node { name, node } = change {
@@ -56,10 +57,10 @@ pub(super) async fn write_nodes(tx: &mut Tx<'_>, now: i64, changes: &[StateChang
         }
     }
     if !deletes.is_empty() {
-        tx.backend().dual(&DELETE_NODES).bind(serde_json::to_string(&deletes)?).execute(tx.exec()).await?;
+        s.run(Stmt::dual(s.backend(), &DELETE_NODES).bind(serde_json::to_string(&deletes)?)).await?;
     }
     if !upserts.is_empty() {
-        tx.backend().dual(&UPSERT_NODES).bind(now).bind(serde_json::to_string(&upserts)?).execute(tx.exec()).await?;
+        s.run(Stmt::dual(s.backend(), &UPSERT_NODES).bind(now).bind(serde_json::to_string(&upserts)?)).await?;
     }
     Ok(())
 }

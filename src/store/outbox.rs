@@ -2,7 +2,10 @@
 //! completed with an attempt row. Per (endpoint, Service) the pending deliveries form a FIFO queue
 //! whose head (lowest id) is the only one ever claimed, which is what keeps per-Service order.
 
+use std::sync::LazyLock;
+
 use super::db::{Dual, Exec, Tx};
+use super::script::{Script, Stmt};
 use super::{Backend, Store, StoreError};
 use crate::model::{Cause, Recorded, ServiceKey};
 
@@ -183,13 +186,12 @@ use retried_tail;
 
 /// Supersedes the retried deliveries `ids` that a DELETED or SYNCED queued behind makes redundant
 /// ([`SUPERSEDE_RETRIED`]); part of recording their attempts.
-pub(super) async fn supersede_retried(tx: &mut Tx<'_>, now: i64, ids: &[i64]) -> Result<(), StoreError> {
+pub(super) async fn supersede_retried(s: &mut Script<'_, '_>, now: i64, ids: &[i64]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
     let ids = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
-    tx.backend().dual(&SUPERSEDE_RETRIED).bind(now).bind(ids).execute(tx.exec()).await?;
-    Ok(())
+    s.run(Stmt::dual(s.backend(), &SUPERSEDE_RETRIED).bind(now).bind(ids)).await
 }
 
 /// The deliveries `outbox` routes the events to (ids in order): pure CPU work, done before the
@@ -213,32 +215,58 @@ pub(super) fn route<'a>(
 pub(super) type DeliveryInsert<'a> = (NewDelivery, Option<i64>, &'a ServiceKey, bool);
 
 /// Inserts deliveries (multi-row), then supersedes what they make redundant.
+///
+/// The superseding statements are driven by this batch's rows: ids from the first one inserted. On
+/// PostgreSQL the inserts return their ids; on SQLite they join the script (no result to wait for)
+/// and the first id is `last_insert_rowid() + 1 - n` for the batch's `n` rows (AUTOINCREMENT gives
+/// one connection's rows of one transaction consecutive ids). Superseding from the batch's first
+/// row rather than its first `MODIFIED` (or `DELETED`/`SYNCED`) is the same: both statements filter
+/// the newer rows by kind.
 pub(super) async fn insert_deliveries(
-    tx: &mut Tx<'_>,
+    s: &mut Script<'_, '_>,
     now: i64,
     rows: &[DeliveryInsert<'_>],
 ) -> Result<(), StoreError> {
     for (d, event_id, _, _) in rows.iter().filter(|r| r.0.coalesce_ms.is_some()) {
-        coalesce(tx, now, d, *event_id).await?;
+        coalesce(s.tx().await?, now, d, *event_id).await?;
     }
     let rows: Vec<&DeliveryInsert<'_>> = rows.iter().filter(|r| r.0.coalesce_ms.is_none()).collect();
+    match s.backend() {
+        Backend::Sqlite => insert_in_script(s, now, &rows).await,
+        Backend::Postgres => insert_returning(s.tx().await?, now, &rows).await,
+    }
+}
+
+/// [`SUPERSEDE`] and [`SUPERSEDE_BY_FULL`] on SQLite right after a batch's inserts, with $2 the
+/// number of rows the batch inserted (see [`insert_deliveries`]).
+static SUPERSEDE_AFTER_INSERT: LazyLock<[String; 2]> =
+    LazyLock::new(|| [SUPERSEDE.lite, SUPERSEDE_BY_FULL.lite].map(|sql| sql.replace(NEWER, NEWER_AFTER_INSERT)));
+
+/// The condition of the superseding statements on the batch's newer rows, and its form on SQLite
+/// right after the inserts.
+const NEWER: &str = "m.id >= $2";
+const NEWER_AFTER_INSERT: &str = "m.id >= last_insert_rowid() + 1 - $2";
+
+async fn insert_in_script(s: &mut Script<'_, '_>, now: i64, rows: &[&DeliveryInsert<'_>]) -> Result<(), StoreError> {
+    for chunk in super::db::row_chunks(rows, CHUNK) {
+        s.run(delivery_chunk(s.backend(), now, chunk, "")).await?;
+    }
+    let n = rows.len() as i64;
+    let [modified, full] = &*SUPERSEDE_AFTER_INSERT;
+    if rows.iter().any(|r| r.0.kind == "MODIFIED") {
+        s.run(Stmt::new(modified.as_str()).bind(now).bind(n)).await?;
+    }
+    if rows.iter().any(|r| matches!(r.0.kind, "DELETED" | "SYNCED")) {
+        s.run(Stmt::new(full.as_str()).bind(now).bind(n)).await?;
+    }
+    Ok(())
+}
+
+async fn insert_returning(tx: &mut Tx<'_>, now: i64, rows: &[&DeliveryInsert<'_>]) -> Result<(), StoreError> {
     let mut first_modified: Option<i64> = None;
     let mut first_full: Option<i64> = None;
-    for chunk in super::db::row_chunks(&rows, CHUNK) {
-        let mut q = tx.backend().values(DELIVERY_INSERT, chunk.len(), 10, " RETURNING id, kind");
-        for (d, event_id, key, held) in chunk {
-            q = q
-                .bind(&d.webhook)
-                .bind(*event_id)
-                .bind(&key.namespace)
-                .bind(&key.name)
-                .bind(d.kind)
-                .bind(&d.msg_id)
-                .bind(&d.payload)
-                .bind(now)
-                .bind(now)
-                .bind(i64::from(*held));
-        }
+    for chunk in super::db::row_chunks(rows, CHUNK) {
+        let q = delivery_chunk(tx.backend(), now, chunk, " RETURNING id, kind").into_query(tx.backend());
         for row in q.fetch_all(tx.exec()).await? {
             let id: i64 = row.get("id");
             let first = match row.get::<&str, _>("kind") {
@@ -258,6 +286,25 @@ pub(super) async fn insert_deliveries(
     Ok(())
 }
 
+/// One multi-row delivery insert of `chunk`, followed by `tail`.
+fn delivery_chunk(backend: Backend, now: i64, chunk: &[&DeliveryInsert<'_>], tail: &str) -> Stmt {
+    let mut q = Stmt::values(backend, DELIVERY_INSERT, chunk.len(), 10, tail);
+    for (d, event_id, key, held) in chunk.iter().copied() {
+        q = q
+            .bind(&d.webhook)
+            .bind(*event_id)
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .bind(d.kind)
+            .bind(&d.msg_id)
+            .bind(&d.payload)
+            .bind(now)
+            .bind(now)
+            .bind(i64::from(*held));
+    }
+    q
+}
+
 /// [`Store::claim`] on `exec` (the write connection, or a transaction on it).
 pub(super) async fn claim_in(
     exec: Exec<'_>,
@@ -266,11 +313,19 @@ pub(super) async fn claim_in(
     lease_ms: i64,
     limit: usize,
 ) -> Result<Vec<Claimed>, StoreError> {
-    let backend = exec.backend();
+    let q = claim_stmt(exec.backend(), webhook, now, lease_ms, limit).into_query(exec.backend());
+    Ok(claimed(&q.fetch_all(exec).await?))
+}
+
+/// The claim statement of [`Store::claim`]; its rows read with [`claimed`].
+pub(super) fn claim_stmt(backend: Backend, webhook: &str, now: i64, lease_ms: i64, limit: usize) -> Stmt {
     let sql =
         format!("{}{limit}{}{CLAIM_RETURNING}", backend.pick(CLAIM.lite, CLAIM.pg), backend.pick(")", CLAIM_LOCK));
-    let q = backend.query_dyn(sql).bind(webhook).bind(now).bind(now + lease_ms);
-    let rows = q.fetch_all(exec).await?;
+    Stmt::new(sql).bind(webhook).bind(now).bind(now + lease_ms)
+}
+
+/// The deliveries a claim statement returned, by id.
+pub(super) fn claimed(rows: &[super::db::Row]) -> Vec<Claimed> {
     let mut claimed: Vec<Claimed> = rows
         .iter()
         .map(|r| Claimed {
@@ -285,7 +340,7 @@ pub(super) async fn claim_in(
         })
         .collect();
     claimed.sort_by_key(|c| c.id);
-    Ok(claimed)
+    claimed
 }
 
 /// Enqueues full-state delivery `d` on its endpoint's queue, or pushes back the one already waiting.

@@ -1,6 +1,6 @@
 //! Watch bookkeeping: per scope, the last resourceVersion, the last full list and the relist count.
 
-use super::db::Tx;
+use super::script::{Script, Stmt};
 use super::{Store, StoreError};
 
 /// Progress of one watch scope to record with a batch.
@@ -28,7 +28,7 @@ pub struct ProgressRow {
     pub relist_count: i64,
 }
 
-pub(super) async fn write_progress(tx: &mut Tx<'_>, now: i64, p: &WatchProgress) -> Result<(), StoreError> {
+pub(super) async fn write_progress(s: &mut Script<'_, '_>, now: i64, p: &WatchProgress) -> Result<(), StoreError> {
     let listed_at = p.listed.map(|_| now);
     let relist = i64::from(p.listed == Some(true));
     let sql = "INSERT INTO watch_progress (scope, resource_version, last_list_at, relist_count, updated_at) \
@@ -36,16 +36,7 @@ pub(super) async fn write_progress(tx: &mut Tx<'_>, now: i64, p: &WatchProgress)
                resource_version = COALESCE(excluded.resource_version, watch_progress.resource_version), \
                last_list_at = COALESCE(excluded.last_list_at, watch_progress.last_list_at), \
                relist_count = watch_progress.relist_count + excluded.relist_count, updated_at = excluded.updated_at";
-    tx.backend()
-        .query(sql)
-        .bind(&p.scope)
-        .bind(&p.resource_version)
-        .bind(listed_at)
-        .bind(relist)
-        .bind(now)
-        .execute(tx.exec())
-        .await?;
-    Ok(())
+    s.run(Stmt::new(sql).bind(&p.scope).bind(&p.resource_version).bind(listed_at).bind(relist).bind(now)).await
 }
 
 impl Store {

@@ -7,9 +7,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::db::{Backend, Dual, Row, Tx, row_chunks};
+use super::db::{Backend, Dual, Row, row_chunks};
 use super::outbox::{Outbox, RecordedEvent};
 use super::progress::{WatchProgress, write_progress};
+use super::script::{Script, Stmt};
 use super::{Store, StoreError, now_ms};
 use crate::model::backends::{BackendSets, ObservedNode};
 use crate::model::{Cause, ChangeKind, IngressView, Recorded, ServiceKey, ServiceView, Tracked};
@@ -288,34 +289,37 @@ impl Store {
         let now = now_ms();
         let result = async {
             let mut tx = conn.begin().await?;
-            insert_events(&mut tx, p.now, &p.events, &p.ids).await?;
-            super::outbox::insert_deliveries(&mut tx, now, &p.deliveries).await?;
+            let mut s = Script::new(&mut tx);
+            insert_events(&mut s, p.now, &p.events, &p.ids).await?;
+            super::outbox::insert_deliveries(&mut s, now, &p.deliveries).await?;
             let b = self.backend;
             if let Some(rows) = &p.cleanups {
-                b.dual(&INSERT_CLEANUPS).bind(now).bind(rows).execute(tx.exec()).await?;
+                s.run(Stmt::dual(b, &INSERT_CLEANUPS).bind(now).bind(rows)).await?;
             }
             if let Some(rows) = &p.releases {
-                b.dual(&INSERT_RELEASES).bind(now).bind(rows).execute(tx.exec()).await?;
+                s.run(Stmt::dual(b, &INSERT_RELEASES).bind(now).bind(rows)).await?;
             }
             if let Some(rows) = &p.state.deletes {
-                b.dual(&DELETE_SERVICES).bind(rows).execute(tx.exec()).await?;
+                s.run(Stmt::dual(b, &DELETE_SERVICES).bind(rows)).await?;
             }
-            upsert_services(&mut tx, now, &p.state.upserts).await?;
+            upsert_services(&mut s, now, &p.state.upserts).await?;
             if let Some(keys) = &p.state.touched {
-                b.dual(&CLEAR_VIPS).bind(keys).execute(tx.exec()).await?;
+                s.run(Stmt::dual(b, &CLEAR_VIPS).bind(keys)).await?;
             }
             if let Some(rows) = &p.state.vips {
+                // On its own, so that a unique violation is known to be this statement's.
+                let tx = s.tx().await?;
                 b.dual(&INSERT_VIPS).bind(rows).execute(tx.exec()).await.map_err(address_taken)?;
             }
-            super::nodes::write_nodes(&mut tx, now, p.changes).await?;
-            super::held::write_held(&mut tx, p.changes).await?;
+            super::nodes::write_nodes(&mut s, now, p.changes).await?;
+            super::held::write_held(&mut s, p.changes).await?;
             for progress in p.progress {
-                write_progress(&mut tx, now, progress).await?;
+                write_progress(&mut s, now, progress).await?;
             }
             if let (Backend::Postgres, Some(last)) = (b, p.ids.last()) {
-                let notify = "SELECT pg_notify('vipwatch_events', $1)";
-                b.query(notify).bind(last.to_string()).execute(tx.exec()).await?;
+                s.run(Stmt::new("SELECT pg_notify('vipwatch_events', $1)").bind(last.to_string())).await?;
             }
+            s.flush().await?;
             tx.commit().await?;
             Ok(p.ids.clone())
         }
@@ -409,13 +413,18 @@ fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson<'_>>, StoreError>
 
 /// Inserts event rows with their assigned ids (`ids[i]` for `rows[i]`); on PostgreSQL also moves
 /// `events_id_seq` up to the highest (SQLite's AUTOINCREMENT does that by itself).
-async fn insert_events(tx: &mut Tx<'_>, now: i64, rows: &[EventJson<'_>], ids: &[i64]) -> Result<(), StoreError> {
+async fn insert_events(
+    s: &mut Script<'_, '_>,
+    now: i64,
+    rows: &[EventJson<'_>],
+    ids: &[i64],
+) -> Result<(), StoreError> {
     let rows: Vec<(&EventJson<'_>, i64)> = rows.iter().zip(ids.iter().copied()).collect();
     for chunk in row_chunks(&rows, EVENT_CHUNK) {
-        insert_event_chunk(tx, now, chunk).await?;
+        s.run(event_chunk(s.backend(), now, chunk)).await?;
     }
-    if let (Backend::Postgres, Some(last)) = (tx.backend(), ids.last()) {
-        tx.backend().query("SELECT setval('events_id_seq', $1)").bind(*last).execute(tx.exec()).await?;
+    if let (Backend::Postgres, Some(last)) = (s.backend(), ids.last()) {
+        s.run(Stmt::new("SELECT setval('events_id_seq', $1)").bind(*last)).await?;
     }
     Ok(())
 }
@@ -424,8 +433,8 @@ async fn insert_events(tx: &mut Tx<'_>, now: i64, rows: &[EventJson<'_>], ids: &
 const EVENT_INSERT: &str = "INSERT INTO events (id, observed_at, type, namespace, name, uid, resource_version, \
     cause, view, previous, changed, backends, backends_diff)";
 
-async fn insert_event_chunk(tx: &mut Tx<'_>, now: i64, chunk: &[(&EventJson<'_>, i64)]) -> Result<(), StoreError> {
-    let mut q = tx.backend().values(EVENT_INSERT, chunk.len(), 13, "");
+fn event_chunk(backend: Backend, now: i64, chunk: &[(&EventJson<'_>, i64)]) -> Stmt {
+    let mut q = Stmt::values(backend, EVENT_INSERT, chunk.len(), 13, "");
     for (r, id) in chunk {
         q = q
             .bind(*id)
@@ -442,14 +451,13 @@ async fn insert_event_chunk(tx: &mut Tx<'_>, now: i64, chunk: &[(&EventJson<'_>,
             .bind(&r.backends)
             .bind(&r.backends_diff);
     }
-    q.execute(tx.exec()).await?;
-    Ok(())
+    q
 }
 
 /// Upserts the state rows, 128 to a statement.
-async fn upsert_services(tx: &mut Tx<'_>, now: i64, rows: &[UpsertRow<'_>]) -> Result<(), StoreError> {
+async fn upsert_services(s: &mut Script<'_, '_>, now: i64, rows: &[UpsertRow<'_>]) -> Result<(), StoreError> {
     for chunk in row_chunks(rows, EVENT_CHUNK) {
-        let mut q = tx.backend().values(SERVICE_INSERT, chunk.len(), 11, UPSERT_SERVICES);
+        let mut q = Stmt::values(s.backend(), SERVICE_INSERT, chunk.len(), 11, UPSERT_SERVICES);
         for r in chunk {
             q = q
                 .bind(r.ns)
@@ -457,14 +465,14 @@ async fn upsert_services(tx: &mut Tx<'_>, now: i64, rows: &[UpsertRow<'_>]) -> R
                 .bind(r.uid)
                 .bind(r.rv)
                 .bind(r.ty)
-                .bind(r.class.map(str::to_owned))
+                .bind(r.class)
                 .bind(r.view.clone())
                 .bind(&r.publish)
                 .bind(&r.backends)
                 .bind(now)
                 .bind(now);
         }
-        q.execute(tx.exec()).await?;
+        s.run(q).await?;
     }
     Ok(())
 }

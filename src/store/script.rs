@@ -1,0 +1,270 @@
+//! The statements of one write transaction, sent to SQLite together.
+//!
+//! sqlx runs each SQLite connection on a thread of its own, and every statement is a round trip to
+//! it: the task hands the statement over, the connection's thread wakes, runs it and hands the result
+//! back, and the task's worker wakes again. On this project's 2-core machine that round trip cost
+//! about 37 µs of CPU against 4 µs for the insert itself: 20,000 single-row inserts in transactions of
+//! ten took 41 µs of CPU each one statement at a time, and 4.0 µs each with a transaction's ten sent
+//! as one multi-statement query (sqlx 0.9, WAL, `synchronous=NORMAL`; issue 13). A watch commit at
+//! 500 changes/s ran about nine statements, so those round trips were a third of vipwatch's CPU.
+//!
+//! A [`Script`] therefore collects a transaction's small statements on SQLite and sends them as one
+//! query when it is [`flush`](Script::flush)ed (sqlx binds a multi-statement query's anonymous `?`
+//! parameters in order across its statements). A statement with more than [`JOINED_VALUES`]
+//! parameters (a chunk of 8 rows or more) is sent on its own, so a script's text stays small and the
+//! texts that recur stay in the connection's statement cache; a batch that large spends its time in
+//! SQLite, not in the round trip. On PostgreSQL, whose extended protocol takes one statement per
+//! query, each statement runs when it is added, as before.
+
+use std::sync::Arc;
+
+use super::StoreError;
+use super::db::{Backend, Dual, Query, Row, Tx, values_sql};
+
+/// Most parameters of a statement that joins a script; one with more runs on its own. 32 lets the
+/// small pieces of a commit in (up to two event rows: 26; [`super::db::row_chunks`] cuts the rest of a
+/// batch into pieces of 8, 32 and 128 rows, which run alone). Each distinct script text is a prepared
+/// statement the write connection keeps; with 128 (8-row pieces joined too) the burst benchmark's
+/// peak RSS was about 1 MiB higher, for no CPU saved at 500 changes/s (issue 13).
+pub(super) const JOINED_VALUES: usize = 32;
+
+/// A parameter of a [`Stmt`]: the types the store binds on both backends, typed so that a NULL keeps
+/// its type on PostgreSQL.
+#[derive(Debug, Clone)]
+pub(super) enum Value {
+    Int(i64),
+    OptInt(Option<i64>),
+    Text(String),
+    Shared(Arc<str>),
+    OptText(Option<String>),
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Self {
+        Self::Int(v)
+    }
+}
+impl From<Option<i64>> for Value {
+    fn from(v: Option<i64>) -> Self {
+        Self::OptInt(v)
+    }
+}
+impl From<&str> for Value {
+    fn from(v: &str) -> Self {
+        Self::Text(v.to_owned())
+    }
+}
+impl From<&String> for Value {
+    fn from(v: &String) -> Self {
+        Self::Text(v.clone())
+    }
+}
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Self::Text(v)
+    }
+}
+impl From<Arc<str>> for Value {
+    fn from(v: Arc<str>) -> Self {
+        Self::Shared(v)
+    }
+}
+impl From<Option<String>> for Value {
+    fn from(v: Option<String>) -> Self {
+        Self::OptText(v)
+    }
+}
+impl From<&Option<String>> for Value {
+    fn from(v: &Option<String>) -> Self {
+        Self::OptText(v.clone())
+    }
+}
+impl From<Option<&str>> for Value {
+    fn from(v: Option<&str>) -> Self {
+        Self::OptText(v.map(str::to_owned))
+    }
+}
+
+impl Value {
+    fn bind(self, q: Query) -> Query {
+        match self {
+            Self::Int(v) => q.bind(v),
+            Self::OptInt(v) => q.bind(v),
+            Self::Text(v) => q.bind(v),
+            Self::Shared(v) => q.bind(v),
+            Self::OptText(v) => q.bind(v),
+        }
+    }
+}
+
+/// One statement of a [`Script`] with its parameters: written with `$N` placeholders (each may
+/// recur), or with anonymous `?` bound in order (SQLite's multi-row inserts, [`values_sql`]).
+#[derive(Debug)]
+#[must_use = "a statement does nothing until added to a script"]
+pub(super) struct Stmt {
+    sql: String,
+    values: Vec<Value>,
+}
+
+impl Stmt {
+    /// A statement whose text is the same on both backends.
+    pub(super) fn new(sql: impl Into<String>) -> Self {
+        Self { sql: sql.into(), values: Vec::new() }
+    }
+
+    /// The text `sql` has for `backend`.
+    pub(super) fn dual(backend: Backend, sql: &Dual) -> Self {
+        Self::new(backend.pick(sql.lite, sql.pg))
+    }
+
+    /// A multi-row insert ([`values_sql`]) of `rows` rows of `columns` values, bound row by row.
+    pub(super) fn values(backend: Backend, head: &str, rows: usize, columns: usize, tail: &str) -> Self {
+        let mut s = Self::new(values_sql(backend, head, rows, columns, tail));
+        s.values.reserve(rows * columns);
+        s
+    }
+
+    /// Binds the next parameter (`$N` in order of N, or the next `?`).
+    pub(super) fn bind(mut self, value: impl Into<Value>) -> Self {
+        self.values.push(value.into());
+        self
+    }
+
+    /// The statement as a [`Query`] of `backend`, to run on its own.
+    pub(super) fn into_query(self, backend: Backend) -> Query {
+        let mut q = backend.query_dyn(self.sql);
+        for v in self.values {
+            q = v.bind(q);
+        }
+        q
+    }
+
+    /// Appends this statement to a script's text and parameters: each `$N` becomes `?` with
+    /// parameter N bound again at that place, so the script binds anonymous parameters only, in text
+    /// order (a `$` not followed by a digit, as in a JSON path `'$.a'`, is kept).
+    fn append_to(self, sql: &mut String, values: &mut Vec<Value>) {
+        if !sql.is_empty() {
+            sql.push_str(";\n");
+        }
+        let bytes = self.sql.as_bytes();
+        if !self.sql.contains('$') {
+            sql.push_str(&self.sql);
+            values.extend(self.values);
+            return;
+        }
+        let mut i = 0;
+        while i < bytes.len() {
+            let digits = bytes[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+            if bytes[i] == b'$' && digits > 0 {
+                let n: usize = self.sql[i + 1..i + 1 + digits].parse().unwrap_or(0);
+                sql.push('?');
+                values.push(self.values.get(n.wrapping_sub(1)).cloned().unwrap_or(Value::OptText(None)));
+                i += 1 + digits;
+            } else {
+                let next = self.sql[i + 1..].find('$').map_or(bytes.len(), |k| i + 1 + k);
+                sql.push_str(&self.sql[i..next]);
+                i = next;
+            }
+        }
+    }
+}
+
+/// A transaction's statements in order: on SQLite the small ones are held and sent together at the
+/// next [`Script::flush`] (or before a statement that runs on its own); on PostgreSQL each runs when
+/// added. Flush before committing; a script dropped unflushed sends nothing.
+pub(super) struct Script<'t, 'c> {
+    tx: &'t mut Tx<'c>,
+    sql: String,
+    values: Vec<Value>,
+}
+
+impl<'t, 'c> Script<'t, 'c> {
+    /// An empty script on `tx`.
+    pub(super) fn new(tx: &'t mut Tx<'c>) -> Self {
+        Self { tx, sql: String::new(), values: Vec::new() }
+    }
+
+    /// The backend of the transaction.
+    pub(super) fn backend(&self) -> Backend {
+        self.tx.backend()
+    }
+
+    /// Adds `stmt`: held on SQLite when it has at most [`JOINED_VALUES`] parameters, otherwise run
+    /// (after what is held). Errors: the statements run now failed ([`StoreError`]); the
+    /// transaction is then to be dropped.
+    pub(super) async fn run(&mut self, stmt: Stmt) -> Result<(), StoreError> {
+        if self.backend() == Backend::Sqlite && stmt.values.len() <= JOINED_VALUES {
+            stmt.append_to(&mut self.sql, &mut self.values);
+            return Ok(());
+        }
+        self.flush().await?;
+        stmt.into_query(self.backend()).execute(self.tx.exec()).await?;
+        Ok(())
+    }
+
+    /// Sends what is held, as one query. Errors: a statement failed ([`StoreError`], the first
+    /// one's error; the rest did not run).
+    pub(super) async fn flush(&mut self) -> Result<(), StoreError> {
+        if self.sql.is_empty() {
+            return Ok(());
+        }
+        self.take().execute(self.tx.exec()).await?;
+        Ok(())
+    }
+
+    /// Adds `stmt` as the last statement and runs the script: its rows (only `stmt` may return any).
+    /// Errors: as [`Script::flush`].
+    pub(super) async fn fetch_all(&mut self, stmt: Stmt) -> Result<Vec<Row>, StoreError> {
+        if self.backend() == Backend::Sqlite && stmt.values.len() <= JOINED_VALUES {
+            stmt.append_to(&mut self.sql, &mut self.values);
+            return self.take().fetch_all(self.tx.exec()).await;
+        }
+        self.flush().await?;
+        stmt.into_query(self.backend()).fetch_all(self.tx.exec()).await
+    }
+
+    /// What is held as one query, leaving the script empty.
+    fn take(&mut self) -> Query {
+        let mut q = self.backend().query_dyn(std::mem::take(&mut self.sql));
+        for v in self.values.drain(..) {
+            q = v.bind(q);
+        }
+        q
+    }
+
+    /// The transaction itself, for a statement whose result is needed now: flushes first.
+    pub(super) async fn tx(&mut self) -> Result<&mut Tx<'c>, StoreError> {
+        self.flush().await?;
+        Ok(self.tx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn appended(stmts: Vec<Stmt>) -> (String, Vec<String>) {
+        let (mut sql, mut values) = (String::new(), Vec::new());
+        for s in stmts {
+            s.append_to(&mut sql, &mut values);
+        }
+        (sql, values.iter().map(|v| format!("{v:?}")).collect())
+    }
+
+    #[test]
+    fn numbered_parameters_become_anonymous_bound_where_they_occur() {
+        let s = Stmt::new("UPDATE t SET a = $2, b = '$.x' WHERE id >= $1 AND c = $2").bind(7).bind("v");
+        let (sql, values) = appended(vec![s]);
+        assert_eq!(sql, "UPDATE t SET a = ?, b = '$.x' WHERE id >= ? AND c = ?");
+        assert_eq!(values, vec![r#"Text("v")"#, "Int(7)", r#"Text("v")"#]);
+    }
+
+    #[test]
+    fn statements_follow_each_other_with_their_parameters_in_order() {
+        let rows = Stmt::values(Backend::Sqlite, "INSERT INTO t (a, b)", 2, 2, "").bind(1).bind(2).bind(3).bind(4);
+        let next = Stmt::new("DELETE FROM u WHERE x = $1").bind(Some(5));
+        let (sql, values) = appended(vec![rows, next]);
+        assert_eq!(sql, "INSERT INTO t (a, b) VALUES (?, ?), (?, ?);\nDELETE FROM u WHERE x = ?");
+        assert_eq!(values, vec!["Int(1)", "Int(2)", "Int(3)", "Int(4)", "OptInt(Some(5))"]);
+    }
+}
