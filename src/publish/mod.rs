@@ -157,18 +157,27 @@ impl Publisher {
         }
     }
 
-    /// One pass over the three kinds of work. Returns whether more finalizers wait than one pass
-    /// takes ([`BATCH`]).
+    /// One pass over the kinds of work that wait ([`Store::publish_work`]). Returns whether more
+    /// finalizers wait than one pass takes ([`BATCH`]).
     pub async fn pass(&mut self) -> Result<bool, PublishError> {
         if !self.trust.is_valid() {
             return Ok(false);
         }
-        let more = self.finalizers().await?;
+        let work = self.store.publish_work().await?;
+        let more = if work.finalizers { self.finalizers().await? } else { false };
         if self.write_status {
-            self.statuses().await?;
+            if work.statuses {
+                self.statuses().await?;
+            } else {
+                self.written.clear();
+            }
         }
-        self.cleanups().await?;
-        self.releases().await?;
+        if work.cleanups {
+            self.cleanups().await?;
+        }
+        if work.releases {
+            self.releases().await?;
+        }
         Ok(more)
     }
 

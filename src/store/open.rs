@@ -116,10 +116,22 @@ impl Store {
             .pragma("wal_autocheckpoint", autocheckpoint)
             .pragma("journal_size_limit", (16 << 20).to_string())
             .statement_cache_capacity(WRITE_STATEMENTS);
-        let write = SqlitePoolOptions::new().max_connections(1).connect_with(write_options).await?;
+        // No ping before each acquire (sqlx's default): a SQLite connection is a file handle of this
+        // process with nothing to test, and the ping was one more round trip to the connection's
+        // thread per statement or transaction (see `store::script`; issue 13). A connection a failed
+        // write leaves unusable is closed by the store (`Store::settle`).
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .connect_with(write_options)
+            .await?;
         sqlx::migrate!("./migrations/sqlite").run(&write).await?;
         let read_options = options.pragma("cache_size", format!("-{READ_CACHE_KIB}"));
-        let read = SqlitePoolOptions::new().max_connections(READ_CONNECTIONS).connect_with(read_options).await?;
+        let read = SqlitePoolOptions::new()
+            .max_connections(READ_CONNECTIONS)
+            .test_before_acquire(false)
+            .connect_with(read_options)
+            .await?;
         let pools = Pools::Lite { read, write };
         let log_id = log_id(Backend::Sqlite, &pools).await?;
         Ok(Self {

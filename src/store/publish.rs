@@ -81,7 +81,32 @@ const RELEASE_HELD: Dual = Dual {
          AND (namespace, name) IN (SELECT j->>0, j->>1 FROM jsonb_array_elements($1::jsonb) AS j)",
 };
 
+/// Which kinds of write-back work wait, from one query ([`Store::publish_work`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PublishWork {
+    /// Deliveries held for the finalizer ([`Store::held_services`]).
+    pub finalizers: bool,
+    /// Services whose `status.loadBalancer` waits to be written ([`Store::status_work`]).
+    pub statuses: bool,
+    /// Cleanups of deleted Services ([`Store::cleanups`]).
+    pub cleanups: bool,
+    /// Pool addresses to release ([`Store::releases`]).
+    pub releases: bool,
+}
+
 impl Store {
+    /// Whether each kind of write-back work waits: one read instead of the four that list them. The
+    /// write-back runs a pass after every commit and every acknowledged delivery, and in the steady
+    /// state nothing waits: the four reads were four round trips to SQLite's connection threads per
+    /// pass (issue 13).
+    pub async fn publish_work(&self) -> Result<PublishWork, StoreError> {
+        let sql = "SELECT EXISTS (SELECT 1 FROM deliveries WHERE held = 1 AND state = 'pending'), \
+                   EXISTS (SELECT 1 FROM services WHERE publish IS NOT NULL), \
+                   EXISTS (SELECT 1 FROM cleanups), EXISTS (SELECT 1 FROM releases)";
+        let r = self.read_one(self.backend.query(sql)).await?;
+        Ok(PublishWork { finalizers: r.get(0), statuses: r.get(1), cleanups: r.get(2), releases: r.get(3) })
+    }
+
     /// Services with deliveries held for the finalizer (at most `limit`), by namespace and name.
     pub async fn held_services(&self, limit: i64) -> Result<Vec<ServiceKey>, StoreError> {
         // LIMIT as a literal: see the `store` module docs.
