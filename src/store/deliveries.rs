@@ -4,7 +4,7 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-use super::db::{Dual, Filter, Row};
+use super::db::{Backend, Dual, Filter, Row};
 use super::outbox::{Claimed, DeliveryInsert, NewDelivery, insert_deliveries};
 use super::script::{Script, Stmt};
 use super::{Store, StoreError, now_ms};
@@ -150,8 +150,7 @@ impl Store {
         let now = now_ms();
         let mut conn = self.writer().await?;
         let result = async {
-            let mut tx = conn.begin().await?;
-            let mut s = Script::new(&mut tx);
+            let mut s = Script::new(conn.begin().await?);
             record_attempts(&mut s, now, done).await?;
             let claimed = match claim {
                 Some((webhook, at, lease_ms, limit)) if limit > 0 => {
@@ -159,12 +158,9 @@ impl Store {
                         s.fetch_all(super::outbox::claim_stmt(s.backend(), webhook, at, lease_ms, limit)).await?;
                     super::outbox::claimed(&rows)
                 }
-                _ => {
-                    s.flush().await?;
-                    Vec::new()
-                }
+                _ => Vec::new(),
             };
-            tx.commit().await?;
+            s.commit().await?;
             Ok(claimed)
         }
         .await;
@@ -190,11 +186,9 @@ impl Store {
         let rows: Vec<DeliveryInsert<'_>> = deliveries.iter().map(|(d, key)| (d.clone(), None, key, false)).collect();
         let mut conn = self.writer().await?;
         let result = async {
-            let mut tx = conn.begin().await?;
-            let mut s = Script::new(&mut tx);
+            let mut s = Script::new(conn.begin().await?);
             insert_deliveries(&mut s, now_ms(), &rows).await?;
-            s.flush().await?;
-            tx.commit().await?;
+            s.commit().await?;
             Ok(rows.len())
         }
         .await;
@@ -341,8 +335,8 @@ pub(super) fn attempt_row(r: &Row) -> AttemptRow {
     }
 }
 
-/// Attempts per [`COMPLETE`] statement; their rows go in inserts of 64, 16, 4 and 1 rows (9
-/// parameters each; [`super::db::row_chunks`]), so a round's few texts recur.
+/// Attempts per [`COMPLETE`] statement. On SQLite their rows go in inserts of 64, 16, 4 and 1 rows
+/// (9 parameters each; [`super::db::row_chunks`]), so a round's few texts recur; on PostgreSQL in one.
 const ATTEMPT_ROWS: usize = 64;
 
 /// Sets each delivery's state after its attempt, from the JSON array ?1 of `{id, state, next,
@@ -367,13 +361,19 @@ const ATTEMPT_INSERT: &str = "INSERT INTO attempts (delivery_id, started_at, dur
 
 /// Records each attempt of `done` and the delivery's new state, then supersedes the retried ones a
 /// DELETED or SYNCED queued behind makes redundant.
-async fn record_attempts(s: &mut Script<'_, '_>, now: i64, done: &[Completion]) -> Result<(), StoreError> {
+async fn record_attempts(s: &mut Script<'_>, now: i64, done: &[Completion]) -> Result<(), StoreError> {
     // A few statements per round rather than two per attempt, all in the round's one script (see
     // `store::script`): a relay round of 32 attempts once made 64 round trips to SQLite's connection
     // thread while the watch's writer waited for its turn.
     let mut retried = Vec::new();
     for chunk in done.chunks(ATTEMPT_ROWS) {
-        for rows in super::db::row_chunks(chunk, ATTEMPT_ROWS) {
+        // On SQLite cut into pieces of few distinct sizes, the small ones joining the script; on
+        // PostgreSQL each statement is a round trip to the server, so one insert per chunk.
+        let pieces: Vec<&[Completion]> = match s.backend() {
+            Backend::Sqlite => super::db::row_chunks(chunk, ATTEMPT_ROWS).collect(),
+            Backend::Postgres => vec![chunk],
+        };
+        for rows in pieces {
             let mut q = Stmt::values(s.backend(), ATTEMPT_INSERT, rows.len(), 9, "");
             for c in rows {
                 let a = &c.attempt;

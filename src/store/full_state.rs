@@ -89,11 +89,9 @@ impl Store {
         let rows = [(d, None, &ENDPOINT_QUEUE, false)];
         let mut conn = self.writer().await?;
         let result = async {
-            let mut tx = conn.begin().await?;
-            let mut s = Script::new(&mut tx);
+            let mut s = Script::new(conn.begin().await?);
             insert_deliveries(&mut s, now_ms(), &rows).await?;
-            s.flush().await?;
-            tx.commit().await?;
+            s.commit().await?;
             Ok(())
         }
         .await;

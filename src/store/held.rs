@@ -46,7 +46,7 @@ const DELETE: Dual = Dual {
 };
 
 /// Applies the [`StateChange::Held`] changes of a batch, in order (the last one per Service wins).
-pub(super) async fn write_held(s: &mut Script<'_, '_>, changes: &[StateChange]) -> Result<(), StoreError> {
+pub(super) async fn write_held(s: &mut Script<'_>, changes: &[StateChange]) -> Result<(), StoreError> {
     let mut last = std::collections::HashMap::new();
     for change in changes {
         if let StateChange::Held { key, held } = change {

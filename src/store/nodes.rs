@@ -40,7 +40,7 @@ pub struct NodeRow {
 }
 
 /// Folds the Node changes of a batch into the last one per Node, then one upsert and one delete.
-pub(super) async fn write_nodes(s: &mut Script<'_, '_>, now: i64, changes: &[StateChange]) -> Result<(), StoreError> {
+pub(super) async fn write_nodes(s: &mut Script<'_>, now: i64, changes: &[StateChange]) -> Result<(), StoreError> {
     let mut last: HashMap<&str, Option<&ObservedNode>> = HashMap::new();
     for change in changes {
         if let StateChange::Node { name, node } = change {

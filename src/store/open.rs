@@ -118,13 +118,11 @@ impl Store {
             .statement_cache_capacity(WRITE_STATEMENTS);
         // No ping before each acquire (sqlx's default): a SQLite connection is a file handle of this
         // process with nothing to test, and the ping was one more round trip to the connection's
-        // thread per statement or transaction (see `store::script`; issue 13). A connection a failed
-        // write leaves unusable is closed by the store (`Store::settle`).
-        let write = SqlitePoolOptions::new()
-            .max_connections(1)
-            .test_before_acquire(false)
-            .connect_with(write_options)
-            .await?;
+        // thread per statement or transaction (see `store::script`; issue 13). sqlx still pings a
+        // connection as it goes back to the pool (its check after a cancelled statement). A
+        // connection a failed write leaves unusable is closed by the store (`Store::settle`).
+        let write =
+            SqlitePoolOptions::new().max_connections(1).test_before_acquire(false).connect_with(write_options).await?;
         sqlx::migrate!("./migrations/sqlite").run(&write).await?;
         let read_options = options.pragma("cache_size", format!("-{READ_CACHE_KIB}"));
         let read = SqlitePoolOptions::new()

@@ -186,7 +186,7 @@ use retried_tail;
 
 /// Supersedes the retried deliveries `ids` that a DELETED or SYNCED queued behind makes redundant
 /// ([`SUPERSEDE_RETRIED`]); part of recording their attempts.
-pub(super) async fn supersede_retried(s: &mut Script<'_, '_>, now: i64, ids: &[i64]) -> Result<(), StoreError> {
+pub(super) async fn supersede_retried(s: &mut Script<'_>, now: i64, ids: &[i64]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
@@ -223,7 +223,7 @@ pub(super) type DeliveryInsert<'a> = (NewDelivery, Option<i64>, &'a ServiceKey, 
 /// row rather than its first `MODIFIED` (or `DELETED`/`SYNCED`) is the same: both statements filter
 /// the newer rows by kind.
 pub(super) async fn insert_deliveries(
-    s: &mut Script<'_, '_>,
+    s: &mut Script<'_>,
     now: i64,
     rows: &[DeliveryInsert<'_>],
 ) -> Result<(), StoreError> {
@@ -239,15 +239,22 @@ pub(super) async fn insert_deliveries(
 
 /// [`SUPERSEDE`] and [`SUPERSEDE_BY_FULL`] on SQLite right after a batch's inserts, with $2 the
 /// number of rows the batch inserted (see [`insert_deliveries`]).
-static SUPERSEDE_AFTER_INSERT: LazyLock<[String; 2]> =
-    LazyLock::new(|| [SUPERSEDE.lite, SUPERSEDE_BY_FULL.lite].map(|sql| sql.replace(NEWER, NEWER_AFTER_INSERT)));
+static SUPERSEDE_AFTER_INSERT: LazyLock<[String; 2]> = LazyLock::new(|| {
+    [SUPERSEDE.lite, SUPERSEDE_BY_FULL.lite].map(|sql| {
+        // Once, or the statement would compare ids with a row count.
+        assert_eq!(sql.matches(NEWER).count(), 1, "the batch's condition in {sql}");
+        sql.replace(NEWER, NEWER_AFTER_INSERT)
+    })
+});
 
-/// The condition of the superseding statements on the batch's newer rows, and its form on SQLite
-/// right after the inserts.
+/// The condition of the superseding statements on the batch's newer rows (`superseding!`).
 const NEWER: &str = "m.id >= $2";
+
+/// [`NEWER`] on SQLite right after the batch's inserts, $2 the number of rows they inserted.
 const NEWER_AFTER_INSERT: &str = "m.id >= last_insert_rowid() + 1 - $2";
 
-async fn insert_in_script(s: &mut Script<'_, '_>, now: i64, rows: &[&DeliveryInsert<'_>]) -> Result<(), StoreError> {
+/// SQLite's [`insert_deliveries`]: the inserts and the superseding statements join the script.
+async fn insert_in_script(s: &mut Script<'_>, now: i64, rows: &[&DeliveryInsert<'_>]) -> Result<(), StoreError> {
     for chunk in super::db::row_chunks(rows, CHUNK) {
         s.run(delivery_chunk(s.backend(), now, chunk, "")).await?;
     }
@@ -262,6 +269,8 @@ async fn insert_in_script(s: &mut Script<'_, '_>, now: i64, rows: &[&DeliveryIns
     Ok(())
 }
 
+/// PostgreSQL's [`insert_deliveries`]: each insert returns its ids, from which the superseding
+/// statements start.
 async fn insert_returning(tx: &mut Tx<'_>, now: i64, rows: &[&DeliveryInsert<'_>]) -> Result<(), StoreError> {
     let mut first_modified: Option<i64> = None;
     let mut first_full: Option<i64> = None;

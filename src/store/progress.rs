@@ -28,7 +28,7 @@ pub struct ProgressRow {
     pub relist_count: i64,
 }
 
-pub(super) async fn write_progress(s: &mut Script<'_, '_>, now: i64, p: &WatchProgress) -> Result<(), StoreError> {
+pub(super) async fn write_progress(s: &mut Script<'_>, now: i64, p: &WatchProgress) -> Result<(), StoreError> {
     let listed_at = p.listed.map(|_| now);
     let relist = i64::from(p.listed == Some(true));
     let sql = "INSERT INTO watch_progress (scope, resource_version, last_list_at, relist_count, updated_at) \

@@ -141,24 +141,33 @@ impl Stmt {
 
     /// Appends this statement to a script's text and parameters: each `$N` becomes `?` with
     /// parameter N bound again at that place, so the script binds anonymous parameters only, in text
-    /// order (a `$` not followed by a digit, as in a JSON path `'$.a'`, is kept).
+    /// order (a `$` not followed by a digit, as in a JSON path `'$.a'`, is kept). A bind count that
+    /// does not match the placeholders would shift every later statement's parameters (SQLite binds
+    /// a missing one as NULL): debug builds, and so the tests, assert it.
     fn append_to(self, sql: &mut String, values: &mut Vec<Value>) {
         if !sql.is_empty() {
             sql.push_str(";\n");
         }
         let bytes = self.sql.as_bytes();
         if !self.sql.contains('$') {
+            debug_assert_eq!(self.sql.matches('?').count(), self.values.len(), "one value per `?`: {}", self.sql);
             sql.push_str(&self.sql);
             values.extend(self.values);
             return;
         }
+        debug_assert!(!self.sql.contains('?'), "`$N` and `?` in one statement: {}", self.sql);
+        let mut used = vec![false; self.values.len()];
         let mut i = 0;
         while i < bytes.len() {
             let digits = bytes[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
             if bytes[i] == b'$' && digits > 0 {
                 let n: usize = self.sql[i + 1..i + 1 + digits].parse().unwrap_or(0);
+                debug_assert!((1..=self.values.len()).contains(&n), "${n} without a value: {}", self.sql);
                 sql.push('?');
                 values.push(self.values.get(n.wrapping_sub(1)).cloned().unwrap_or(Value::OptText(None)));
+                if let Some(u) = used.get_mut(n.wrapping_sub(1)) {
+                    *u = true;
+                }
                 i += 1 + digits;
             } else {
                 let next = self.sql[i + 1..].find('$').map_or(bytes.len(), |k| i + 1 + k);
@@ -166,22 +175,30 @@ impl Stmt {
                 i = next;
             }
         }
+        debug_assert!(used.iter().all(|u| *u), "a value no `$N` uses: {}", self.sql);
     }
 }
 
 /// A transaction's statements in order: on SQLite the small ones are held and sent together at the
-/// next [`Script::flush`] (or before a statement that runs on its own); on PostgreSQL each runs when
-/// added. Flush before committing; a script dropped unflushed sends nothing.
-pub(super) struct Script<'t, 'c> {
-    tx: &'t mut Tx<'c>,
+/// next [`Script::flush`] (or before a statement that runs on its own, or at [`Script::commit`]); on
+/// PostgreSQL each runs when added.
+pub(super) struct Script<'c> {
+    tx: Tx<'c>,
     sql: String,
     values: Vec<Value>,
 }
 
-impl<'t, 'c> Script<'t, 'c> {
-    /// An empty script on `tx`.
-    pub(super) fn new(tx: &'t mut Tx<'c>) -> Self {
+impl<'c> Script<'c> {
+    /// An empty script on `tx`, which it owns: [`Script::commit`] sends what is held and commits;
+    /// dropped, it rolls the transaction back.
+    pub(super) fn new(tx: Tx<'c>) -> Self {
         Self { tx, sql: String::new(), values: Vec::new() }
+    }
+
+    /// Sends what is held, then commits. Errors: as [`Script::flush`], or the commit failed.
+    pub(super) async fn commit(mut self) -> Result<(), StoreError> {
+        self.flush().await?;
+        self.tx.commit().await
     }
 
     /// The backend of the transaction.
@@ -235,7 +252,7 @@ impl<'t, 'c> Script<'t, 'c> {
     /// The transaction itself, for a statement whose result is needed now: flushes first.
     pub(super) async fn tx(&mut self) -> Result<&mut Tx<'c>, StoreError> {
         self.flush().await?;
-        Ok(self.tx)
+        Ok(&mut self.tx)
     }
 }
 

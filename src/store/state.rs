@@ -288,8 +288,7 @@ impl Store {
         let mut conn = self.writer().await?;
         let now = now_ms();
         let result = async {
-            let mut tx = conn.begin().await?;
-            let mut s = Script::new(&mut tx);
+            let mut s = Script::new(conn.begin().await?);
             insert_events(&mut s, p.now, &p.events, &p.ids).await?;
             super::outbox::insert_deliveries(&mut s, now, &p.deliveries).await?;
             let b = self.backend;
@@ -319,8 +318,7 @@ impl Store {
             if let (Backend::Postgres, Some(last)) = (b, p.ids.last()) {
                 s.run(Stmt::new("SELECT pg_notify('vipwatch_events', $1)").bind(last.to_string())).await?;
             }
-            s.flush().await?;
-            tx.commit().await?;
+            s.commit().await?;
             Ok(p.ids.clone())
         }
         .await;
@@ -413,12 +411,7 @@ fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson<'_>>, StoreError>
 
 /// Inserts event rows with their assigned ids (`ids[i]` for `rows[i]`); on PostgreSQL also moves
 /// `events_id_seq` up to the highest (SQLite's AUTOINCREMENT does that by itself).
-async fn insert_events(
-    s: &mut Script<'_, '_>,
-    now: i64,
-    rows: &[EventJson<'_>],
-    ids: &[i64],
-) -> Result<(), StoreError> {
+async fn insert_events(s: &mut Script<'_>, now: i64, rows: &[EventJson<'_>], ids: &[i64]) -> Result<(), StoreError> {
     let rows: Vec<(&EventJson<'_>, i64)> = rows.iter().zip(ids.iter().copied()).collect();
     for chunk in row_chunks(&rows, EVENT_CHUNK) {
         s.run(event_chunk(s.backend(), now, chunk)).await?;
@@ -455,7 +448,7 @@ fn event_chunk(backend: Backend, now: i64, chunk: &[(&EventJson<'_>, i64)]) -> S
 }
 
 /// Upserts the state rows, 128 to a statement.
-async fn upsert_services(s: &mut Script<'_, '_>, now: i64, rows: &[UpsertRow<'_>]) -> Result<(), StoreError> {
+async fn upsert_services(s: &mut Script<'_>, now: i64, rows: &[UpsertRow<'_>]) -> Result<(), StoreError> {
     for chunk in row_chunks(rows, EVENT_CHUNK) {
         let mut q = Stmt::values(s.backend(), SERVICE_INSERT, chunk.len(), 11, UPSERT_SERVICES);
         for r in chunk {
