@@ -1,7 +1,8 @@
 //! The store: event log, current-state table, outbox, watch bookkeeping, on SQLite (the embedded
 //! default, one process) or PostgreSQL (shared by replicas). Owns every SQL statement; other modules
 //! call its typed methods. Schemas under `migrations/sqlite` and `migrations/postgres`, applied at
-//! open; statements run through [`db`]'s one API over both backends.
+//! open; statements run through [`db`]'s one API over both backends, a write transaction's small
+//! statements sent to SQLite as one query ([`script`]).
 //!
 //! Every `LIMIT` is written into the SQL as an integer literal, never bound (`LIMIT ?`): SQLite as
 //! bundled by sqlx (3.5x) looks at a bound LIMIT while planning, so such a statement is prepared
