@@ -132,11 +132,7 @@ impl Stmt {
 
     /// The statement as a [`Query`] of `backend`, to run on its own.
     pub(super) fn into_query(self, backend: Backend) -> Query {
-        let mut q = backend.query_dyn(self.sql);
-        for v in self.values {
-            q = v.bind(q);
-        }
-        q
+        bound(backend, self.sql, self.values)
     }
 
     /// Appends this statement to a script's text and parameters: each `$N` becomes `?` with
@@ -179,6 +175,11 @@ impl Stmt {
     }
 }
 
+/// `sql` on `backend` with `values` bound in order.
+fn bound(backend: Backend, sql: String, values: Vec<Value>) -> Query {
+    values.into_iter().fold(backend.query_dyn(sql), |q, v| v.bind(q))
+}
+
 /// A transaction's statements in order: on SQLite the small ones are held and sent together at the
 /// next [`Script::flush`] (or before a statement that runs on its own, or at [`Script::commit`]); on
 /// PostgreSQL each runs when added.
@@ -210,12 +211,11 @@ impl<'c> Script<'c> {
     /// (after what is held). Errors: the statements run now failed ([`StoreError`]); the
     /// transaction is then to be dropped.
     pub(super) async fn run(&mut self, stmt: Stmt) -> Result<(), StoreError> {
-        if self.backend() == Backend::Sqlite && stmt.values.len() <= JOINED_VALUES {
+        if self.joins(&stmt) {
             stmt.append_to(&mut self.sql, &mut self.values);
             return Ok(());
         }
-        self.flush().await?;
-        stmt.into_query(self.backend()).execute(self.tx.exec()).await?;
+        self.send(stmt).await?.execute(self.tx.exec()).await?;
         Ok(())
     }
 
@@ -232,21 +232,28 @@ impl<'c> Script<'c> {
     /// Adds `stmt` as the last statement and runs the script: its rows (only `stmt` may return any).
     /// Errors: as [`Script::flush`].
     pub(super) async fn fetch_all(&mut self, stmt: Stmt) -> Result<Vec<Row>, StoreError> {
-        if self.backend() == Backend::Sqlite && stmt.values.len() <= JOINED_VALUES {
-            stmt.append_to(&mut self.sql, &mut self.values);
-            return self.take().fetch_all(self.tx.exec()).await;
+        self.send(stmt).await?.fetch_all(self.tx.exec()).await
+    }
+
+    /// Whether `stmt` joins what is held (SQLite, at most [`JOINED_VALUES`] parameters).
+    fn joins(&self, stmt: &Stmt) -> bool {
+        self.backend() == Backend::Sqlite && stmt.values.len() <= JOINED_VALUES
+    }
+
+    /// The query that runs `stmt` now: what is held with `stmt` last when it joins, else `stmt` alone
+    /// once what is held ran. Errors: as [`Script::flush`].
+    async fn send(&mut self, stmt: Stmt) -> Result<Query, StoreError> {
+        if !self.joins(&stmt) {
+            self.flush().await?;
+            return Ok(stmt.into_query(self.backend()));
         }
-        self.flush().await?;
-        stmt.into_query(self.backend()).fetch_all(self.tx.exec()).await
+        stmt.append_to(&mut self.sql, &mut self.values);
+        Ok(self.take())
     }
 
     /// What is held as one query, leaving the script empty.
     fn take(&mut self) -> Query {
-        let mut q = self.backend().query_dyn(std::mem::take(&mut self.sql));
-        for v in self.values.drain(..) {
-            q = v.bind(q);
-        }
-        q
+        bound(self.backend(), std::mem::take(&mut self.sql), std::mem::take(&mut self.values))
     }
 
     /// The transaction itself, for a statement whose result is needed now: flushes first.
