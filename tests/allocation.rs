@@ -95,6 +95,45 @@ async fn allocates_in_order_writes_status_after_the_ack_and_adds_the_finalizer()
     running.stop().await.unwrap();
 }
 
+/// `EnsuringLoadBalancer` follows the upstream service controller's `needsUpdate`: a label change is
+/// delivered to the appliance but announces nothing, an annotation change is announced. The Recorder
+/// folds the repeat into the first Event's series, so its count says how many were published; the
+/// `InvalidBackendMode` Warning is published after the annotation change's own `EnsuringLoadBalancer`,
+/// so once it is there every earlier Event is too.
+#[tokio::test]
+async fn a_label_change_is_delivered_without_an_ensuring_event() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(lb_service("shop", "a", 80));
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.10-192.0.2.20"])])).await;
+    wait_k8s_event(&h.api, "a", "EnsuredLoadBalancer").await;
+    let mut svc = h.api.get("shop", "a").unwrap();
+    svc["metadata"]["labels"] = json!({"tier": "web"});
+    h.api.apply(svc.clone());
+    wait_until("the label change delivered", || async {
+        rx.accepted()
+            .into_iter()
+            .map(|h| h.json())
+            .any(|b| b["data"]["service"]["labels"] == json!({"tier": "web"}))
+            .then_some(())
+    })
+    .await;
+    svc = h.api.get("shop", "a").unwrap();
+    svc["metadata"]["annotations"] = json!({"vipwatch.io/backend-mode": "bogus"});
+    h.api.apply(svc);
+    wait_k8s_event(&h.api, "a", "InvalidBackendMode").await;
+    let ensuring: Vec<Value> = h
+        .api
+        .events()
+        .into_iter()
+        .filter(|e| e["apiVersion"] == "events.k8s.io/v1" && e["regarding"]["name"] == "a")
+        .filter(|e| e["reason"] == "EnsuringLoadBalancer")
+        .collect();
+    assert_eq!(ensuring.len(), 1, "{ensuring:?}");
+    assert_eq!(ensuring[0]["series"]["count"], 2, "the ADDED and the annotation change: {ensuring:?}");
+    running.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn requested_ips_sharing_and_impossible_requests() {
     let h = Harness::new().await;

@@ -106,7 +106,8 @@ impl Ownership {
 
     /// Kubernetes Events for a recorded change of a Service whose addresses vipwatch assigns:
     /// `IPAllocated` when it got new addresses, `AllocationFailed` when it has none and the reason is
-    /// new, `EnsuringLoadBalancer` for every ADDED/MODIFIED.
+    /// new, `EnsuringLoadBalancer` for an ADDED and for a MODIFIED of what the load balancer is made of
+    /// ([`ensures`]).
     pub fn notices(key: &ServiceKey, e: &Recorded, before: Option<&ServiceView>) -> Vec<Notice> {
         let Some(now) = e.view.allocation.as_ref().filter(|_| e.kind != ChangeKind::Deleted) else {
             return Vec::new();
@@ -124,7 +125,23 @@ impl Ownership {
                 now.pool.as_ref().map(|p| format!(" from pool {p}")).unwrap_or_else(|| " by the appliance".into());
             out.push(notice(false, "IPAllocated", format!("Assigned {}{from}", what.join(", "))));
         }
-        out.push(notice(false, "EnsuringLoadBalancer", "Ensuring load balancer".into()));
+        if ensures(e) {
+            out.push(notice(false, "EnsuringLoadBalancer", "Ensuring load balancer".into()));
+        }
         out
+    }
+}
+
+/// Whether a recorded change makes the appliance ensure the load balancer anew, which
+/// `EnsuringLoadBalancer` announces: an ADDED, or a MODIFIED of anything but the labels and the
+/// members. The upstream service controller's `needsUpdate` (k8s.io/cloud-provider, controllers/service)
+/// leaves labels out the same way; members changing are its node sync, which announces nothing per
+/// Service either. A Service relabelled 500 times a second would otherwise write an Event to the
+/// apiserver for every change (7 % of vipwatch's CPU at 500 changes/s, issue 13's burst bench).
+fn ensures(e: &Recorded) -> bool {
+    match e.kind {
+        ChangeKind::Added => true,
+        ChangeKind::Modified => e.changed.iter().any(|f| !matches!(*f, "labels" | "backends")),
+        ChangeKind::Deleted => false,
     }
 }
