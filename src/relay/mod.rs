@@ -54,9 +54,14 @@ pub enum RelayError {
     UnknownWebhook(String),
 }
 
-/// A fresh `webhook-id`: `msg_` + 32 hex digits (random; no `.`, as the spec requires).
+/// A fresh `webhook-id`: `msg_` + 32 hex digits (no `.`, as the spec requires), a UUIDv7 (RFC 9562):
+/// 48 bits of Unix milliseconds, then random bits, ordered by creation within this process. The
+/// ordering is for the database: `deliveries.msg_id` is a unique index, and a random id put every
+/// new delivery on a random leaf page of it, one more page in the WAL per change (about 110 distinct
+/// pages for a transaction of 128 changes); ordered ids go to its last page. Receivers must still
+/// treat it as opaque: only its uniqueness is promised.
 pub fn new_msg_id() -> String {
-    format!("msg_{}", uuid::Uuid::new_v4().simple())
+    format!("msg_{}", uuid::Uuid::now_v7().simple())
 }
 
 /// Enqueues a full resync for each named endpoint (all enabled endpoints when `only` is `None`): a
@@ -191,4 +196,23 @@ pub async fn start(
         tasks.spawn(d.run(committed.clone(), cancel.clone()));
     }
     Ok(tasks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_msg_id;
+
+    #[test]
+    fn message_ids_are_msg_and_32_hex_digits_unique_and_ordered_by_creation() {
+        let ids: Vec<String> = (0..10_000).map(|_| new_msg_id()).collect();
+        for id in &ids {
+            let hex = id.strip_prefix("msg_").unwrap();
+            assert_eq!(hex.len(), 32, "{id}");
+            assert!(hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{id}");
+        }
+        let mut sorted = ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, ids, "unique and already in creation order");
+    }
 }
