@@ -9,8 +9,11 @@ pub const FINALIZER: &str = "vipwatch.io/cleanup";
 
 /// Capacity of the queue of Kubernetes Events waiting to be published (notices): a writer that finds
 /// it full drops the Event and says so, so a batch never holds more than this many either (see
-/// `watch::writer::Plan::note`).
-pub const NOTICE_QUEUE: usize = 4096;
+/// `watch::writer::Plan::note`). client-go's event broadcasters queue at most 1,000 too
+/// (`maxQueuedEvents`, tools/record and tools/events) and drop the rest. At 4,096, a first list of
+/// 10,000 Services without members published 4,096 `UnAvailableLoadBalancer` Warnings, one request
+/// each, while the same Services' first deliveries and finalizer patches were going out (issue 13).
+pub const NOTICE_QUEUE: usize = 1000;
 
 /// A Kubernetes Event to publish about a Service (type `Normal` or `Warning`), with the reasons the
 /// upstream service controller uses (`EnsuringLoadBalancer`, `EnsuredLoadBalancer`,

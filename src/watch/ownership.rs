@@ -137,7 +137,7 @@ impl Ownership {
 /// members. The upstream service controller's `needsUpdate` (k8s.io/cloud-provider, controllers/service)
 /// leaves labels out the same way; members changing are its node sync, which announces nothing per
 /// Service either. A Service relabelled 500 times a second would otherwise write an Event to the
-/// apiserver for every change (7 % of vipwatch's CPU at 500 changes/s, issue 13's burst bench).
+/// apiserver for every change.
 fn ensures(e: &Recorded) -> bool {
     match e.kind {
         ChangeKind::Added => true,
