@@ -18,6 +18,9 @@
 //!    pending one, as documented); deliveries/s while the burst lasts. The baseline is a bare watch
 //!    client on the same apiserver: the same latency measured at the watch stream.
 //! 3. steady: RATE changes/s for SECONDS s, the same latency, and vipwatch's CPU time per change.
+//!
+//! The burst and the steady phase also print the bytes vipwatch wrote (`wchar` of `/proc/<pid>/io`:
+//! the WAL, the checkpoints, its requests) per change, next to the bytes the receiver got.
 
 mod common;
 
@@ -26,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::load::{Seen, name, receiver, rev_of, service, settle, steady, write};
-use common::{Process, cpu_time, pct, reset_peak_rss, rss_split_mib, wait_until};
+use common::{Process, cpu_time, pct, reset_peak_rss, rss_split_mib, wait_until, written_bytes};
 use serde_json::{Value, json};
 use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
 
@@ -185,6 +188,7 @@ async fn main() {
     bare_watch(&api, api.resource_version(), watched.clone()).await;
     let before = seen.count.load(Ordering::Relaxed);
     let (vw_cpu, own_cpu) = (cpu_time(vw.pid()), cpu_time(std::process::id()));
+    let io = Io::start(&vw, &seen);
     let start = Instant::now();
     let written = burst(&api, hot, changes, 1).await;
     let wrote = start.elapsed();
@@ -205,11 +209,13 @@ async fn main() {
         (cpu_time(vw.pid()) - vw_cpu).as_secs_f64(),
         (cpu_time(std::process::id()) - own_cpu).as_secs_f64()
     );
+    io.line("burst", changes);
     rss_line("burst", &vw);
 
     // 3. Steady rate.
     reset_peak_rss(vw.pid());
     let cpu = cpu_time(vw.pid());
+    let io = Io::start(&vw, &seen);
     let written = steady(&api, hot, rate, seconds, 1 + changes as u64).await;
     let got = settle(&seen, &written).await;
     let base = settle(&watched, &written).await;
@@ -220,6 +226,35 @@ async fn main() {
         used.as_secs_f64(),
         ms(used) / written.len() as f64
     );
+    io.line(&format!("steady {rate}/s"), written.len());
     rss_line(&format!("steady {rate}/s"), &vw);
     vw.stop();
+}
+
+/// Bytes vipwatch writes during a phase (`wchar`: its WAL frames, its checkpoints' pages, its requests)
+/// next to the bytes the receiver got in the same phase: how much vipwatch writes per byte it
+/// delivers. Not timing, so steadier from run to run than CPU or latency.
+struct Io<'a> {
+    pid: u32,
+    seen: &'a Seen,
+    written: u64,
+    delivered: usize,
+}
+
+impl<'a> Io<'a> {
+    fn start(vw: &Process, seen: &'a Seen) -> Self {
+        Self { pid: vw.pid(), seen, written: written_bytes(vw.pid()), delivered: seen.bytes.load(Ordering::Relaxed) }
+    }
+
+    fn line(&self, phase: &str, changes: usize) {
+        let written = (written_bytes(self.pid) - self.written) as f64;
+        let delivered = (self.seen.bytes.load(Ordering::Relaxed) - self.delivered) as f64;
+        println!(
+            "  {phase}: vipwatch wrote {:.1} MB, {:.1} KB per change (bytes delivered: {:.1} MB; ratio {:.1})",
+            written / 1e6,
+            written / 1e3 / changes as f64,
+            delivered / 1e6,
+            written / delivered
+        );
+    }
 }

@@ -26,6 +26,8 @@ pub type Arrivals = HashMap<String, Vec<(u64, Instant)>>;
 pub struct Seen {
     pub by_name: Arc<Mutex<Arrivals>>,
     pub count: Arc<AtomicUsize>,
+    /// Body bytes the receiver got (0 for a bare watch).
+    pub bytes: Arc<AtomicUsize>,
 }
 
 impl Seen {
@@ -90,6 +92,7 @@ async fn serve_receiver(listener: tokio::net::TcpListener, seen: Seen) {
     let app = Router::new()
         .fallback(|State(seen): State<Seen>, body: Bytes| async move {
             let now = Instant::now();
+            seen.bytes.fetch_add(body.len(), Ordering::Relaxed);
             if let Ok(v) = serde_json::from_slice::<Value>(&body) {
                 let svc = &v["data"]["service"];
                 seen.note(svc["name"].as_str().unwrap_or(""), rev_of(svc), now);

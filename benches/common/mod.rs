@@ -84,6 +84,13 @@ pub fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
 }
 
+/// Bytes `pid` has written so far through write system calls (`wchar` of `/proc/<pid>/io`: files and
+/// sockets alike, whether or not they reached the disk yet).
+pub fn written_bytes(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    io.lines().find_map(|l| l.strip_prefix("wchar:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
 /// Prints this process's peak RSS next to `before` (its peak before vipwatch started in it), for the
 /// benchmarks that run vipwatch in-process: the figure includes the fake apiserver and the load.
 pub fn report_own_peak_rss(before: f64) {
