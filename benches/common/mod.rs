@@ -87,8 +87,11 @@ pub fn cpu_time(pid: u32) -> Duration {
 /// Bytes `pid` has written so far through write system calls (`wchar` of `/proc/<pid>/io`: files and
 /// sockets alike, whether or not they reached the disk yet).
 pub fn written_bytes(pid: u32) -> u64 {
-    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
-    io.lines().find_map(|l| l.strip_prefix("wchar:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).expect("/proc/<pid>/io (Linux, same user)");
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("wchar in /proc/<pid>/io")
 }
 
 /// Prints this process's peak RSS next to `before` (its peak before vipwatch started in it), for the

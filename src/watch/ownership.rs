@@ -125,7 +125,7 @@ impl Ownership {
                 now.pool.as_ref().map(|p| format!(" from pool {p}")).unwrap_or_else(|| " by the appliance".into());
             out.push(notice(false, "IPAllocated", format!("Assigned {}{from}", what.join(", "))));
         }
-        if ensures(e) {
+        if ensures(e.kind, &e.changed) {
             out.push(notice(false, "EnsuringLoadBalancer", "Ensuring load balancer".into()));
         }
         out
@@ -138,10 +138,33 @@ impl Ownership {
 /// leaves labels out the same way; members changing are its node sync, which announces nothing per
 /// Service either. A Service relabelled 500 times a second would otherwise write an Event to the
 /// apiserver for every change.
-fn ensures(e: &Recorded) -> bool {
-    match e.kind {
+fn ensures(kind: ChangeKind, changed: &[&str]) -> bool {
+    match kind {
         ChangeKind::Added => true,
-        ChangeKind::Modified => e.changed.iter().any(|f| !matches!(*f, "labels" | "backends")),
+        ChangeKind::Modified => changed.iter().any(|f| !matches!(*f, "labels" | "backends")),
         ChangeKind::Deleted => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ensures;
+    use crate::model::ChangeKind::{Added, Deleted, Modified};
+
+    #[test]
+    fn ensuring_is_announced_for_what_the_load_balancer_is_made_of_and_not_for_labels_or_members() {
+        let cases: [(_, &[&str], bool); 8] = [
+            (Added, &[], true),
+            (Modified, &["labels"], false),
+            (Modified, &["backends"], false),
+            (Modified, &["labels", "backends"], false),
+            (Modified, &["ports"], true),
+            (Modified, &["allocation"], true),
+            (Modified, &["labels", "annotations"], true),
+            (Deleted, &[], false),
+        ];
+        for (kind, changed, want) in cases {
+            assert_eq!(ensures(kind, changed), want, "{kind:?} {changed:?}");
+        }
     }
 }
