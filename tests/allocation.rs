@@ -40,12 +40,18 @@ fn vip(ip: &str) -> Value {
     json!([{"ip": ip, "ipMode": "VIP"}])
 }
 
-/// `(reason, note)` of the Kubernetes Events (events.k8s.io/v1, as vipwatch writes them) about `name`,
-/// in order.
-fn k8s_events(api: &FakeApiServer, name: &str) -> Vec<(String, String)> {
+/// The Kubernetes Events (events.k8s.io/v1, as vipwatch writes them) about `name`, in order.
+fn k8s_event_objects(api: &FakeApiServer, name: &str) -> Vec<Value> {
     api.events()
-        .iter()
+        .into_iter()
         .filter(|e| e["apiVersion"] == "events.k8s.io/v1" && e["regarding"]["name"] == name)
+        .collect()
+}
+
+/// `(reason, note)` of [`k8s_event_objects`].
+fn k8s_events(api: &FakeApiServer, name: &str) -> Vec<(String, String)> {
+    k8s_event_objects(api, name)
+        .iter()
         .map(|e| (e["reason"].as_str().unwrap_or("").to_owned(), e["note"].as_str().unwrap_or("").to_owned()))
         .collect()
 }
@@ -122,13 +128,8 @@ async fn a_label_change_is_delivered_without_an_ensuring_event() {
     svc["metadata"]["annotations"] = json!({"vipwatch.io/backend-mode": "bogus"});
     h.api.apply(svc);
     wait_k8s_event(&h.api, "a", "InvalidBackendMode").await;
-    let ensuring: Vec<Value> = h
-        .api
-        .events()
-        .into_iter()
-        .filter(|e| e["apiVersion"] == "events.k8s.io/v1" && e["regarding"]["name"] == "a")
-        .filter(|e| e["reason"] == "EnsuringLoadBalancer")
-        .collect();
+    let ensuring: Vec<Value> =
+        k8s_event_objects(&h.api, "a").into_iter().filter(|e| e["reason"] == "EnsuringLoadBalancer").collect();
     assert_eq!(ensuring.len(), 1, "{ensuring:?}");
     assert_eq!(ensuring[0]["series"]["count"], 2, "the ADDED and the annotation change: {ensuring:?}");
     running.stop().await.unwrap();
