@@ -56,12 +56,13 @@ pub enum RelayError {
 
 /// A fresh `webhook-id`: `msg_` + 32 hex digits (no `.`, as the spec requires), a UUIDv7 (RFC 9562):
 /// 48 bits of Unix milliseconds, then a counter seeded at random each millisecond, then random bits;
-/// ordered by creation within this process (the `uuid` crate's shared context, which also holds
-/// the order when the clock steps back). An id shows when it was made. The
-/// ordering is for the database: `deliveries.msg_id` is a unique index, and a random id put every
-/// new delivery on a random leaf page of it, one more page in the WAL per change (about 110 distinct
-/// pages for a transaction of 128 changes); ordered ids go to its last page. Receivers must still
-/// treat it as opaque: only its uniqueness is promised.
+/// ordered by creation within this process (the `uuid` crate's shared context, which also holds the
+/// order when the clock steps back). An id shows when it was made.
+///
+/// The ordering is for the database: `deliveries.msg_id` is a unique index, and a random id put
+/// every new delivery on a random leaf page of it, one more page in the WAL per change (about 110
+/// distinct pages for a transaction of 128 changes); ordered ids go to its last page. Receivers must
+/// still treat it as opaque: only its uniqueness is promised.
 pub fn new_msg_id() -> String {
     format!("msg_{}", uuid::Uuid::now_v7().simple())
 }
