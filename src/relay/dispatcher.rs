@@ -3,6 +3,11 @@
 //! circuit is open (see [`super::circuit`]) it sends one probe at a time instead. Stops claiming on
 //! shutdown and lets in-flight attempts finish within `relay.shutdown_grace`.
 //!
+//! Its writes ride the watch's write transactions where they can (`store::riders`): while it has
+//! free slots it leaves a standing claim that the watch's next commit runs after its inserts, so the
+//! deliveries of a commit come with the commit, and a round of finished attempts waits for a commit
+//! due within a few ms rather than commit on its own.
+//!
 //! When the database cannot be written (disk full, locked), the dispatcher backs off
 //! ([`Store::write_backoff`]) instead of claiming again at once, and keeps the outcomes it could not
 //! record in memory, recording them before it claims anything else: an attempt that succeeded is not
@@ -25,10 +30,11 @@ use super::templated::Transport;
 use crate::config::{RelayConfig, RetryConfig};
 use crate::metrics::Metrics;
 use crate::model::Feedback;
-use crate::store::{Claimed, Completion, Outcome, Store, StoreError, now_ms};
+use crate::store::{Claimed, Completion, Outcome, StandingClaim, Store, StoreError, Taken, now_ms};
 
 /// Least time between the starts of two rounds on the database (claims, recorded outcomes). Each
-/// round is a transaction on the one write connection and writes its pages into the WAL; at 500
+/// round is a transaction on the one write connection (its own, or the watch's it rides) and writes
+/// its pages into the WAL; at 500
 /// changes/s a round per finished attempt plus one per commit of the watch cost more than the
 /// attempts themselves (issue 13). Attempts that finish within the interval are recorded together,
 /// with the claim of the next heads, in one round, which starts as soon as the last attempt in
@@ -146,6 +152,15 @@ async fn gather(
     done
 }
 
+/// What a standing claim took once a write transaction carried it (`None` when that failed); then
+/// the claim is gone from `standing`. Never resolves without one.
+async fn standing_carried(standing: &mut Option<StandingClaim>) -> Option<Taken> {
+    let Some(claim) = standing.as_mut() else { return std::future::pending().await };
+    let taken = claim.carried().await;
+    *standing = None;
+    taken
+}
+
 /// Waits until [`ROUND_INTERVAL`] has passed since the last round started, then starts this one.
 async fn spaced(last_round: &mut tokio::time::Instant) {
     tokio::time::sleep_until(*last_round + ROUND_INTERVAL).await;
@@ -153,8 +168,9 @@ async fn spaced(last_round: &mut tokio::time::Instant) {
 }
 
 impl Dispatcher {
-    /// Runs until `cancel`; wakes on every commit (`committed`), on finished attempts, when the next
-    /// retry is due, and every `relay.poll_interval` (work enqueued by another process).
+    /// Runs until `cancel`; wakes on every commit (`committed`; when the commit already ran this
+    /// loop's standing claim, it claims nothing more), on finished attempts, when the next retry is
+    /// due, and every `relay.poll_interval` (work enqueued by another process).
     pub async fn run(self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
         let mut in_flight = InFlight::new();
         let mut health = Health {
@@ -172,6 +188,13 @@ impl Dispatcher {
         let mut last_round = tokio::time::Instant::now();
         // Whether the last round already claimed for the free slots (then only a wake-up claims again).
         let mut claimed = false;
+        // The highest event id whose commit carried a claim of ours, after its inserts: woken for
+        // that commit, there is nothing new to claim. And the last `committed` value seen: a wake-up
+        // that does not raise it (the publisher's pulse after letting held deliveries go, a repeated
+        // notification) is not a new commit, and claims.
+        let mut claimed_through = 0;
+        let mut seen_commit = *committed.borrow();
+        let mut woken_by_commit = false;
         loop {
             if !store.waiting() {
                 self.record(&mut store).await;
@@ -194,19 +217,78 @@ impl Dispatcher {
                 None => self.relay.poll_interval,
             };
             let backing_off = store.waiting();
+            let mut standing = self.stand(disabled, &in_flight, &health.circuit, &store);
             tokio::select! {
-                _ = cancel.cancelled() => break,
+                _ = cancel.cancelled() => {
+                    // Heads a commit claimed for us meanwhile go out within the shutdown grace
+                    // (`drain`) rather than stay leased.
+                    self.withdraw(standing.take(), &mut in_flight, &mut health.circuit, &mut claimed_through).await;
+                    break;
+                }
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    // First the standing claim's heads, if it ran: they count against the free slots.
+                    self.withdraw(standing.take(), &mut in_flight, &mut health.circuit, &mut claimed_through).await;
                     let done = gather(joined, &mut in_flight, &mut last_round).await;
                     let done = done.into_iter().filter_map(|r| r.ok().flatten()).collect();
                     let refill = (!disabled).then_some(&mut in_flight);
-                    claimed = self.finish(done, &mut health, &mut store, refill).await;
+                    claimed = self.finish(done, &mut health, &mut store, refill, &mut claimed_through).await;
                 }
-                changed = committed.changed(), if committed_open && !backing_off => committed_open = changed.is_ok(),
+                Some(taken) = standing_carried(&mut standing) => {
+                    store.succeeded();
+                    claimed_through = claimed_through.max(taken.through.unwrap_or(0));
+                    self.start(taken.heads, &mut in_flight, &mut health.circuit);
+                    // This pass's claim is made; the commit's own wake-up follows (see below).
+                    claimed = true;
+                }
+                changed = committed.changed(), if committed_open && !backing_off => {
+                    committed_open = changed.is_ok();
+                    woken_by_commit = committed_open;
+                }
                 _ = tokio::time::sleep(nap) => {}
+            }
+            self.withdraw(standing, &mut in_flight, &mut health.circuit, &mut claimed_through).await;
+            // Woken only for a new commit whose deliveries a claim of ours already saw: nothing to
+            // claim. Any other wake-up (a due retry, the publisher's pulse, a later commit) claims.
+            if std::mem::take(&mut woken_by_commit) {
+                let commit = *committed.borrow_and_update();
+                claimed |= commit > seen_commit && commit <= claimed_through;
+                seen_commit = commit;
             }
         }
         self.drain(in_flight, &mut health, &mut store).await;
+    }
+
+    /// A claim for the free slots to ride the watch's next write transaction
+    /// ([`Store::stand_claim`]), when this pass would claim at all: not while disabled, backing off
+    /// or holding unrecorded outcomes, and only for as many slots as [`Dispatcher::fill`] would take.
+    fn stand(
+        &self,
+        disabled: bool,
+        in_flight: &InFlight,
+        circuit: &Circuit,
+        store: &StoreRetry,
+    ) -> Option<StandingClaim> {
+        if disabled || store.waiting() || !store.unrecorded.is_empty() {
+            return None;
+        }
+        let free = self.free_slots(in_flight, circuit, now_ms());
+        (free > 0).then(|| self.store.stand_claim(&self.name, self.lease_ms(), free))
+    }
+
+    /// Takes back a standing claim; if a write transaction ran it meanwhile, starts the heads it
+    /// took and raises `claimed_through` to that transaction's highest event id.
+    async fn withdraw(
+        &self,
+        standing: Option<StandingClaim>,
+        in_flight: &mut InFlight,
+        circuit: &mut Circuit,
+        claimed_through: &mut i64,
+    ) {
+        let Some(standing) = standing else { return };
+        if let Some(taken) = self.store.withdraw_claim(standing).await {
+            *claimed_through = (*claimed_through).max(taken.through.unwrap_or(0));
+            self.start(taken.heads, in_flight, circuit);
+        }
     }
 
     /// Records the outcomes kept in memory because the database refused them earlier.
@@ -335,6 +417,7 @@ impl Dispatcher {
         health: &mut Health,
         store: &mut StoreRetry,
         refill: Option<&mut InFlight>,
+        claimed_through: &mut i64,
     ) -> bool {
         let now = now_ms();
         let mut completions = Vec::with_capacity(done.len());
@@ -382,14 +465,17 @@ impl Dispatcher {
                     error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, attempts = completions.len(), "cannot record attempts; kept in memory and recorded when the database takes writes again (not sent again)");
                     store.unrecorded = completions;
                 }
-                Ok(heads) => {
+                Ok(taken) => {
                     claimed = claim.is_some();
+                    if claimed {
+                        *claimed_through = (*claimed_through).max(taken.through.unwrap_or(0));
+                    }
                     store.succeeded();
                     if completions.iter().any(|c| c.outcome == Outcome::Succeeded) {
                         self.acked.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     if let Some(in_flight) = refill {
-                        self.start(heads, in_flight, &mut health.circuit);
+                        self.start(taken.heads, in_flight, &mut health.circuit);
                     }
                 }
             }
@@ -496,7 +582,7 @@ impl Dispatcher {
             warn!(webhook = %self.name, abandoned = in_flight.len(), "shutdown grace over; unfinished deliveries stay pending");
             in_flight.abort_all();
         }
-        self.finish(done, health, store, None).await;
+        self.finish(done, health, store, None, &mut 0).await;
         self.warn_unrecorded(store);
     }
 

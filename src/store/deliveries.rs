@@ -5,7 +5,9 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 use super::db::{Backend, Dual, Filter, Row};
+use super::health::WriteConn;
 use super::outbox::{Claimed, DeliveryInsert, NewDelivery, insert_deliveries};
+use super::riders::{Ride, Taken};
 use super::script::{Script, Stmt};
 use super::{Store, StoreError, now_ms};
 use crate::model::ServiceKey;
@@ -142,13 +144,53 @@ impl Store {
     /// connection — [`Store::claim`] with `claim = (webhook, now, lease_ms, limit)` when given and
     /// `limit > 0`. One turn per round of attempts instead of two: during a burst every turn waits for
     /// a chunk of the watch's writes. Both or neither happen.
+    ///
+    /// The round may be carried by the watch's write transaction instead (`store::riders`): while
+    /// it waits in line for its turn, and before that, when the watch's writer said it will commit
+    /// within 5 ms ([`Store::expect_write`]), until 1 ms after that commit is due. Its claim then runs
+    /// after that transaction's inserts, at the time it runs. Otherwise, or when that transaction
+    /// fails, it runs on its own when its turn comes. Returns what the claim took. Errors: those of
+    /// the round run on its own ([`StoreError`]); nothing of it is committed then.
     pub async fn complete_and_claim(
         &self,
         done: &[Completion],
         claim: Option<(&str, i64, i64, usize)>,
+    ) -> Result<Taken, StoreError> {
+        let carried = claim.map(|(webhook, _, lease_ms, limit)| (webhook.to_owned(), lease_ms, limit));
+        let (ticket, mut ride) = self.riders.board(done.to_vec(), carried);
+        let conn = tokio::select! {
+            biased;
+            outcome = &mut ride => match outcome {
+                Ok(Ride::Done(taken)) => return Ok(taken),
+                Ok(Ride::NotCarried) | Err(_) => self.writer().await,
+            },
+            conn = async {
+                if let Some(at) = self.riders.wait_until() {
+                    tokio::time::sleep_until(at).await;
+                }
+                self.writer().await
+            } => {
+                if !self.riders.withdraw(ticket) {
+                    // Taken by a transaction that held the turn before: its answer is on the way.
+                    if let Ok(Ride::Done(taken)) = ride.await {
+                        return Ok(taken);
+                    }
+                }
+                conn
+            }
+        };
+        let heads = self.complete_and_claim_alone(conn?, done, claim).await?;
+        Ok(Taken { heads, through: None })
+    }
+
+    /// [`Store::complete_and_claim`] in a transaction of its own on `conn`.
+    async fn complete_and_claim_alone(
+        &self,
+        mut conn: WriteConn,
+        done: &[Completion],
+        claim: Option<(&str, i64, i64, usize)>,
     ) -> Result<Vec<Claimed>, StoreError> {
         let now = now_ms();
-        let mut conn = self.writer().await?;
         let result = async {
             let mut s = Script::new(conn.begin().await?);
             record_attempts(&mut s, now, done).await?;
@@ -361,7 +403,7 @@ const ATTEMPT_INSERT: &str = "INSERT INTO attempts (delivery_id, started_at, dur
 
 /// Records each attempt of `done` and the delivery's new state, then supersedes the retried ones a
 /// DELETED or SYNCED queued behind makes redundant.
-async fn record_attempts(s: &mut Script<'_>, now: i64, done: &[Completion]) -> Result<(), StoreError> {
+pub(super) async fn record_attempts(s: &mut Script<'_>, now: i64, done: &[Completion]) -> Result<(), StoreError> {
     // A few statements per round rather than two per attempt, all in the round's one script (see
     // `store::script`): a relay round of 32 attempts once made 64 round trips to SQLite's connection
     // thread while the watch's writer waited for its turn.

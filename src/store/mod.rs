@@ -25,6 +25,7 @@ mod outbox;
 mod progress;
 mod publish;
 mod queries;
+mod riders;
 mod script;
 mod state;
 mod statistics;
@@ -47,6 +48,7 @@ pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, Recorde
 pub use progress::{ProgressRow, WatchProgress};
 pub use publish::{Acks, CleanupWork, PublishWork, ReleaseWork, StatusWork};
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};
+pub use riders::{StandingClaim, Taken};
 pub use state::{Cleanup, Prepared, ServiceRow, StateChange};
 
 /// Handle on the database. Cheap to clone. Reads use a pool of connections; every write goes
@@ -61,6 +63,8 @@ pub struct Store {
     pools: db::Pools,
     /// Whose turn it is on `write` (see `Store::writer`).
     turns: std::sync::Arc<turns::Turns>,
+    /// Relay rounds waiting for the watch's write transaction to carry them (`riders`).
+    riders: std::sync::Arc<riders::Riders>,
     log_id: std::sync::Arc<str>,
     health: std::sync::Arc<health::Health>,
     /// Set on a leader's store (PostgreSQL): every write transaction is fenced by it ([`Store::fenced`]).

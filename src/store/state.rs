@@ -281,12 +281,14 @@ impl Store {
     /// Writes a prepared chunk in ONE transaction (one commit): all or nothing; the state table ends
     /// as if each change were applied in order. Rows other than the events (deliveries' `created_at`
     /// and due time, `updated_at`s) take the time of this attempt, so a write retried for hours does
-    /// not enqueue deliveries that already look hours old. Returns the event ids, ascending. Errors:
+    /// not enqueue deliveries that already look hours old. The relay's rounds and standing claims
+    /// waiting then ride along at its end, after its inserts (`store::riders`). Returns the event ids, ascending. Errors:
     /// [`StoreError`]; nothing is written then. An id already taken (another writer, which the lock
     /// file rules out) fails as a unique-constraint error: see [`StoreError::is_event_id_taken`].
     pub async fn write(&self, p: &Prepared<'_>) -> Result<Vec<i64>, StoreError> {
         let mut conn = self.writer().await?;
         let now = now_ms();
+        let mut riders = Vec::new();
         let result = async {
             let mut s = Script::new(conn.begin().await?);
             insert_events(&mut s, p.now, &p.events, &p.ids).await?;
@@ -318,10 +320,18 @@ impl Store {
             if let (Backend::Postgres, Some(last)) = (b, p.ids.last()) {
                 s.run(Stmt::new("SELECT pg_notify('vipwatch_events', $1)").bind(last.to_string())).await?;
             }
+            // Last, so that their claims see this transaction's deliveries.
+            riders = self.riders.take();
+            let heads = super::riders::carry(&mut s, &riders).await?;
             s.commit().await?;
-            Ok(p.ids.clone())
+            Ok((p.ids.clone(), heads))
         }
         .await;
+        let (result, heads) = match result {
+            Ok((ids, heads)) => (Ok(ids), Some(heads)),
+            Err(e) => (Err(e), None),
+        };
+        super::riders::answer(riders, heads, p.ids.last().copied());
         self.settle(conn, result)
     }
 

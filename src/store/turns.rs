@@ -48,6 +48,12 @@ impl Turns {
         self.given.load(Ordering::Relaxed)
     }
 
+    /// Writers in line now, the one writing included (tests).
+    #[cfg(test)]
+    pub(super) fn in_line(&self) -> usize {
+        self.in_line.load(Ordering::Relaxed)
+    }
+
     /// Whether a turn was given since `mark` or a writer is in line now. Asked by a writer outside its
     /// own turn, with the mark taken before it asked for its last turn plus one (its own): `true`
     /// means someone else used or wants the connection too.

@@ -172,6 +172,7 @@ impl Writer {
             while let Some(mut plan) = rx.recv().await {
                 let due = last + COMMIT_INTERVAL;
                 if plan.changes.len() < CHUNK_CHANGES && tokio::time::Instant::now() < due {
+                    writer.store.expect_write(Some(due));
                     tokio::time::sleep_until(due).await;
                 }
                 while let Ok(more) = rx.try_recv() {
@@ -179,6 +180,7 @@ impl Writer {
                 }
                 last = tokio::time::Instant::now();
                 writer.commit(plan).await;
+                writer.store.expect_write(None);
             }
         });
         (tx, task)
