@@ -2,8 +2,8 @@
 //!
 //! A relay round ([`Store::complete_and_claim`]: record the finished attempts, claim the next heads)
 //! and a relay claim ([`Store::claim`], after a commit woke the relay) were transactions of their
-//! own on the one write connection. At 500 changes/s that made about 0.66 transactions per change
-//! (the watch's commits, every 5 ms, and as many of the relay's), each writing into the WAL the
+//! own on the one write connection. At 500 changes/s that made about 0.62 transactions per change
+//! (the watch's commits, every 5 ms, and about as many of the relay's), each writing into the WAL the
 //! pages it touched: the delivery rows a round claims and completes are the ones the writer just
 //! inserted, on the same pages.
 //!
@@ -24,9 +24,9 @@
 //! statement does not fail the writer's transaction, unless SQLite rolled the whole transaction back
 //! (a full disk, an I/O error), which the writer's own statements would have met all the same; the
 //! writer retries then, as always. Measured with `cargo bench --bench burst` at 500 changes/s:
-//! about 0.39 transactions per change instead of 0.66 (per second about 165 of the watch's commits,
-//! carrying one rider each, and 30 rounds on their own; counters in an experimental build), and
-//! steady-state latency and bytes written per change lower (README, Benchmarks → burst).
+//! about 0.39 transactions per change instead of about 0.62 (per second about 165 of the watch's
+//! commits, carrying one rider each, and 30 rounds on their own; counters in an experimental
+//! build), and steady-state latency and bytes written per change lower (README, Benchmarks → burst).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
