@@ -259,18 +259,24 @@ mod tests {
     use crate::model::ServiceKey;
     use crate::store::{AttemptRecord, Completion, NewDelivery, NoOutbox, Outcome, Store, StoreError, now_ms};
 
-    /// A store on a fresh SQLite file with one pending delivery of endpoint `w`; its id.
-    async fn one_pending() -> (tempfile::TempDir, Store, i64) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+    /// Enqueues a `SYNCED` delivery to endpoint `webhook` on the queue of Service `ns/name`.
+    async fn enqueue(store: &Store, webhook: &str, name: &str) {
         let d = NewDelivery {
-            webhook: "w".into(),
+            webhook: webhook.into(),
             kind: "SYNCED",
             msg_id: crate::relay::new_msg_id(),
             payload: "{}".into(),
             coalesce_ms: None,
         };
-        store.enqueue_synced(vec![(d, ServiceKey::new("ns", "a"))]).await.unwrap();
+        store.enqueue_synced(vec![(d, ServiceKey::new("ns", name))]).await.unwrap();
+    }
+
+    /// A store on a fresh SQLite file with one delivery of endpoint `w` (Service `ns/a`), claimed
+    /// with a lease that is already over; its id.
+    async fn one_pending() -> (tempfile::TempDir, Store, i64) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        enqueue(&store, "w", "a").await;
         let claimed = store.claim("w", now_ms(), 0, 1).await.unwrap();
         (dir, store, claimed[0].id)
     }
@@ -342,14 +348,7 @@ mod tests {
     #[tokio::test]
     async fn a_round_waiting_behind_a_write_is_carried_by_its_transaction() {
         let (_dir, store, first) = one_pending().await;
-        let d = NewDelivery {
-            webhook: "w".into(),
-            kind: "SYNCED",
-            msg_id: crate::relay::new_msg_id(),
-            payload: "{}".into(),
-            coalesce_ms: None,
-        };
-        store.enqueue_synced(vec![(d, ServiceKey::new("ns", "a"))]).await.unwrap();
+        enqueue(&store, "w", "a").await;
 
         let (claimed, wrote, turns) = round_behind_a_write(&store, vec![succeeded(first)]).await;
         assert_eq!((claimed.unwrap(), wrote, turns), (vec![first + 1], true, 1));
@@ -363,14 +362,7 @@ mod tests {
     async fn a_standing_claim_rides_the_next_write_and_one_withdrawn_claims_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("t.db")).await.unwrap();
-        let d = NewDelivery {
-            webhook: "w".into(),
-            kind: "SYNCED",
-            msg_id: crate::relay::new_msg_id(),
-            payload: "{}".into(),
-            coalesce_ms: None,
-        };
-        store.enqueue_synced(vec![(d, ServiceKey::new("ns", "a"))]).await.unwrap();
+        enqueue(&store, "w", "a").await;
 
         let withdrawn = store.stand_claim("w", 60_000, 4);
         assert_eq!(store.withdraw_claim(withdrawn).await, None);
@@ -389,14 +381,7 @@ mod tests {
     #[tokio::test]
     async fn a_failing_round_does_not_keep_another_endpoints_round_from_being_carried() {
         let (_dir, store, first) = one_pending().await;
-        let d = NewDelivery {
-            webhook: "v".into(),
-            kind: "SYNCED",
-            msg_id: crate::relay::new_msg_id(),
-            payload: "{}".into(),
-            coalesce_ms: None,
-        };
-        store.enqueue_synced(vec![(d, ServiceKey::new("ns", "b"))]).await.unwrap();
+        enqueue(&store, "v", "b").await;
 
         let rounds = vec![("w", vec![succeeded(first), succeeded(999)]), ("v", vec![])];
         let (results, wrote, turns) = rounds_behind_a_write(&store, rounds).await;
