@@ -194,7 +194,6 @@ impl Dispatcher {
         // notification) is not a new commit, and claims.
         let mut claimed_through = 0;
         let mut seen_commit = *committed.borrow();
-        let mut woken_by_commit = false;
         loop {
             if !store.waiting() {
                 self.record(&mut store).await;
@@ -218,6 +217,7 @@ impl Dispatcher {
             };
             let backing_off = store.waiting();
             let mut standing = self.stand(disabled, &in_flight, &health.circuit, &store);
+            let mut woken_by_commit = false;
             tokio::select! {
                 _ = cancel.cancelled() => {
                     // Heads a commit claimed for us meanwhile go out within the shutdown grace
@@ -235,8 +235,7 @@ impl Dispatcher {
                 }
                 Some(taken) = standing_carried(&mut standing) => {
                     store.succeeded();
-                    claimed_through = claimed_through.max(taken.through.unwrap_or(0));
-                    self.start(taken.heads, &mut in_flight, &mut health.circuit);
+                    self.start_taken(taken, &mut in_flight, &mut health.circuit, &mut claimed_through);
                     // This pass's claim is made; the commit's own wake-up follows (see below).
                     claimed = true;
                 }
@@ -249,7 +248,7 @@ impl Dispatcher {
             self.withdraw(standing, &mut in_flight, &mut health.circuit, &mut claimed_through).await;
             // Woken only for a new commit whose deliveries a claim of ours already saw: nothing to
             // claim. Any other wake-up (a due retry, the publisher's pulse, a later commit) claims.
-            if std::mem::take(&mut woken_by_commit) {
+            if woken_by_commit {
                 let commit = *committed.borrow_and_update();
                 claimed |= commit > seen_commit && commit <= claimed_through;
                 seen_commit = commit;
@@ -286,9 +285,15 @@ impl Dispatcher {
     ) {
         let Some(standing) = standing else { return };
         if let Some(taken) = self.store.withdraw_claim(standing).await {
-            *claimed_through = (*claimed_through).max(taken.through.unwrap_or(0));
-            self.start(taken.heads, in_flight, circuit);
+            self.start_taken(taken, in_flight, circuit, claimed_through);
         }
+    }
+
+    /// Starts the heads a carried claim took and raises `claimed_through` to the carrying
+    /// transaction's highest event id.
+    fn start_taken(&self, taken: Taken, in_flight: &mut InFlight, circuit: &mut Circuit, claimed_through: &mut i64) {
+        *claimed_through = (*claimed_through).max(taken.through.unwrap_or(0));
+        self.start(taken.heads, in_flight, circuit);
     }
 
     /// Records the outcomes kept in memory because the database refused them earlier.

@@ -282,9 +282,10 @@ impl Store {
     /// as if each change were applied in order. Rows other than the events (deliveries' `created_at`
     /// and due time, `updated_at`s) take the time of this attempt, so a write retried for hours does
     /// not enqueue deliveries that already look hours old. The relay's rounds and standing claims
-    /// waiting then ride along at its end, after its inserts (`store::riders`). Returns the event ids, ascending. Errors:
-    /// [`StoreError`]; nothing is written then. An id already taken (another writer, which the lock
-    /// file rules out) fails as a unique-constraint error: see [`StoreError::is_event_id_taken`].
+    /// waiting then ride along at its end, after its inserts (`store::riders`). Returns the event
+    /// ids, ascending. Errors: [`StoreError`]; nothing is written then. An id already taken (another
+    /// writer, which the lock file rules out) fails as a unique-constraint error: see
+    /// [`StoreError::is_event_id_taken`].
     pub async fn write(&self, p: &Prepared<'_>) -> Result<Vec<i64>, StoreError> {
         let mut conn = self.writer().await?;
         let now = now_ms();
