@@ -153,12 +153,21 @@ async fn healthcheck(url: url::Url) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn serve(config: Config) -> anyhow::Result<()> {
-    let listen = config.server.listen;
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
-    vipwatch::app::run(config, listener, shutdown_signal()).await?;
-    Ok(())
+/// Runs the controller on a runtime of `server.worker_threads` workers (one by default, see
+/// [`vipwatch::config::ServerConfig::worker_threads`]).
+fn serve(config: Config) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.server.worker_threads)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listen = config.server.listen;
+        let listener =
+            tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+        vipwatch::app::run(config, listener, shutdown_signal()).await?;
+        Ok(())
+    })
 }
 
 #[tokio::main]

@@ -379,6 +379,9 @@ impl Recorder {
             if plan.changes.len() >= LIST_SEGMENT {
                 // A writer that is gone is noticed by the next send in `run`.
                 let _ = plans.send(self.segment(plan)).await;
+                // Planning a list of 10,000 Services takes most of a second; the runtime's one worker
+                // (`server.worker_threads`) lets the writer, the relay and the API run between segments.
+                tokio::task::yield_now().await;
             }
         }
         let vanished: BTreeSet<ServiceKey> =
