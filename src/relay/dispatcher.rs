@@ -38,8 +38,10 @@ use crate::store::{Claimed, Completion, Outcome, StandingClaim, Store, StoreErro
 /// changes/s a round per finished attempt plus one per commit of the watch cost more than the
 /// attempts themselves (issue 13). Attempts that finish within the interval are recorded together,
 /// with the claim of the next heads, in one round, which starts as soon as the last attempt in
-/// flight is out ([`gather`]). Adds at most this much to a delivery's wait.
-const ROUND_INTERVAL: Duration = Duration::from_millis(5);
+/// flight is out ([`gather`]). The store's group-commit interval, so that a round can ride each of
+/// the watch's commits ([`crate::store::COMMIT_INTERVAL`]). Adds at most this much to a delivery's
+/// wait.
+const ROUND_INTERVAL: Duration = crate::store::COMMIT_INTERVAL;
 
 /// Everything one endpoint's loop needs.
 pub(super) struct Dispatcher {

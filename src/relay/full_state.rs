@@ -93,9 +93,7 @@ impl FullState {
             let now = super::payload::rfc3339(crate::store::now_ms());
             full_state_context(services, &now, &name, &secrets, &Map::new())
         };
-        tokio::task::spawn_blocking(build)
-            .await
-            .map_err(|e| TemplateError::Setup(format!("building the declaration's context did not finish: {e}")))
+        tokio::task::spawn_blocking(build).await.map_err(|e| super::templated::not_finished(&e))
     }
 
     async fn hold(&self, digest: &str, removed: usize, total: usize) -> Box<super::sender::AttemptResult> {

@@ -123,7 +123,7 @@ impl TemplateSender {
     ) -> Result<(), Stop> {
         for req in requests {
             let base = ctx(&log.captured);
-            match self.compiled.each(req, &base).map_err(template_failure)? {
+            match self.each(req, &base).await.map_err(template_failure)? {
                 None => self.one(msg_id, req, &req.name, &ctx, None, log).await?,
                 Some(items) => {
                     for (i, item) in items.into_iter().enumerate() {
@@ -173,9 +173,21 @@ impl TemplateSender {
             return self.compiled.render(req, &ctx);
         }
         let (compiled, req) = (self.compiled.clone(), req.clone());
-        tokio::task::spawn_blocking(move || compiled.render(&req, &ctx))
-            .await
-            .unwrap_or_else(|e| Err(TemplateError::Setup(format!("the render did not finish: {e}"))))
+        tokio::task::spawn_blocking(move || compiled.render(&req, &ctx)).await.unwrap_or_else(|e| Err(not_finished(&e)))
+    }
+
+    /// [`Compiled::each`] of `req` in `ctx`: on the blocking pool for a full-state declaration (an
+    /// `each` over every Service), like [`Self::render`].
+    async fn each(
+        &self,
+        req: &CompiledRequest,
+        ctx: &minijinja::Value,
+    ) -> Result<Option<Vec<serde_json::Value>>, TemplateError> {
+        if self.full_state.is_none() {
+            return self.compiled.each(req, ctx);
+        }
+        let (compiled, req, ctx) = (self.compiled.clone(), req.clone(), ctx.clone());
+        tokio::task::spawn_blocking(move || compiled.each(&req, &ctx)).await.unwrap_or_else(|e| Err(not_finished(&e)))
     }
 
     /// Polls `req.poll.url` until `until` holds on a success status; returns the last body. The
@@ -322,6 +334,13 @@ fn http_failure(status: u16, why: String, verdict: Verdict) -> Stop {
     result.record.status_code = Some(status);
     result.verdict = verdict;
     Box::new(result)
+}
+
+/// Template work on the blocking pool that did not return: it panicked (a bug, reported as such) or
+/// the runtime is shutting down.
+pub(super) fn not_finished(e: &tokio::task::JoinError) -> TemplateError {
+    let what = if e.is_panic() { "panicked" } else { "was cancelled (shutting down)" };
+    TemplateError::Setup(format!("rendering {what}: {e}"))
 }
 
 /// A template that cannot render: the delivery fails at once (class `template`).

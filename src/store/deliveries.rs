@@ -147,7 +147,8 @@ impl Store {
     ///
     /// The round may be carried by the watch's write transaction instead (`store::riders`): while
     /// it waits in line for its turn, and before that, when the watch's writer said it will commit
-    /// within 5 ms ([`Store::expect_write`]), until 1 ms after that commit is due. Its claim then runs
+    /// within one group-commit interval ([`super::COMMIT_INTERVAL`], [`Store::expect_write`]), until
+    /// 1 ms after that commit is due. Its claim then runs
     /// after that transaction's inserts, at the time it runs. Otherwise, or when that transaction
     /// fails, it runs on its own when its turn comes. Returns what the claim took. Errors: those of
     /// the round run on its own ([`StoreError`]); nothing of it is committed then.

@@ -15,6 +15,24 @@ pub struct WatchProgress {
     pub listed: Option<bool>,
 }
 
+impl WatchProgress {
+    /// Folds `later`, the same scope's progress planned after this one, into this one (the writer
+    /// merges plans that arrive within one group commit): its resourceVersion when it saw one, else
+    /// ours; a completed list when either completed one, a re-list when either was one. Taking
+    /// `later` whole would forget a re-list followed by a watch event in the same commit
+    /// (`relist_count` and `last_list_at` not updated), or a resourceVersion followed by a re-list.
+    /// Two re-lists in one commit count once (a list takes longer than a commit interval).
+    pub fn absorb(&mut self, later: WatchProgress) {
+        if later.resource_version.is_some() {
+            self.resource_version = later.resource_version;
+        }
+        self.listed = match (self.listed, later.listed) {
+            (Some(a), Some(b)) => Some(a || b),
+            (a, b) => b.or(a),
+        };
+    }
+}
+
 /// One stored `watch_progress` row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProgressRow {
@@ -53,5 +71,31 @@ impl Store {
                 relist_count: r.get("relist_count"),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WatchProgress;
+
+    fn progress(rv: Option<&str>, listed: Option<bool>) -> WatchProgress {
+        WatchProgress { scope: "*".into(), resource_version: rv.map(str::to_owned), listed }
+    }
+
+    /// A re-list and a later watch event in one commit keep both: the re-list and the newer
+    /// resourceVersion; a resourceVersion is not lost to a later list that carries none.
+    #[test]
+    fn absorbing_later_progress_keeps_what_each_saw() {
+        let mut p = progress(None, Some(true));
+        p.absorb(progress(Some("120"), None));
+        assert_eq!(p, progress(Some("120"), Some(true)));
+
+        let mut p = progress(Some("120"), None);
+        p.absorb(progress(None, Some(true)));
+        assert_eq!(p, progress(Some("120"), Some(true)));
+
+        let mut p = progress(Some("120"), Some(false));
+        p.absorb(progress(Some("130"), Some(true)));
+        assert_eq!(p, progress(Some("130"), Some(true)));
     }
 }
