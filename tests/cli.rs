@@ -176,6 +176,7 @@ fn values_that_would_misbehave_at_run_time_are_rejected_up_front() {
             "invalid value for `database.leader_step_down_after`: must be between 1s and 1h",
         ),
         ("[database]\nreplica = \" \"\n", "invalid value for `database.replica`: must not be blank"),
+        ("[database]\ncommit_interval = \"2s\"\n", "invalid value for `database.commit_interval`: must be at most 1s"),
         ("[server]\nworker_threads = 0\n", "invalid value for `server.worker_threads`: must be between 1 and 64"),
         ("[server]\nworker_threads = 65\n", "invalid value for `server.worker_threads`: must be between 1 and 64"),
     ];

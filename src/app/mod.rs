@@ -106,8 +106,10 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         Some(_) => None,
     };
     let metrics = Metrics::new();
-    let store =
-        Store::connect(&config.database).await?.monitored(metrics.clone(), config.database.write_retry_max_delay);
+    let store = Store::connect(&config.database)
+        .await?
+        .monitored(metrics.clone(), config.database.write_retry_max_delay)
+        .with_commit_interval(config.database.commit_interval);
     match store.backend() {
         Backend::Sqlite => info!(path = %config.database.path.display(), "database open (SQLite)"),
         Backend::Postgres => info!("database open (PostgreSQL)"),

@@ -32,17 +32,6 @@ use crate::metrics::Metrics;
 use crate::model::Feedback;
 use crate::store::{Claimed, Completion, Outcome, StandingClaim, Store, StoreError, Taken, now_ms};
 
-/// Least time between the starts of two rounds on the database (claims, recorded outcomes). Each
-/// round is a transaction on the one write connection (its own, or the watch's it rides) and writes
-/// its pages into the WAL; at 500
-/// changes/s a round per finished attempt plus one per commit of the watch cost more than the
-/// attempts themselves (issue 13). Attempts that finish within the interval are recorded together,
-/// with the claim of the next heads, in one round, which starts as soon as the last attempt in
-/// flight is out ([`gather`]). The store's group-commit interval, so that a round can ride each of
-/// the watch's commits ([`crate::store::COMMIT_INTERVAL`]). Adds at most this much to a delivery's
-/// wait.
-const ROUND_INTERVAL: Duration = crate::store::COMMIT_INTERVAL;
-
 /// Everything one endpoint's loop needs.
 pub(super) struct Dispatcher {
     pub name: String,
@@ -126,17 +115,25 @@ fn power_of_two_within(n: usize) -> usize {
 }
 
 /// The attempts that finished for the next round, starting with `first`: the others in flight that
-/// finish within [`ROUND_INTERVAL`] of the last round share it, and the round starts as soon as the
-/// last one is out. (It used to start at once only when `first` was the last one in flight, and
-/// otherwise waited out the interval even when the rest finished a moment later: every round of a
-/// first list's deliveries, all sent together and answered within a few ms, lost the rest of the
-/// interval; issue 13.)
+/// finish within `interval` of the last round share it, and the round starts as soon as the last
+/// one is out. (It used to start at once only when `first` was the last one in flight, and otherwise
+/// waited out the interval even when the rest finished a moment later: every round of a first
+/// list's deliveries, all sent together and answered within a few ms, lost the rest of the interval;
+/// issue 13.)
+///
+/// `interval` is the least time between the starts of two rounds on the database (claims, recorded
+/// outcomes): the store's group-commit interval ([`Store::commit_interval`],
+/// `database.commit_interval`), so that a round can ride each of the watch's commits. Each round is
+/// a transaction on the one write connection (its own, or the watch's it rides) and writes its pages
+/// into the WAL; at 500 changes/s a round per finished attempt plus one per commit of the watch cost
+/// more than the attempts themselves (issue 13). Adds at most this much to a delivery's wait.
 async fn gather(
     first: FinishedAttempt,
     in_flight: &mut InFlight,
     last_round: &mut tokio::time::Instant,
+    interval: Duration,
 ) -> Vec<FinishedAttempt> {
-    let due = *last_round + ROUND_INTERVAL;
+    let due = *last_round + interval;
     let mut done = vec![first];
     loop {
         while let Some(more) = in_flight.try_join_next() {
@@ -163,9 +160,10 @@ async fn standing_carried(standing: &mut Option<StandingClaim>) -> Option<Taken>
     taken
 }
 
-/// Waits until [`ROUND_INTERVAL`] has passed since the last round started, then starts this one.
-async fn spaced(last_round: &mut tokio::time::Instant) {
-    tokio::time::sleep_until(*last_round + ROUND_INTERVAL).await;
+/// Waits until `interval` (see [`gather`]) has passed since the last round started, then starts
+/// this one.
+async fn spaced(last_round: &mut tokio::time::Instant, interval: Duration) {
+    tokio::time::sleep_until(*last_round + interval).await;
     *last_round = tokio::time::Instant::now();
 }
 
@@ -206,7 +204,7 @@ impl Dispatcher {
             }
             let just_claimed = std::mem::take(&mut claimed);
             if !disabled && !store.waiting() && store.unrecorded.is_empty() && !just_claimed {
-                spaced(&mut last_round).await;
+                spaced(&mut last_round, self.store.commit_interval()).await;
                 self.fill(&mut in_flight, &mut health.circuit, &mut store).await;
             }
             // With attempts in flight, their completion wakes us; the next-due query (a scan of the
@@ -230,7 +228,7 @@ impl Dispatcher {
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
                     // First the standing claim's heads, if it ran: they count against the free slots.
                     self.withdraw(standing.take(), &mut in_flight, &mut health.circuit, &mut claimed_through).await;
-                    let done = gather(joined, &mut in_flight, &mut last_round).await;
+                    let done = gather(joined, &mut in_flight, &mut last_round, self.store.commit_interval()).await;
                     let done = done.into_iter().filter_map(|r| r.ok().flatten()).collect();
                     let refill = (!disabled).then_some(&mut in_flight);
                     claimed = self.finish(done, &mut health, &mut store, refill, &mut claimed_through).await;

@@ -147,7 +147,7 @@ impl Store {
     ///
     /// The round may be carried by the watch's write transaction instead (`store::riders`): while
     /// it waits in line for its turn, and before that, when the watch's writer said it will commit
-    /// within one group-commit interval ([`super::COMMIT_INTERVAL`], [`Store::expect_write`]), until
+    /// within one group-commit interval ([`Store::commit_interval`], [`Store::expect_write`]), until
     /// 1 ms after that commit is due. Its claim then runs
     /// after that transaction's inserts, at the time it runs. Otherwise, or when that transaction
     /// fails, it runs on its own when its turn comes. Returns what the claim took. Errors: those of

@@ -12,7 +12,7 @@
 //! its own transaction, after its inserts, so a claim takes the deliveries that very transaction
 //! enqueued. Two kinds ride:
 //! - a round waits while it stands in line for its turn, and, when the writer said it will commit
-//!   within [`RIDE_WAIT`] ([`Store::expect_write`]), until then; a round whose turn comes first
+//!   within one group-commit interval ([`Store::expect_write`], [`Store::commit_interval`]), until then; a round whose turn comes first
 //!   withdraws its rider and runs on its own, as before;
 //! - a standing claim ([`Store::stand_claim`]): a relay with free slots leaves one while it waits, so
 //!   the next commit hands it its own deliveries; it is withdrawn when the relay wakes for anything
@@ -74,12 +74,29 @@ pub(super) enum Ride {
 }
 
 /// The rounds waiting for a carrying transaction, in the order they asked.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Riders {
     waiting: Mutex<Vec<Rider>>,
     tickets: AtomicU64,
     /// When the watch's writer will commit the changes it holds ([`Store::expect_write`]).
     expected: Mutex<Option<Instant>>,
+    /// The group-commit interval ([`Store::commit_interval`]), in microseconds.
+    interval_us: AtomicU64,
+}
+
+impl Default for Riders {
+    fn default() -> Self {
+        Self {
+            waiting: Mutex::default(),
+            tickets: AtomicU64::new(0),
+            expected: Mutex::new(None),
+            interval_us: AtomicU64::new(micros(DEFAULT_COMMIT_INTERVAL)),
+        }
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl Riders {
@@ -115,37 +132,48 @@ impl Riders {
     }
 
     /// Until when a round waits for the watch's next commit before it asks for a turn of its own:
-    /// the commit's due time plus [`RIDE_SLACK`], when that commit is due within [`RIDE_WAIT`].
+    /// the commit's due time plus [`RIDE_SLACK`], when that commit is due within one group-commit
+    /// interval ([`Store::commit_interval`]).
     pub(super) fn wait_until(&self) -> Option<Instant> {
         let expected = *self.expected.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        expected.filter(|at| *at <= Instant::now() + RIDE_WAIT).map(|at| at + RIDE_SLACK)
+        let ride_wait = Duration::from_micros(self.interval_us.load(Ordering::Relaxed));
+        expected.filter(|at| *at <= Instant::now() + ride_wait).map(|at| at + RIDE_SLACK)
     }
 }
 
-/// The group-commit interval: the least time between the starts of two commits of the watch's
-/// writer (`watch::writer`), and between two relay rounds (`relay::dispatcher`). Changes that come
-/// faster than this share a commit; a change after a quiet spell commits at once, and a plan of a
-/// full transaction's worth of changes (128) does not wait.
+/// The default group-commit interval (`database.commit_interval`): the least time between the
+/// starts of two commits of the watch's writer (`watch::writer`), and between two relay rounds
+/// (`relay::dispatcher`); a relay round waits for the watch's next commit to carry it when that is
+/// due within it. Changes that come faster than this share a commit; a change after a quiet spell
+/// commits at once, and a plan of a full transaction's worth of changes (128) does not wait.
 ///
 /// Each commit writes every page it touched into the WAL once (the event, its delivery and the
 /// claims and completions riding with it, and their indexes), so this trades latency under load for
 /// CPU: at 500 changes/s in `cargo bench --bench burst` (two alternating runs each, one runtime
 /// worker, builds without LTO), 5 ms gave 0.594–0.604 ms of CPU per change, 67.6–68.0 KB written per
 /// change and latency p50 / p99 5.1 / 15.6–21.5 ms; 15 ms gave 0.387–0.391 ms, 54.6–55.8 KB and
-/// 10.9–11.0 / 19.8–20.3 ms; 20 ms 0.346–0.433 ms and p99 24.2–25.9 ms (issue 13). A change waits
-/// at most one interval for its commit and one for the round that claims it, when no standing claim
-/// rides that commit.
-pub const COMMIT_INTERVAL: Duration = Duration::from_millis(15);
-
-/// How far ahead the watch's next commit may be for a round to wait for it (then until it is due,
-/// plus [`RIDE_SLACK`]): the group-commit interval.
-const RIDE_WAIT: Duration = COMMIT_INTERVAL;
+/// 10.9–11.0 / 19.8–20.3 ms; 20 ms 0.346–0.433 ms and p99 24.2–25.9 ms (issue 13). It also bounds
+/// what one endpoint's relay delivers while every slot is busy: about `concurrency` deliveries per
+/// interval or two (README, "Benchmarks → burst").
+pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(15);
 
 /// How long after the watch's commit was due a round still waits for it: the writer prepares its
 /// rows before it asks for its turn, and a round in line first runs on its own.
 const RIDE_SLACK: Duration = Duration::from_millis(1);
 
 impl Store {
+    /// The group-commit interval (`database.commit_interval`, [`DEFAULT_COMMIT_INTERVAL`] unless
+    /// [`Store::with_commit_interval`] set another).
+    pub fn commit_interval(&self) -> Duration {
+        Duration::from_micros(self.riders.interval_us.load(Ordering::Relaxed))
+    }
+
+    /// Sets the group-commit interval (`database.commit_interval`) of this store and its clones.
+    pub fn with_commit_interval(self, interval: Duration) -> Self {
+        self.riders.interval_us.store(micros(interval), Ordering::Relaxed);
+        self
+    }
+
     /// Tells the relay's rounds that the watch's writer will write at `at` (`None`: nothing held).
     /// A round that finishes shortly before then waits for that transaction to carry it rather than
     /// committing alone: at a steady rate this puts both in one commit.

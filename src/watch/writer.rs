@@ -18,7 +18,7 @@ use super::stream::ScopeSpec;
 use crate::ipam::PoolUsage;
 use crate::metrics::Metrics;
 use crate::model::{NOTICE_QUEUE, Notice};
-use crate::store::{COMMIT_INTERVAL, Outbox, Prepared, StateChange, Store, StoreError, WatchProgress};
+use crate::store::{Outbox, Prepared, StateChange, Store, StoreError, WatchProgress};
 
 /// How many planned batches may wait for the writer (the recorder plans ahead by this much).
 const QUEUED_PLANS: usize = 2;
@@ -137,6 +137,22 @@ async fn gather_until(rx: &mut mpsc::Receiver<Plan>, plan: &mut Plan, due: tokio
     }
 }
 
+/// Changes from which a chunk is prepared off the runtime's worker ([`off_the_worker`]).
+const OFFLOAD_CHANGES: usize = 32;
+
+/// Runs `work` (preparing a chunk of `changes` changes: each event's JSON, its routed and rendered
+/// deliveries, about 10 µs a change) in place, or, from [`OFFLOAD_CHANGES`] changes on a multi-thread
+/// runtime, through [`tokio::task::block_in_place`]: this thread goes on preparing while another
+/// takes over the worker's other tasks (the watch's parsing, the recorder, the relay). With one
+/// worker (`server.worker_threads`), a sustained 5,000 changes/s otherwise queued all of that behind
+/// the writer's preparation on one core (issue 13). The few changes of a commit at a moderate rate
+/// stay in place, where handing the worker over would cost more wake-ups than it saves.
+fn off_the_worker<T>(changes: usize, work: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if changes >= OFFLOAD_CHANGES && multi_thread { tokio::task::block_in_place(work) } else { work() }
+}
+
 /// What the writer tells the rest of the process.
 #[derive(Clone)]
 pub struct Signals {
@@ -193,8 +209,8 @@ impl Writer {
         let task = tokio::spawn(async move {
             let mut last = tokio::time::Instant::now();
             while let Some(mut plan) = rx.recv().await {
-                // The group commit: see [`COMMIT_INTERVAL`].
-                let due = last + COMMIT_INTERVAL;
+                // The group commit: see [`crate::store::DEFAULT_COMMIT_INTERVAL`].
+                let due = last + writer.store.commit_interval();
                 if plan.changes.len() < CHUNK_CHANGES && tokio::time::Instant::now() < due {
                     writer.store.expect_write(Some(due));
                     gather_until(&mut rx, &mut plan, due).await;
@@ -323,8 +339,9 @@ impl Writer {
         first_id: i64,
     ) -> Prepared<'a> {
         let mut backoff = self.store.write_backoff().build();
+        let prepare = || self.store.prepare(chunk, progress, self.outbox.as_ref(), first_id, crate::store::now_ms());
         loop {
-            match self.store.prepare(chunk, progress, self.outbox.as_ref(), first_id, crate::store::now_ms()) {
+            match off_the_worker(chunk.len(), prepare) {
                 Ok(p) => return p,
                 Err(e) => {
                     let wait = backoff.next().unwrap_or(Duration::from_secs(1));
