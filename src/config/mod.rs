@@ -263,8 +263,10 @@ pub struct ServerConfig {
     /// and this API; 1–64. One by default: the work is mostly waiting on sockets and on the database
     /// connections' own threads, and with a worker per core (two here) the wake-ups between them cost
     /// about 17 % more CPU per change at 500 changes/s with no latency gained (README, "Benchmarks").
-    /// What would hold a worker for long (a full-state declaration's render, freeing a large batch)
-    /// runs on the blocking pool.
+    /// What would hold a worker for long runs elsewhere: a full-state declaration's context and
+    /// render and freeing a large batch on the blocking pool, the watch's preparation of 32 changes
+    /// or more through `block_in_place`. A sustained load of thousands of changes per second is
+    /// delivered sooner with 2 (and a shorter `database.commit_interval`), at more CPU per change.
     pub worker_threads: usize,
 }
 

@@ -3,17 +3,17 @@
 //! A relay round ([`Store::complete_and_claim`]: record the finished attempts, claim the next heads)
 //! and a relay claim ([`Store::claim`], after a commit woke the relay) were transactions of their
 //! own on the one write connection. At 500 changes/s that made about 0.62 transactions per change
-//! (the watch's commits, then every 5 ms, and about as many of the relay's), each writing into the WAL the
-//! pages it touched: the delivery rows a round claims and completes are the ones the writer just
-//! inserted, on the same pages.
+//! (the watch's commits, then every 5 ms, and about as many of the relay's), each writing into the
+//! WAL the pages it touched: the delivery rows a round claims and completes are the ones the writer
+//! just inserted, on the same pages.
 //!
 //! So the relay's writes first wait as [`Rider`]s: the watch's writer, at the end of its transaction
 //! and before its commit ([`Store::write`]), takes every rider waiting and runs their statements in
 //! its own transaction, after its inserts, so a claim takes the deliveries that very transaction
 //! enqueued. Two kinds ride:
 //! - a round waits while it stands in line for its turn, and, when the writer said it will commit
-//!   within one group-commit interval ([`Store::expect_write`], [`Store::commit_interval`]), until then; a round whose turn comes first
-//!   withdraws its rider and runs on its own, as before;
+//!   within one group-commit interval ([`Store::expect_write`], [`Store::commit_interval`]), until
+//!   then; a round whose turn comes first withdraws its rider and runs on its own, as before;
 //! - a standing claim ([`Store::stand_claim`]): a relay with free slots leaves one while it waits, so
 //!   the next commit hands it its own deliveries; it is withdrawn when the relay wakes for anything
 //!   else.
