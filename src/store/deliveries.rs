@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::db::{Backend, Dual, Filter, Row};
 use super::health::WriteConn;
 use super::outbox::{Claimed, DeliveryInsert, NewDelivery, insert_deliveries};
-use super::riders::{Ride, Taken};
+use super::riders::{Taken, taken};
 use super::script::{Script, Stmt};
 use super::{Store, StoreError, now_ms};
 use crate::model::ServiceKey;
@@ -161,19 +161,19 @@ impl Store {
         let (ticket, mut ride) = self.riders.board(done.to_vec(), carried);
         let conn = tokio::select! {
             biased;
-            outcome = &mut ride => match outcome {
-                Ok(Ride::Done(taken)) => return Ok(taken),
-                Ok(Ride::NotCarried) | Err(_) => self.writer().await,
+            outcome = &mut ride => match taken(outcome) {
+                Some(taken) => return Ok(taken),
+                None => self.writer().await,
             },
             conn = async {
-                if let Some(at) = self.riders.wait_until() {
+                if let Some(at) = self.riders.wait_until(self.commit_interval) {
                     tokio::time::sleep_until(at).await;
                 }
                 self.writer().await
             } => {
                 if !self.riders.withdraw(ticket) {
                     // Taken by a transaction that held the turn before: its answer is on the way.
-                    if let Ok(Ride::Done(taken)) = ride.await {
+                    if let Some(taken) = taken(ride.await) {
                         return Ok(taken);
                     }
                 }

@@ -69,6 +69,8 @@ pub struct Store {
     health: std::sync::Arc<health::Health>,
     /// Set on a leader's store (PostgreSQL): every write transaction is fenced by it ([`Store::fenced`]).
     fence: Option<std::sync::Arc<Fence>>,
+    /// The group-commit interval ([`Store::commit_interval`]).
+    commit_interval: std::time::Duration,
 }
 
 impl Store {

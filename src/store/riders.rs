@@ -74,29 +74,12 @@ pub(super) enum Ride {
 }
 
 /// The rounds waiting for a carrying transaction, in the order they asked.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Riders {
     waiting: Mutex<Vec<Rider>>,
     tickets: AtomicU64,
     /// When the watch's writer will commit the changes it holds ([`Store::expect_write`]).
     expected: Mutex<Option<Instant>>,
-    /// The group-commit interval ([`Store::commit_interval`]), in microseconds.
-    interval_us: AtomicU64,
-}
-
-impl Default for Riders {
-    fn default() -> Self {
-        Self {
-            waiting: Mutex::default(),
-            tickets: AtomicU64::new(0),
-            expected: Mutex::new(None),
-            interval_us: AtomicU64::new(micros(DEFAULT_COMMIT_INTERVAL)),
-        }
-    }
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl Riders {
@@ -132,11 +115,10 @@ impl Riders {
     }
 
     /// Until when a round waits for the watch's next commit before it asks for a turn of its own:
-    /// the commit's due time plus [`RIDE_SLACK`], when that commit is due within one group-commit
-    /// interval ([`Store::commit_interval`]).
-    pub(super) fn wait_until(&self) -> Option<Instant> {
+    /// the commit's due time plus [`RIDE_SLACK`], when that commit is due within `ride_wait` (the
+    /// group-commit interval, [`Store::commit_interval`]).
+    pub(super) fn wait_until(&self, ride_wait: Duration) -> Option<Instant> {
         let expected = *self.expected.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let ride_wait = Duration::from_micros(self.interval_us.load(Ordering::Relaxed));
         expected.filter(|at| *at <= Instant::now() + ride_wait).map(|at| at + RIDE_SLACK)
     }
 }
@@ -165,12 +147,13 @@ impl Store {
     /// The group-commit interval (`database.commit_interval`, [`DEFAULT_COMMIT_INTERVAL`] unless
     /// [`Store::with_commit_interval`] set another).
     pub fn commit_interval(&self) -> Duration {
-        Duration::from_micros(self.riders.interval_us.load(Ordering::Relaxed))
+        self.commit_interval
     }
 
-    /// Sets the group-commit interval (`database.commit_interval`) of this store and its clones.
-    pub fn with_commit_interval(self, interval: Duration) -> Self {
-        self.riders.interval_us.store(micros(interval), Ordering::Relaxed);
+    /// This store with group-commit interval `interval` (`database.commit_interval`), for the clones
+    /// made from it.
+    pub fn with_commit_interval(mut self, interval: Duration) -> Self {
+        self.commit_interval = interval;
         self
     }
 
@@ -191,6 +174,14 @@ pub struct StandingClaim {
     ride: Option<oneshot::Receiver<Ride>>,
 }
 
+/// What a rider's answer says it took: `Some` when it was carried and committed.
+pub(super) fn taken(outcome: Result<Ride, oneshot::error::RecvError>) -> Option<Taken> {
+    match outcome {
+        Ok(Ride::Done(taken)) => Some(taken),
+        Ok(Ride::NotCarried) | Err(_) => None,
+    }
+}
+
 impl StandingClaim {
     /// Resolves once a write transaction took the claim: `Some` with what it took (the heads are
     /// leased: start them) when it committed, `None` when it failed and claimed nothing; never
@@ -199,10 +190,7 @@ impl StandingClaim {
         let ride = self.ride.as_mut()?;
         let outcome = ride.await;
         self.ride = None;
-        match outcome {
-            Ok(Ride::Done(taken)) => Some(taken),
-            Ok(Ride::NotCarried) | Err(_) => None,
-        }
+        taken(outcome)
     }
 }
 
@@ -224,10 +212,7 @@ impl Store {
         if self.riders.withdraw(claim.ticket) {
             return None;
         }
-        match claim.ride?.await {
-            Ok(Ride::Done(taken)) => Some(taken),
-            Ok(Ride::NotCarried) | Err(_) => None,
-        }
+        taken(claim.ride?.await)
     }
 }
 
