@@ -392,6 +392,90 @@ async fn an_endpoint_with_its_own_concurrency_has_no_more_deliveries_in_flight()
     assert_eq!(stuck.hits().len(), 2, "`narrow` holds two in flight and waits: {seen:?}");
 }
 
+/// A pending `MODIFIED` at the head of its Service's queue that no attempt has touched collapses
+/// into a newer one, which takes its place in line: while the endpoint is disabled (one slot), `web`
+/// changes, `db` is created, `web` changes again; once enabled, `web`'s newest change goes out
+/// before `db`'s ADDED and its older change not at all (issue 13: a stale head used to wait for its
+/// turn, be sent, and send the newer change to the back of the line).
+#[tokio::test]
+async fn an_untouched_modified_head_collapses_into_a_newer_one_that_keeps_its_place_in_line() {
+    let h = Harness::new().await;
+    // The second request, `api`'s ADDED, disables the endpoint.
+    let rx = Receiver::start(|i, _| if i == 1 { Reply::Status(410) } else { Reply::Status(204) }).await;
+    let mut lab = webhook("lab", &rx.url);
+    lab.concurrency = Some(1);
+    let vw = h.start(h.config_with(vec![lab])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_accepted(&rx, 1).await;
+    h.api.apply(lb_service("shop", "api", 81));
+    wait_until("endpoint disabled", || async {
+        vw.store.webhook_state("lab").await.unwrap().and_then(|s| s.disabled_reason)
+    })
+    .await;
+
+    h.api.update("shop", "web", |o| o["spec"]["ports"][0]["port"] = json!(8001));
+    let older = wait_delivery(&vw.store, "web", "MODIFIED", 1).await.remove(0);
+    // `db`'s ADDED must be enqueued (or let go by the finalizer) a millisecond later at least.
+    wait_until("the clock past the older change's enqueueing", || async {
+        (jiff::Timestamp::now().as_millisecond() > older.next_attempt_at).then_some(())
+    })
+    .await;
+    h.api.apply(lb_service("shop", "db", 82));
+    let db = wait_until("db's ADDED let go by the finalizer", || async {
+        let rows = deliveries_of(&vw.store, "db").await;
+        rows.iter().find(|r| r.kind == "ADDED" && r.next_attempt_at > older.next_attempt_at).cloned()
+    })
+    .await;
+    h.api.update("shop", "web", |o| o["spec"]["ports"][0]["port"] = json!(8002));
+    let newer = wait_delivery(&vw.store, "web", "MODIFIED", 2).await.remove(1);
+
+    let web = deliveries_of(&vw.store, "web").await;
+    let states: Vec<(&str, &str)> = web.iter().map(|r| (r.kind.as_str(), r.state.as_str())).collect();
+    assert_eq!(states, [("ADDED", "succeeded"), ("MODIFIED", "superseded"), ("MODIFIED", "pending")]);
+    assert_eq!(
+        (newer.next_attempt_at, newer.attempts),
+        (older.next_attempt_at, 0),
+        "the newer takes the older's place"
+    );
+    assert!(db.next_attempt_at > newer.next_attempt_at);
+
+    assert!(vw.store.enable_webhook("lab").await.unwrap());
+    let accepted = wait_accepted(&rx, 4).await;
+    let sent: Vec<(String, String, i64)> = accepted
+        .iter()
+        .map(|hit| {
+            let v = hit.json();
+            let (event, id) = hit.event();
+            (v["data"]["service"]["name"].as_str().unwrap().to_owned(), event, id)
+        })
+        .collect();
+    let expected = [
+        ("web".to_owned(), "ADDED".to_owned(), web[0].event_id.unwrap()),
+        ("api".to_owned(), "ADDED".to_owned(), sent[1].2),
+        ("web".to_owned(), "MODIFIED".to_owned(), newer.event_id.unwrap()),
+        ("db".to_owned(), "ADDED".to_owned(), db.event_id.unwrap()),
+    ];
+    assert_eq!(sent, expected);
+    vw.stop().await.unwrap();
+}
+
+/// The deliveries of Service `shop/name`, oldest first.
+async fn deliveries_of(store: &Store, name: &str) -> Vec<DeliveryRow> {
+    let rows = store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    let mut rows: Vec<DeliveryRow> = rows.into_iter().filter(|r| r.key.name == name).collect();
+    rows.sort_by_key(|r| r.id);
+    rows
+}
+
+/// Waits for `n` deliveries of kind `kind` of Service `shop/name`; returns them, oldest first.
+async fn wait_delivery(store: &Store, name: &str, kind: &str, n: usize) -> Vec<DeliveryRow> {
+    wait_until(&format!("{n} {kind} of {name}"), || async {
+        let rows: Vec<DeliveryRow> = deliveries_of(store, name).await.into_iter().filter(|r| r.kind == kind).collect();
+        (rows.len() >= n).then_some(rows)
+    })
+    .await
+}
+
 /// A receiver that refuses every `ADDED` for good (422) and takes everything else.
 async fn refusing_added() -> Receiver {
     Receiver::start(|_, hit| if hit.event().0 == "ADDED" { Reply::Status(422) } else { Reply::Status(204) }).await

@@ -3,10 +3,12 @@
 //! (Standard Webhooks), at least once, strictly in order per (endpoint, Service), with retries.
 //!
 //! Ordering and collapsing rule: per (endpoint, Service) only the oldest pending delivery (the queue
-//! head) is ever sent; the next one waits until it succeeded or failed for good. While an earlier
-//! delivery of a Service is pending, a newer pending MODIFIED makes older pending MODIFIEDs behind the
-//! head `superseded` (the newest carries the full current view; the events stay in the log). ADDED,
-//! DELETED and `service.synced` are never superseded, so a run of MODIFIEDs never swallows them.
+//! head) is ever sent; the next one waits until it succeeded or failed for good. A newer pending
+//! MODIFIED makes the older pending MODIFIEDs of its Service `superseded` — those behind the head, and
+//! the head itself while no attempt has touched it — and takes the earliest place in line among them
+//! (the claim's order is the due time, `next_attempt_at`); the newest carries the full current view,
+//! and the events stay in the log. ADDED, DELETED and `service.synced` are never superseded by a
+//! MODIFIED, so a run of MODIFIEDs never swallows them.
 
 mod assign;
 pub mod circuit;

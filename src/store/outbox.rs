@@ -102,48 +102,100 @@ const DELIVERY_INSERT: &str = "INSERT INTO deliveries (webhook, event_id, namesp
 const CHUNK: usize = 128;
 
 /// Supersedes, among deliveries touched by this batch (a newer pending MODIFIED with id >= $2), every
-/// pending MODIFIED that is not its queue's head and is followed by a newer pending MODIFIED with no
-/// pending ADDED/DELETED/SYNCED in between. ADDED, DELETED and SYNCED are never superseded.
+/// pending MODIFIED followed by a newer pending MODIFIED with no pending ADDED/DELETED/SYNCED in
+/// between ([`COLLAPSES`]): one behind its queue's head, and the head itself while no attempt has
+/// touched it (none made, none in flight at $1) and it is held for the finalizer exactly as the newer
+/// one is. ADDED, DELETED and SYNCED are never superseded. Run after [`INHERIT_PLACE`], which gives the
+/// newer delivery the place in line of those it supersedes.
 ///
 /// The newer deliveries `m` drive the join (`CROSS JOIN` fixes SQLite's loop order: a rowid range
 /// over this batch's rows, then each one's queue by index `deliveries_queue`); the planner's own
 /// choice scanned every pending delivery, 14 ms per batch with 2,000 pending during a burst.
 /// PostgreSQL has neither hint; its planner takes the same path (a plain join).
-const SUPERSEDE: Dual = superseding!(
-    "m.kind = 'MODIFIED' AND d.kind = 'MODIFIED' \
-      AND EXISTS (SELECT 1 FROM deliveries p WHERE p.webhook = d.webhook AND p.namespace = d.namespace \
-                  AND p.name = d.name AND p.state = 'pending' AND p.id < d.id) \
+///
+/// Superseding an untouched head (issue 13): in a burst of changes to 1,000 Services the head each
+/// Service's queue showed the relay was frozen from the moment the previous delivery finished, so
+/// every change waited for the relay to reach that stale head and then the one behind it, about two
+/// sweeps over every busy Service, and the stale one was sent for nothing.
+const SUPERSEDE: Dual = superseding!(collapses!());
+
+/// When a pending MODIFIED `d` (older) collapses into the newer pending MODIFIED `m` of the same
+/// queue ([`SUPERSEDE`]), with $1 the time now: no pending ADDED/DELETED/SYNCED between them, and `d`
+/// is not the queue's head or is a head no attempt has touched.
+macro_rules! collapses {
+    () => {
+        "m.kind = 'MODIFIED' AND d.kind = 'MODIFIED' \
+      AND (EXISTS (SELECT 1 FROM deliveries p WHERE p.webhook = d.webhook AND p.namespace = d.namespace \
+                   AND p.name = d.name AND p.state = 'pending' AND p.id < d.id) \
+           OR (d.attempts = 0 AND (d.claimed_until IS NULL OR d.claimed_until < $1) AND d.held = m.held)) \
       AND NOT EXISTS (SELECT 1 FROM deliveries x WHERE x.webhook = d.webhook AND x.namespace = d.namespace \
                   AND x.name = d.name AND x.state = 'pending' AND x.kind <> 'MODIFIED' \
                   AND x.id > d.id AND x.id < m.id)"
-);
+    };
+}
+use collapses;
+
+/// Gives each of this batch's pending MODIFIEDs (`m`, id >= $2) the earliest place in line
+/// (`next_attempt_at`, the claim's order) among the deliveries it is about to supersede
+/// ([`SUPERSEDE`], same condition, $1 the time now): a collapsed change is sent when the oldest
+/// change it carries would have been, instead of going to the back of the line each time a newer one
+/// replaces it. Those deliveries were never attempted or are behind the head, so their
+/// `next_attempt_at` is when they were enqueued (or let go by the finalizer), never a retry's backoff.
+/// Without it a Service that keeps changing during a burst kept a fresh delivery id and waited for
+/// every other Service's turn again (issue 13).
+const INHERIT_PLACE: Dual = Dual {
+    lite: concat!(
+        "UPDATE deliveries AS m SET next_attempt_at = MIN(m.next_attempt_at, COALESCE(( \
+    SELECT MIN(d.next_attempt_at) FROM deliveries d INDEXED BY deliveries_queue WHERE ",
+        inherit_from!(),
+        "), m.next_attempt_at)) WHERE m.id >= $2 AND m.state = 'pending' AND m.kind = 'MODIFIED'"
+    ),
+    pg: concat!(
+        "UPDATE deliveries AS m SET next_attempt_at = LEAST(m.next_attempt_at, ( \
+    SELECT MIN(d.next_attempt_at) FROM deliveries d WHERE ",
+        inherit_from!(),
+        ")) WHERE m.id >= $2 AND m.state = 'pending' AND m.kind = 'MODIFIED'"
+    ),
+};
+
+/// The deliveries `d` that `m` will supersede ([`INHERIT_PLACE`]).
+macro_rules! inherit_from {
+    () => {
+        concat!(
+            "d.webhook = m.webhook AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' \
+      AND d.id < m.id AND ",
+            collapses!()
+        )
+    };
+}
+use inherit_from;
 
 /// A superseding UPDATE on both backends: the join of this batch's newer pending deliveries `m`
 /// (ids >= $2) to the older pending deliveries `d` of the same queue, finished at $1, narrowed by
-/// `$which` (a literal condition on `m` and `d`). SQLite's text pins the loop order (`CROSS JOIN`)
+/// `$which` (a literal condition on `m` and `d`, or a macro giving one). SQLite's text pins the loop order (`CROSS JOIN`)
 /// and `d`'s index; PostgreSQL's is a plain join.
 macro_rules! superseding {
-    ($which:literal) => {
+    (@on) => {
+        "d.webhook = m.webhook AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' \
+      AND d.id < m.id WHERE m.id >= $2 AND m.state = 'pending' AND "
+    };
+    ($($which:tt)+) => {
         Dual {
             lite: concat!(
                 "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
     SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON ",
                 superseding!(@on),
-                $which,
+                $($which)+,
                 ")"
             ),
             pg: concat!(
                 "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
     SELECT d.id FROM deliveries m JOIN deliveries d ON ",
                 superseding!(@on),
-                $which,
+                $($which)+,
                 ")"
             ),
         }
-    };
-    (@on) => {
-        "d.webhook = m.webhook AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' \
-      AND d.id < m.id WHERE m.id >= $2 AND m.state = 'pending' AND "
     };
 }
 use superseding;
@@ -239,8 +291,8 @@ pub(super) async fn insert_deliveries(
 
 /// [`SUPERSEDE`] and [`SUPERSEDE_BY_FULL`] on SQLite right after a batch's inserts, with $2 the
 /// number of rows the batch inserted (see [`insert_deliveries`]).
-static SUPERSEDE_AFTER_INSERT: LazyLock<[String; 2]> = LazyLock::new(|| {
-    [SUPERSEDE.lite, SUPERSEDE_BY_FULL.lite].map(|sql| {
+static SUPERSEDE_AFTER_INSERT: LazyLock<[String; 3]> = LazyLock::new(|| {
+    [INHERIT_PLACE.lite, SUPERSEDE.lite, SUPERSEDE_BY_FULL.lite].map(|sql| {
         // Once, or the statement would compare ids with a row count.
         assert_eq!(sql.matches(NEWER).count(), 1, "the batch's condition in {sql}");
         sql.replace(NEWER, NEWER_AFTER_INSERT)
@@ -259,8 +311,9 @@ async fn insert_in_script(s: &mut Script<'_>, now: i64, rows: &[&DeliveryInsert<
         s.run(delivery_chunk(s.backend(), now, chunk, "")).await?;
     }
     let n = rows.len() as i64;
-    let [modified, full] = &*SUPERSEDE_AFTER_INSERT;
+    let [inherit, modified, full] = &*SUPERSEDE_AFTER_INSERT;
     if rows.iter().any(|r| r.0.kind == "MODIFIED") {
+        s.run(Stmt::new(inherit.as_str()).bind(now).bind(n)).await?;
         s.run(Stmt::new(modified.as_str()).bind(now).bind(n)).await?;
     }
     if rows.iter().any(|r| matches!(r.0.kind, "DELETED" | "SYNCED")) {
@@ -287,6 +340,7 @@ async fn insert_returning(tx: &mut Tx<'_>, now: i64, rows: &[&DeliveryInsert<'_>
         }
     }
     if let Some(first) = first_modified {
+        tx.backend().dual(&INHERIT_PLACE).bind(now).bind(first).execute(tx.exec()).await?;
         tx.backend().dual(&SUPERSEDE).bind(now).bind(first).execute(tx.exec()).await?;
     }
     if let Some(first) = first_full {
@@ -394,12 +448,12 @@ const CLAIM: Dual = Dual {
         "UPDATE deliveries SET claimed_until = $3 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_ready \
      WHERE ",
         claim_where!(),
-        " ORDER BY d.id LIMIT "
+        " ORDER BY d.next_attempt_at, d.id LIMIT "
     ),
     pg: concat!(
         "UPDATE deliveries SET claimed_until = $3 WHERE id = ANY(ARRAY(SELECT d.id FROM deliveries d WHERE ",
         claim_where!(),
-        " ORDER BY d.id LIMIT "
+        " ORDER BY d.next_attempt_at, d.id LIMIT "
     ),
 };
 
