@@ -430,8 +430,9 @@ async fn coalesce(tx: &mut Tx<'_>, now: i64, d: &NewDelivery, event_id: Option<i
 }
 
 /// A pending delivery `d` is its queue's head when no pending delivery of the same (endpoint, Service)
-/// has a lower id. Walking the pending deliveries not held, by id (index `deliveries_ready`), and
-/// probing that (index `deliveries_queue`) finds the oldest due heads without scanning every queue.
+/// has a lower id. Walking the pending deliveries not held by due time, then id (index
+/// `deliveries_ready`), and probing that (index `deliveries_queue`) finds the earliest due heads
+/// without scanning every queue.
 macro_rules! is_head {
     () => {
         "NOT EXISTS (SELECT 1 FROM deliveries p WHERE p.webhook = d.webhook AND p.namespace = d.namespace \
