@@ -102,7 +102,9 @@ pub struct DeliveryDto {
     /// When it was enqueued (RFC 3339).
     #[schema(format = DateTime)]
     pub created_at: String,
-    /// When the next attempt is due (RFC 3339); `null` unless pending.
+    /// When the next attempt is due (RFC 3339), which is also the delivery's place in the claim order;
+    /// `null` unless pending. A `MODIFIED` that superseded older ones keeps the earliest of theirs, so
+    /// it may be before `created_at`.
     #[schema(format = DateTime)]
     pub next_attempt_at: Option<String>,
     /// When it finished (RFC 3339).

@@ -86,7 +86,8 @@ pub struct DeliveryRow {
     pub attempts: i64,
     /// Enqueued at (Unix ms).
     pub created_at: i64,
-    /// Next attempt due at (Unix ms; meaningful while pending).
+    /// Next attempt due at (Unix ms; meaningful while pending), the claim's order; a `MODIFIED` that
+    /// superseded older ones keeps the earliest of theirs (`INHERIT_PLACE` in `store::outbox`).
     pub next_attempt_at: i64,
     /// Finished at (Unix ms).
     pub finished_at: Option<i64>,
