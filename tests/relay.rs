@@ -459,6 +459,52 @@ async fn an_untouched_modified_head_collapses_into_a_newer_one_that_keeps_its_pl
     vw.stop().await.unwrap();
 }
 
+/// An attempt still running at nine tenths of `relay.lease` is cut off, recorded as a `timeout` and
+/// retried, so it never outlives its lease: past it, the delivery would count as not in flight, and
+/// a newer change could be sent while it still is (found by a new user with a request template of
+/// four requests, each within its `timeout`, against a 1.5 s lease). Here three requests, each
+/// answered after 0.9 s: the attempt would take 2.7 s; it is cut off at 1.35 s, during the second.
+#[tokio::test]
+async fn an_attempt_that_would_outlive_its_lease_is_cut_off_and_retried() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|_, _| Reply::After(Duration::from_millis(900), 204)).await;
+    let mut config = h.config_with(vec![three_requests(&rx.url)]);
+    config.relay.lease = Duration::from_millis(1500);
+    let vw = h.start(config).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    let added = wait_delivery(&vw.store, "web", "ADDED", 1).await.remove(0);
+    let attempts = wait_until("the first attempt recorded", || async {
+        let attempts = vw.store.attempts(added.id).await.unwrap();
+        (!attempts.is_empty()).then_some(attempts)
+    })
+    .await;
+    let first = &attempts[0];
+    let cut_off = "attempt cut off after 1.35s, nine tenths of relay.lease, so that it is recorded while leased";
+    assert_eq!((first.error_class.as_deref(), first.error.as_deref()), (Some("timeout"), Some(cut_off)));
+    assert!((1350..1500).contains(&first.duration_ms), "cut off within the lease: {} ms", first.duration_ms);
+    let requests: Vec<String> = rx.hits().iter().map(|hit| hit.json()["step"].to_string()).collect();
+    assert_eq!(requests[..2], ["1", "2"], "the attempt was cut off during its second request");
+    vw.stop().await.unwrap();
+}
+
+/// An endpoint whose request template sends three PUTs per change (`/s1`…`/s3`, body `{"step": i}`).
+fn three_requests(url: &str) -> vipwatch::config::WebhookConfig {
+    let mut toml = format!(
+        "name = \"chain\"\nurl = \"{url}\"\ntimeout = \"1s\"\n[template]\nmode = \"event\"\n\
+         like = {{ MODIFIED = \"ADDED\", SYNCED = \"ADDED\" }}\n"
+    );
+    for step in 1..=3 {
+        toml.push_str(&format!(
+            "[[template.on.ADDED]]\nmethod = \"PUT\"\nurl = \"/s{step}\"\nbody = '{{\"step\": {step}}}'\n\
+             success = [200, 204]\n"
+        ));
+    }
+    toml.push_str("[[template.on.DELETED]]\nmethod = \"DELETE\"\nurl = \"/s1\"\nsuccess = [200, 204]\n");
+    let mut w: vipwatch::config::WebhookConfig = toml::from_str(&toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    w.retry = webhook("chain", url).retry;
+    w
+}
+
 /// The deliveries of Service `shop/name`, oldest first.
 async fn deliveries_of(store: &Store, name: &str) -> Vec<DeliveryRow> {
     let rows = store.deliveries(&DeliveryFilter::default()).await.unwrap();

@@ -65,7 +65,8 @@ pub struct RelayConfig {
     /// Deliveries in flight at once per endpoint (each to a different Service).
     pub concurrency: usize,
     /// How long a claimed delivery is reserved for its attempt before another worker may take it.
-    /// Must exceed the endpoint `timeout`; leases are also cleared at start (crash recovery).
+    /// Must exceed the endpoint `timeout`; leases are also cleared at start (crash recovery). An
+    /// attempt still running at nine tenths of it is cut off and retried (`relay::dispatcher`).
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
     /// On SIGTERM / Ctrl-C: how long in-flight attempts may finish before the process exits anyway.

@@ -114,6 +114,28 @@ fn power_of_two_within(n: usize) -> usize {
     n.checked_ilog2().map_or(0, |log| 1 << log)
 }
 
+/// How long one attempt may run: nine tenths of `relay.lease`, so that its outcome is recorded
+/// while the delivery is still leased. An attempt past its lease counts as not in flight: the relay
+/// may claim the delivery again, and a newer `MODIFIED` may supersede it as an untouched head, so
+/// that change could go out while the older one is still being sent (found by a new user: a request
+/// template of four requests, each within its `timeout`, ran past a 1.5 s lease). The config checks
+/// each request's `timeout` and a poll's deadline against the lease, not a chain of them; this bounds
+/// every kind of attempt at once.
+fn attempt_limit(lease: Duration) -> Duration {
+    lease * 9 / 10
+}
+
+/// The outcome of an attempt cut off at `limit` ([`attempt_limit`]): a `timeout`, retried.
+fn cut_off_attempt(limit: Duration, started_at: i64, clock: tokio::time::Instant) -> AttemptResult {
+    let mut out = super::sender::failure(
+        "timeout",
+        format!("attempt cut off after {limit:?}, nine tenths of relay.lease, so that it is recorded while leased"),
+    );
+    out.record.started_at = started_at;
+    out.record.duration_ms = i64::try_from(clock.elapsed().as_millis()).unwrap_or(i64::MAX);
+    out
+}
+
 /// The attempts that finished for the next round, starting with `first`: the others in flight that
 /// finish within `interval` of the last round share it, and the round starts as soon as the last
 /// one is out. (It used to start at once only when `first` was the last one in flight, and otherwise
@@ -359,14 +381,17 @@ impl Dispatcher {
             let probing = circuit.probe_started();
             self.publish(circuit, probing);
         }
+        let cut_off = attempt_limit(self.relay.lease);
         for c in claimed {
             if !self.trust.is_valid() {
                 break;
             }
             let (sender, trust) = (self.sender.clone(), self.trust.clone());
             in_flight.spawn(async move {
+                let (started_at, clock) = (now_ms(), tokio::time::Instant::now());
                 tokio::select! {
                     result = sender.send(&c) => Some((c, result)),
+                    () = tokio::time::sleep(cut_off) => Some((c, cut_off_attempt(cut_off, started_at, clock))),
                     _ = trust.expired() => None,
                 }
             });

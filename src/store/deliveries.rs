@@ -385,17 +385,24 @@ const ATTEMPT_ROWS: usize = 64;
 
 /// Sets each delivery's state after its attempt, from the JSON array ?1 of `{id, state, next,
 /// finished, status, error}` (one per delivery; ids are unique within a call: a delivery is claimed
-/// again only after its attempt was recorded).
+/// again only after its attempt was recorded). A delivery superseded meanwhile stays `superseded`
+/// (its attempt still counts): its lease ran out before the outcome was recorded (the database
+/// refused writes for longer than `relay.lease`), a newer `MODIFIED`, `DELETED` or resync took its
+/// place, and that one is what is sent next.
 const COMPLETE: Dual = Dual {
-    lite: "UPDATE deliveries SET state = u.state, attempts = attempts + 1, claimed_until = NULL, \
-    next_attempt_at = COALESCE(u.next, next_attempt_at), finished_at = u.finished, last_status = u.status, \
-    last_error = u.error FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.state') AS state, \
+    lite: "UPDATE deliveries SET state = CASE deliveries.state WHEN 'superseded' THEN 'superseded' ELSE u.state END, \
+    attempts = attempts + 1, claimed_until = NULL, \
+    next_attempt_at = COALESCE(u.next, next_attempt_at), \
+    finished_at = CASE deliveries.state WHEN 'superseded' THEN deliveries.finished_at ELSE u.finished END, \
+    last_status = u.status, last_error = u.error FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.state') AS state, \
     json_extract(value, '$.next') AS next, json_extract(value, '$.finished') AS finished, \
     json_extract(value, '$.status') AS status, json_extract(value, '$.error') AS error FROM json_each($1)) AS u \
     WHERE deliveries.id = u.id",
-    pg: "UPDATE deliveries SET state = u.state, attempts = deliveries.attempts + 1, claimed_until = NULL, \
-    next_attempt_at = COALESCE(u.next, deliveries.next_attempt_at), finished_at = u.finished, last_status = u.status, \
-    last_error = u.error FROM jsonb_to_recordset($1::jsonb) \
+    pg: "UPDATE deliveries SET state = CASE deliveries.state WHEN 'superseded' THEN 'superseded' ELSE u.state END, \
+    attempts = deliveries.attempts + 1, claimed_until = NULL, \
+    next_attempt_at = COALESCE(u.next, deliveries.next_attempt_at), \
+    finished_at = CASE deliveries.state WHEN 'superseded' THEN deliveries.finished_at ELSE u.finished END, \
+    last_status = u.status, last_error = u.error FROM jsonb_to_recordset($1::jsonb) \
     AS u(id bigint, state text, next bigint, finished bigint, status bigint, error text) WHERE deliveries.id = u.id",
 };
 
@@ -453,4 +460,39 @@ pub(super) async fn record_attempts(s: &mut Script<'_>, now: i64, done: &[Comple
         s.run(Stmt::dual(s.backend(), &COMPLETE).bind(rows)).await?;
     }
     super::outbox::supersede_retried(s, now, &retried).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{AttemptRecord, Outcome};
+
+    /// An outcome recorded after its delivery was superseded (its lease ran out first, while the
+    /// database refused writes) counts the attempt and leaves the delivery superseded, so it is not
+    /// revived as `succeeded` or `pending` behind the delivery that replaced it.
+    #[tokio::test]
+    async fn an_outcome_recorded_after_its_delivery_was_superseded_leaves_it_superseded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let d = NewDelivery {
+            webhook: "w".into(),
+            kind: "SYNCED",
+            msg_id: crate::relay::new_msg_id(),
+            payload: "{}".into(),
+            coalesce_ms: None,
+        };
+        store.enqueue_synced(vec![(d, ServiceKey::new("ns", "a"))]).await.unwrap();
+        let id = store.claim("w", now_ms(), 60_000, 1).await.unwrap()[0].id;
+        let supersede =
+            store.backend.query("UPDATE deliveries SET state = 'superseded', finished_at = 7 WHERE id = $1");
+        store.writer().await.unwrap().execute(supersede.bind(id)).await.unwrap();
+
+        for outcome in [Outcome::Succeeded, Outcome::Retry(now_ms()), Outcome::Failed] {
+            let done = Completion { delivery_id: id, attempt: AttemptRecord::default(), outcome };
+            store.complete(&[done]).await.unwrap();
+        }
+        let row = store.delivery(id).await.unwrap().unwrap();
+        assert_eq!((row.state.as_str(), row.finished_at, row.attempts), ("superseded", Some(7), 3));
+        assert_eq!(store.attempts(id).await.unwrap().len(), 3);
+    }
 }
