@@ -186,6 +186,21 @@ fn values_that_would_misbehave_at_run_time_are_rejected_up_front() {
     }
 }
 
+/// An attempt is cut off at nine tenths of `relay.lease`, so the lease must leave a webhook's whole
+/// `timeout` below that.
+#[test]
+fn a_lease_that_would_cut_off_attempts_within_their_timeout_is_rejected() {
+    let config = format!("[relay]\nlease = \"1050ms\"\n{WEBHOOK}timeout = \"1s\"\n");
+    let o = vipwatch(&["check-config"], &[], Some(&config));
+    assert_invalid(
+        &o,
+        "invalid value for `relay.lease`: nine tenths of it must be longer than every webhook timeout (`f5-lab` has 1s)",
+    );
+    let config = format!("[relay]\nlease = \"1200ms\"\n{WEBHOOK}timeout = \"1s\"\n");
+    let o = vipwatch(&["check-config"], &[], Some(&config));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
 #[test]
 fn webhook_tls_headers_and_secret_length_are_checked_by_check_config() {
     let short = WEBHOOK.replace("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_YWJj");

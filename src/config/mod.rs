@@ -438,17 +438,22 @@ impl Config {
                 return Err(ConfigError::Value { key: "webhooks.name", reason });
             }
             let polls = w.template.iter().flat_map(|t| t.named_requests()).filter_map(|(_, r)| r.poll.as_ref());
+            // An attempt is cut off at nine tenths of the lease (`RelayConfig::attempt_limit`).
+            let limit = self.relay.attempt_limit();
             if let Some(p) = polls.max_by_key(|p| p.deadline)
-                && p.deadline + w.timeout * 2 >= self.relay.lease
+                && p.deadline + w.timeout * 2 >= limit
             {
                 let reason = format!(
-                    "must be longer than a poll deadline plus two timeouts (`{}` polls up to {:?})",
+                    "nine tenths of it must be longer than a poll deadline plus two timeouts (`{}` polls up to {:?})",
                     w.name, p.deadline
                 );
                 return Err(ConfigError::Value { key: "relay.lease", reason });
             }
-            if w.timeout >= self.relay.lease {
-                let reason = format!("must be longer than every webhook timeout (`{}` has {:?})", w.name, w.timeout);
+            if w.timeout >= limit {
+                let reason = format!(
+                    "nine tenths of it must be longer than every webhook timeout (`{}` has {:?})",
+                    w.name, w.timeout
+                );
                 return Err(ConfigError::Value { key: "relay.lease", reason });
             }
         }

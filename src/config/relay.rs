@@ -65,8 +65,9 @@ pub struct RelayConfig {
     /// Deliveries in flight at once per endpoint (each to a different Service).
     pub concurrency: usize,
     /// How long a claimed delivery is reserved for its attempt before another worker may take it.
-    /// Must exceed the endpoint `timeout`; leases are also cleared at start (crash recovery). An
-    /// attempt still running at nine tenths of it is cut off and retried (`relay::dispatcher`).
+    /// Must exceed every endpoint `timeout` by more than a ninth; leases are also cleared at start
+    /// (crash recovery). An attempt still running at nine tenths of it is cut off and retried
+    /// ([`RelayConfig::attempt_limit`]).
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
     /// On SIGTERM / Ctrl-C: how long in-flight attempts may finish before the process exits anyway.
@@ -79,6 +80,20 @@ pub struct RelayConfig {
     /// 429) after which its circuit opens: one probe at a time on the retry schedule until it
     /// answers. 0 disables the breaker. Per endpoint: `webhooks.circuit_failures`.
     pub circuit_failures: u32,
+}
+
+impl RelayConfig {
+    /// How long one attempt may run: nine tenths of `lease`, so that its outcome is recorded while
+    /// the delivery is still leased; the dispatcher cuts a longer one off as a `timeout`, retried.
+    /// An attempt past its lease counts as not in flight: the relay may claim the delivery again,
+    /// and a newer `MODIFIED` may supersede it as an untouched head, so that change could go out
+    /// while the older one is still being sent (found by a new user: a request template of four
+    /// requests, each within its `timeout`, ran past a 1.5 s lease). Every webhook `timeout`, and a
+    /// poll's deadline plus two timeouts, must stay below it (checked at load); a chain of requests
+    /// is bounded only by this.
+    pub fn attempt_limit(&self) -> Duration {
+        self.lease * 9 / 10
+    }
 }
 
 impl Default for RelayConfig {

@@ -202,8 +202,8 @@ pub struct Poll {
     /// Between polls. Default 1 s.
     #[serde(default = "default_poll_every", with = "humantime_serde")]
     pub every: Duration,
-    /// Give up (the attempt fails and is retried) after this long. Default 60 s; must stay below
-    /// `relay.lease` minus the endpoint's `timeout`.
+    /// Give up (the attempt fails and is retried) after this long. Default 60 s; plus twice the
+    /// endpoint's `timeout`, must stay below nine tenths of `relay.lease`.
     #[serde(default = "default_poll_deadline", with = "humantime_serde")]
     pub deadline: Duration,
 }

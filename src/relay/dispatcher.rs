@@ -114,18 +114,8 @@ fn power_of_two_within(n: usize) -> usize {
     n.checked_ilog2().map_or(0, |log| 1 << log)
 }
 
-/// How long one attempt may run: nine tenths of `relay.lease`, so that its outcome is recorded
-/// while the delivery is still leased. An attempt past its lease counts as not in flight: the relay
-/// may claim the delivery again, and a newer `MODIFIED` may supersede it as an untouched head, so
-/// that change could go out while the older one is still being sent (found by a new user: a request
-/// template of four requests, each within its `timeout`, ran past a 1.5 s lease). The config checks
-/// each request's `timeout` and a poll's deadline against the lease, not a chain of them; this bounds
-/// every kind of attempt at once.
-fn attempt_limit(lease: Duration) -> Duration {
-    lease * 9 / 10
-}
-
-/// The outcome of an attempt cut off at `limit` ([`attempt_limit`]): a `timeout`, retried.
+/// The outcome of an attempt cut off at `limit` ([`RelayConfig::attempt_limit`]): a `timeout`,
+/// retried.
 fn cut_off_attempt(limit: Duration, started_at: i64, clock: tokio::time::Instant) -> AttemptResult {
     let mut out = super::sender::failure(
         "timeout",
@@ -381,7 +371,7 @@ impl Dispatcher {
             let probing = circuit.probe_started();
             self.publish(circuit, probing);
         }
-        let cut_off = attempt_limit(self.relay.lease);
+        let cut_off = self.relay.attempt_limit();
         for c in claimed {
             if !self.trust.is_valid() {
                 break;

@@ -103,7 +103,7 @@ const CHUNK: usize = 128;
 
 /// Supersedes, among deliveries touched by this batch (a newer pending MODIFIED with id >= $2), every
 /// pending MODIFIED followed by a newer pending MODIFIED with no pending ADDED/DELETED/SYNCED in
-/// between ([`COLLAPSES`]): one behind its queue's head, and the head itself while no attempt has
+/// between (`collapses!`): one behind its queue's head, and the head itself while no attempt has
 /// touched it (none made, none in flight at $1) and it is held for the finalizer exactly as the newer
 /// one is. ADDED, DELETED and SYNCED are never superseded. Run after [`INHERIT_PLACE`], which gives the
 /// newer delivery the place in line of those it supersedes.
@@ -172,8 +172,8 @@ use inherit_from;
 
 /// A superseding UPDATE on both backends: the join of this batch's newer pending deliveries `m`
 /// (ids >= $2) to the older pending deliveries `d` of the same queue, finished at $1, narrowed by
-/// `$which` (a literal condition on `m` and `d`, or a macro giving one). SQLite's text pins the loop order (`CROSS JOIN`)
-/// and `d`'s index; PostgreSQL's is a plain join.
+/// `$which` (a literal condition on `m` and `d`, or a macro giving one). SQLite's text pins the loop
+/// order (`CROSS JOIN`) and `d`'s index; PostgreSQL's is a plain join.
 macro_rules! superseding {
     (@on) => {
         "d.webhook = m.webhook AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' \
@@ -289,8 +289,8 @@ pub(super) async fn insert_deliveries(
     }
 }
 
-/// [`SUPERSEDE`] and [`SUPERSEDE_BY_FULL`] on SQLite right after a batch's inserts, with $2 the
-/// number of rows the batch inserted (see [`insert_deliveries`]).
+/// [`INHERIT_PLACE`], [`SUPERSEDE`] and [`SUPERSEDE_BY_FULL`] on SQLite right after a batch's
+/// inserts, with $2 the number of rows the batch inserted (see [`insert_deliveries`]).
 static SUPERSEDE_AFTER_INSERT: LazyLock<[String; 3]> = LazyLock::new(|| {
     [INHERIT_PLACE.lite, SUPERSEDE.lite, SUPERSEDE_BY_FULL.lite].map(|sql| {
         // Once, or the statement would compare ids with a row count.
