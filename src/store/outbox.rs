@@ -161,14 +161,20 @@ const INHERIT_PLACE: Dual = Dual {
 /// The deliveries `d` that `m` will supersede ([`INHERIT_PLACE`]).
 macro_rules! inherit_from {
     () => {
-        concat!(
-            "d.webhook = m.webhook AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' \
-      AND d.id < m.id AND ",
-            collapses!()
-        )
+        concat!(older_in_queue!(), " AND ", collapses!())
     };
 }
 use inherit_from;
+
+/// `d` is a pending delivery of `m`'s queue (endpoint and Service) older than `m`: the join of the
+/// superseding statements and of [`INHERIT_PLACE`].
+macro_rules! older_in_queue {
+    () => {
+        "d.webhook = m.webhook AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' \
+      AND d.id < m.id"
+    };
+}
+use older_in_queue;
 
 /// A superseding UPDATE on both backends: the join of this batch's newer pending deliveries `m`
 /// (ids >= $2) to the older pending deliveries `d` of the same queue, finished at $1, narrowed by
@@ -176,8 +182,7 @@ use inherit_from;
 /// order (`CROSS JOIN`) and `d`'s index; PostgreSQL's is a plain join.
 macro_rules! superseding {
     (@on) => {
-        "d.webhook = m.webhook AND d.namespace = m.namespace AND d.name = m.name AND d.state = 'pending' \
-      AND d.id < m.id WHERE m.id >= $2 AND m.state = 'pending' AND "
+        concat!(older_in_queue!(), " WHERE m.id >= $2 AND m.state = 'pending' AND ")
     };
     ($($which:tt)+) => {
         Dual {
