@@ -7,15 +7,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::api::Api;
 use common::receiver::Receiver;
 use common::*;
 use reqwest::StatusCode;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use vipwatch::config::Config;
 use vipwatch::store::DeliveryFilter;
 
@@ -52,11 +53,16 @@ impl Drop for Tmpfs {
 /// empties `db`'s WAL (`sqlite3`: `PRAGMA wal_checkpoint(TRUNCATE)`): vipwatch checkpoints in the
 /// background, and a WAL it started over rewrites blocks the file already has, so small writes would
 /// still fit on the full disk (they would be durable; the test needs every write to take new space).
-fn fill(db: &Path, path: &Path) -> u64 {
-    let out = Command::new("sqlite3")
+///
+/// Async, so the in-process vipwatch runs on meanwhile: a `#[tokio::test]` runs it on the test's one
+/// thread, and a CLI waited for there (blocking) would wait for a transaction vipwatch had begun and
+/// could not finish until the wait was over.
+async fn fill(db: &Path, path: &Path) -> u64 {
+    let out = tokio::process::Command::new("sqlite3")
         .arg(db)
         .arg("PRAGMA busy_timeout = 5000; PRAGMA wal_checkpoint(TRUNCATE);")
         .output()
+        .await
         .expect("the sqlite3 CLI is installed");
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().last(), Some("0|0|0"), "WAL emptied: {out:?}");
     let mut f = std::fs::File::create(path).unwrap();
@@ -117,7 +123,7 @@ async fn a_full_disk_records_nothing_says_so_in_readyz_and_loses_nothing_once_sp
     let committed_before = *vw.committed().borrow();
 
     let ballast = fs.path().join("ballast");
-    assert!(fill(&fs.path().join("vipwatch.db"), &ballast) > 0);
+    assert!(fill(&fs.path().join("vipwatch.db"), &ballast).await > 0);
     h.api.apply(lb_service("shop", "b", 81));
     h.api.apply(lb_service("shop", "c", 82));
 
@@ -160,43 +166,43 @@ async fn a_full_disk_records_nothing_says_so_in_readyz_and_loses_nothing_once_sp
     vw.stop().await.unwrap();
 }
 
-/// The `sqlite3` CLI holding `BEGIN EXCLUSIVE` on a database until released or dropped.
+/// The `sqlite3` CLI holding `BEGIN EXCLUSIVE` on a database until released or dropped (killed then).
+///
+/// Async, like [`fill`]: the lock is taken while the in-process vipwatch may be in a write
+/// transaction on the test's thread, which must be able to finish it for the CLI to get the lock.
 struct ExclusiveLock {
-    child: Child,
-    stdin: Option<ChildStdin>,
+    child: tokio::process::Child,
+    stdin: Option<tokio::process::ChildStdin>,
 }
 
 impl ExclusiveLock {
-    fn take(db: &Path) -> Self {
-        let mut child = Command::new("sqlite3")
+    async fn take(db: &Path) -> Self {
+        let mut child = tokio::process::Command::new("sqlite3")
             .arg(db)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
             .spawn()
             .expect("the sqlite3 CLI is installed");
         let mut stdin = child.stdin.take().unwrap();
-        writeln!(stdin, ".timeout 5000\nBEGIN EXCLUSIVE;\nSELECT 'locked';").unwrap();
-        stdin.flush().unwrap();
+        stdin.write_all(b".bail on\n.timeout 5000\nBEGIN EXCLUSIVE;\nSELECT 'locked';\n").await.unwrap();
+        stdin.flush().await.unwrap();
         let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "locked", "sqlite3 took the exclusive lock");
+        tokio::io::BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).await.unwrap();
+        if line.trim() != "locked" {
+            let mut err = String::new();
+            child.stderr.as_mut().unwrap().read_to_string(&mut err).await.unwrap();
+            panic!("sqlite3 did not take the exclusive lock within its 5 s busy timeout: {err}");
+        }
         Self { child, stdin: Some(stdin) }
     }
 
-    fn release(mut self) {
+    async fn release(mut self) {
         let mut stdin = self.stdin.take().unwrap();
-        writeln!(stdin, "COMMIT;\n.quit").unwrap();
+        stdin.write_all(b"COMMIT;\n.quit\n").await.unwrap();
         drop(stdin);
-        assert!(self.child.wait().unwrap().success());
-    }
-}
-
-impl Drop for ExclusiveLock {
-    fn drop(&mut self) {
-        if self.stdin.is_some() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        assert!(self.child.wait().await.unwrap().success());
     }
 }
 
@@ -210,7 +216,7 @@ async fn a_database_locked_by_another_process_makes_readyz_answer_503_at_once_an
     wait_accepted(&rx, 1).await;
     assert_eq!(readyz(&api).await.0, StatusCode::OK);
 
-    let lock = ExclusiveLock::take(&h.db_path());
+    let lock = ExclusiveLock::take(&h.db_path()).await;
     h.api.apply(lb_service("shop", "b", 81));
     let (status, detail, took) = readyz(&api).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{detail}");
@@ -222,7 +228,7 @@ async fn a_database_locked_by_another_process_makes_readyz_answer_503_at_once_an
     assert_eq!((status, took < Duration::from_millis(1500)), (StatusCode::SERVICE_UNAVAILABLE, true), "{took:?}");
     assert_eq!(events(&vw.store).await.len(), 1, "nothing recorded while the lock is held");
 
-    lock.release();
+    lock.release().await;
     let rows = wait_events(&vw.store, 2).await;
     let added = |name: &str| (s("ADDED"), s("watch"), format!("shop/{name}"));
     assert_eq!(summary(&rows), vec![added("a"), added("b")], "the change made meanwhile is recorded once");
@@ -243,7 +249,7 @@ async fn an_accepted_delivery_whose_outcome_cannot_be_recorded_is_not_sent_again
     h.api.apply(lb_service("shop", "a", 80));
     wait_until("the attempt in flight", || async { (!rx.hits().is_empty()).then_some(()) }).await;
     let ballast = fs.path().join("ballast");
-    fill(&fs.path().join("vipwatch.db"), &ballast);
+    fill(&fs.path().join("vipwatch.db"), &ballast).await;
 
     wait_accepted(&rx, 1).await;
     // Recording the outcome fails, again and again (backed off); the delivery is not sent again.
