@@ -201,6 +201,32 @@ fn a_lease_that_would_cut_off_attempts_within_their_timeout_is_rejected() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
 
+/// `relay.lease` is 1 s to 24 h: a shorter one leaves an attempt's cut-off too little margin before
+/// its lease ends on a busy machine (a new user saw attempts outlive a 30 ms lease), and a huge one
+/// overflowed the arithmetic of the limits (a panic, exit 101) instead of being refused (exit 2).
+/// The same for a huge webhook `timeout` beside a poll.
+#[test]
+fn a_lease_outside_one_second_to_a_day_is_rejected_and_huge_durations_do_not_panic() {
+    let reason = "invalid value for `relay.lease`: must be between 1s and 24h";
+    for lease in ["30ms", "999ms", "25h", "500000000000y"] {
+        let config = format!("[relay]\nlease = \"{lease}\"\n{WEBHOOK}timeout = \"20ms\"\n");
+        let o = vipwatch(&["check-config"], &[], Some(&config));
+        assert_invalid(&o, reason);
+    }
+    let poll = "[webhooks.template]\nmode = \"event\"\nlike = { MODIFIED = \"ADDED\", DELETED = \"ADDED\", SYNCED = \"ADDED\" }\n\n[[webhooks.template.on.ADDED]]\nurl = \"/x\"\nbody = \"{}\"\n\
+        poll = { url = \"/task\", until = { pointer = \"/done\", equals = true } }\n";
+    let config = format!("{WEBHOOK}timeout = \"300000000000y\"\n{poll}");
+    let o = vipwatch(&["check-config"], &[], Some(&config));
+    assert_invalid(
+        &o,
+        "invalid value for `relay.lease`: nine tenths of it must be longer than a poll deadline plus two timeouts (`f5-lab` polls up to 30s)",
+    );
+    // The poll's default deadline (30 s) fits the default lease (60 s) with the default timeout.
+    let config = format!("{WEBHOOK}{poll}");
+    let o = vipwatch(&["check-config"], &[], Some(&config));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
 #[test]
 fn webhook_tls_headers_and_secret_length_are_checked_by_check_config() {
     let short = WEBHOOK.replace("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_YWJj");

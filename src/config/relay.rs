@@ -65,8 +65,9 @@ pub struct RelayConfig {
     /// Deliveries in flight at once per endpoint (each to a different Service).
     pub concurrency: usize,
     /// How long a claimed delivery is reserved for its attempt before another worker may take it.
-    /// Must exceed every endpoint `timeout` by more than a ninth; leases are also cleared at start
-    /// (crash recovery). An attempt still running at nine tenths of it is cut off and retried
+    /// 1 s to 24 h ([`super::MIN_LEASE`], [`super::MAX_LEASE`]). Nine tenths of it must exceed
+    /// every endpoint `timeout`; leases are also cleared at start (crash recovery). An attempt still
+    /// running at nine tenths of it after its claim is cut off and retried
     /// ([`RelayConfig::attempt_limit`]).
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
@@ -92,7 +93,7 @@ impl RelayConfig {
     /// poll's deadline plus two timeouts, must stay below it (checked at load); a chain of requests
     /// is bounded only by this.
     pub fn attempt_limit(&self) -> Duration {
-        self.lease * 9 / 10
+        self.lease - self.lease / 10
     }
 }
 

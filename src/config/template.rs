@@ -202,8 +202,9 @@ pub struct Poll {
     /// Between polls. Default 1 s.
     #[serde(default = "default_poll_every", with = "humantime_serde")]
     pub every: Duration,
-    /// Give up (the attempt fails and is retried) after this long. Default 60 s; plus twice the
-    /// endpoint's `timeout`, must stay below nine tenths of `relay.lease`.
+    /// Give up (the attempt fails and is retried) after this long. Default 30 s; plus twice the
+    /// endpoint's `timeout`, must stay below nine tenths of `relay.lease` (with the defaults, 30 s +
+    /// 2 × 10 s < 54 s; the default was 60 s, which no default lease accepted).
     #[serde(default = "default_poll_deadline", with = "humantime_serde")]
     pub deadline: Duration,
 }
@@ -230,7 +231,7 @@ fn default_poll_every() -> Duration {
     Duration::from_secs(1)
 }
 fn default_poll_deadline() -> Duration {
-    Duration::from_secs(60)
+    Duration::from_secs(30)
 }
 
 impl TemplateConfig {

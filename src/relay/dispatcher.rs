@@ -114,12 +114,21 @@ fn power_of_two_within(n: usize) -> usize {
     n.checked_ilog2().map_or(0, |log| 1 << log)
 }
 
-/// The outcome of an attempt cut off at `limit` ([`RelayConfig::attempt_limit`]): a `timeout`,
-/// retried.
-fn cut_off_attempt(limit: Duration, started_at: i64, clock: tokio::time::Instant) -> AttemptResult {
+/// How long an attempt starting at `now` (Unix ms) may run: until `margin` ms (a tenth of
+/// `relay.lease`) before its claim's lease ends at `claimed_until`. Counted from the claim, not from
+/// the start: a claim that waited for the write connection or for a worker has that much less time
+/// (a new user saw attempts outlive their lease when it was counted from the start); zero when that
+/// time has passed (the attempt is not made).
+fn time_left(claimed_until: i64, margin: i64, now: i64) -> Duration {
+    Duration::from_millis(u64::try_from(claimed_until.saturating_sub(margin).saturating_sub(now)).unwrap_or(0))
+}
+
+/// The outcome of an attempt cut off a tenth of `relay.lease` before its claim's lease ends
+/// ([`RelayConfig::attempt_limit`]; never started when that time had passed): a `timeout`, retried.
+fn cut_off_attempt(started_at: i64, clock: tokio::time::Instant) -> AttemptResult {
     let mut out = super::sender::failure(
         "timeout",
-        format!("attempt cut off after {limit:?}, nine tenths of relay.lease, so that it is recorded while leased"),
+        "attempt cut off at nine tenths of relay.lease after its claim, so that it is recorded while leased".into(),
     );
     out.record.started_at = started_at;
     out.record.duration_ms = i64::try_from(clock.elapsed().as_millis()).unwrap_or(i64::MAX);
@@ -371,7 +380,7 @@ impl Dispatcher {
             let probing = circuit.probe_started();
             self.publish(circuit, probing);
         }
-        let cut_off = self.relay.attempt_limit();
+        let margin = i64::try_from((self.relay.lease - self.relay.attempt_limit()).as_millis()).unwrap_or(i64::MAX);
         for c in claimed {
             if !self.trust.is_valid() {
                 break;
@@ -379,9 +388,13 @@ impl Dispatcher {
             let (sender, trust) = (self.sender.clone(), self.trust.clone());
             in_flight.spawn(async move {
                 let (started_at, clock) = (now_ms(), tokio::time::Instant::now());
+                let left = time_left(c.claimed_until, margin, started_at);
+                if left.is_zero() {
+                    return Some((c, cut_off_attempt(started_at, clock)));
+                }
                 tokio::select! {
                     result = sender.send(&c) => Some((c, result)),
-                    () = tokio::time::sleep(cut_off) => Some((c, cut_off_attempt(cut_off, started_at, clock))),
+                    () = tokio::time::sleep(left) => Some((c, cut_off_attempt(started_at, clock))),
                     _ = trust.expired() => None,
                 }
             });
@@ -615,6 +628,19 @@ impl Dispatcher {
 
 #[cfg(test)]
 mod tests {
+
+    /// Lease 1.5 s (margin 150 ms), claimed at 10,000 ms: an attempt starting at once may run
+    /// 1.35 s; one starting 1.2 s after the claim only 150 ms; one starting past the cut-off not at
+    /// all.
+    #[test]
+    fn an_attempt_may_run_until_a_tenth_of_the_lease_before_its_claim_ends() {
+        use std::time::Duration;
+        let (claimed_until, margin) = (10_000 + 1_500, 150);
+        assert_eq!(super::time_left(claimed_until, margin, 10_000), Duration::from_millis(1_350));
+        assert_eq!(super::time_left(claimed_until, margin, 11_200), Duration::from_millis(150));
+        assert_eq!(super::time_left(claimed_until, margin, 11_350), Duration::ZERO);
+        assert_eq!(super::time_left(claimed_until, margin, 12_000), Duration::ZERO);
+    }
     #[test]
     fn a_claim_takes_the_largest_power_of_two_within_the_free_slots() {
         let claims: Vec<usize> =

@@ -92,6 +92,10 @@ pub struct Claimed {
     pub created_at: i64,
     /// The event it carries (`None` for `service.synced`).
     pub event_id: Option<i64>,
+    /// When this claim's lease ends (Unix ms): the claim's time plus `relay.lease`. The attempt is
+    /// cut off a tenth of the lease before ([`crate::config::RelayConfig::attempt_limit`]), counted
+    /// from the claim, not from when the attempt got to start.
+    pub claimed_until: i64,
 }
 
 /// Columns of a delivery row, in [`super::db::values_sql`] order.
@@ -405,6 +409,7 @@ pub(super) fn claimed(rows: &[super::db::Row]) -> Vec<Claimed> {
             attempts: r.get("attempts"),
             created_at: r.get("created_at"),
             event_id: r.get("event_id"),
+            claimed_until: r.get("claimed_until"),
         })
         .collect();
     claimed.sort_by_key(|c| c.id);
@@ -483,7 +488,8 @@ macro_rules! claim_where {
 }
 use claim_where;
 
-const CLAIM_RETURNING: &str = " RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id";
+const CLAIM_RETURNING: &str =
+    " RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id, claimed_until";
 
 const NEXT_DUE: Dual = Dual {
     lite: concat!(
