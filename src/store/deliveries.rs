@@ -239,6 +239,39 @@ impl Store {
         self.settle(conn, result)
     }
 
+    /// Enqueues a resync from a snapshot taken in the same write transaction: reads the newest event
+    /// id and every Service of the state table there, lets `build(as_of_event_id, services)` make
+    /// the deliveries (each on the queue of its Service key), and inserts them before committing.
+    /// No change can be recorded between the snapshot and the inserts, so each `service.synced`
+    /// carries its Service's state as of every change queued before it (which it supersedes when
+    /// still pending), and every later change queues after it. (Read first and inserted in a
+    /// transaction of their own, a change recorded in between was superseded by a resync that did
+    /// not carry it, or delivered before a resync that carried the state before it: found by a new
+    /// user racing a resync against a Service changed every 2 ms.) `build` runs while the write lock
+    /// is held: make it render, not wait. Returns how many were enqueued. Errors: [`StoreError`];
+    /// nothing is enqueued then.
+    pub async fn enqueue_resync<F>(&self, build: F) -> Result<usize, StoreError>
+    where
+        F: FnOnce(i64, &[super::ServiceRow]) -> Vec<(NewDelivery, ServiceKey)>,
+    {
+        let mut conn = self.writer().await?;
+        let result = async {
+            let mut s = Script::new(conn.begin().await?);
+            let tx = s.tx().await?;
+            let as_of = self.backend.query("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(tx.exec()).await?;
+            let rows = self.backend.query(super::state::SERVICES_SNAPSHOT).fetch_all(tx.exec()).await?;
+            let services = rows.iter().map(super::state::service_row).collect::<Result<Vec<_>, _>>()?;
+            let deliveries = build(as_of.get(0), &services);
+            let rows: Vec<DeliveryInsert<'_>> =
+                deliveries.iter().map(|(d, key)| (d.clone(), None, key, false)).collect();
+            insert_deliveries(&mut s, now_ms(), &rows).await?;
+            s.commit().await?;
+            Ok(rows.len())
+        }
+        .await;
+        self.settle(conn, result)
+    }
+
     /// Deliveries matching `filter`, by id ascending.
     pub async fn deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<DeliveryRow>, StoreError> {
         let mut w = Filter::default();

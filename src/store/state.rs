@@ -369,12 +369,14 @@ impl Store {
 
     /// The whole current-state table ordered by namespace, name.
     pub async fn services(&self) -> Result<Vec<ServiceRow>, StoreError> {
-        let sql = "SELECT namespace, name, uid, resource_version, view, backends, first_seen_at, updated_at \
-                   FROM services ORDER BY namespace, name";
-        let rows = self.read_all(self.backend.query(sql)).await?;
+        let rows = self.read_all(self.backend.query(SERVICES_SNAPSHOT)).await?;
         rows.iter().map(service_row).collect()
     }
 }
+
+/// Every row of the state table, by key ([`Store::services`], [`Store::enqueue_resync`]).
+pub(super) const SERVICES_SNAPSHOT: &str = "SELECT namespace, name, uid, resource_version, view, backends, \
+    first_seen_at, updated_at FROM services ORDER BY namespace, name";
 
 pub(super) fn service_row(r: &Row) -> Result<ServiceRow, StoreError> {
     Ok(ServiceRow {
