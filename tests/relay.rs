@@ -653,3 +653,43 @@ async fn a_change_made_while_a_resync_runs_is_neither_lost_nor_overtaken() {
     }
     vw.stop().await.unwrap();
 }
+
+/// A Service whose deliveries wait for vipwatch's finalizer (its patch held by the apiserver): a
+/// resync's `service.synced` supersedes its held ADDED and waits too, so nothing of it goes out
+/// before the finalizer is on (found by a new user: the `service.synced` was inserted not held and
+/// went out at once). Another Service's `service.synced` of the same resync goes out meanwhile.
+#[tokio::test]
+async fn a_resync_does_not_send_a_service_before_its_finalizer_is_on() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let config = h.config_with(vec![webhook("lab", &rx.url)]);
+    let vw = h.start(config.clone()).await;
+    h.api.apply(lb_service("shop", "free", 80));
+    wait_accepted(&rx, 1).await;
+    h.api.faults().hold_writes_to("gated", true);
+    h.api.apply(lb_service("shop", "gated", 81));
+    wait_delivery(&vw.store, "gated", "ADDED", 1).await;
+
+    vipwatch::relay::resync(&vw.store, &config, None).await.unwrap();
+    let synced = |name: &str| {
+        rx.accepted()
+            .iter()
+            .filter(|hit| hit.json()["data"]["service"]["name"] == name)
+            .map(|hit| hit.json()["type"].clone())
+            .collect::<Vec<_>>()
+    };
+    wait_until("free's service.synced delivered", || async { (synced("free").len() == 2).then_some(()) }).await;
+    assert_eq!(synced("gated"), Vec::<serde_json::Value>::new(), "nothing of gated before its finalizer");
+    let gated = |rows: Vec<DeliveryRow>| {
+        rows.into_iter().filter(|d| d.key.name == "gated").map(|d| (d.kind, d.state)).collect::<Vec<_>>()
+    };
+    let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+    assert_eq!(gated(rows), [(s("ADDED"), s("superseded")), (s("SYNCED"), s("pending"))]);
+
+    h.api.faults().hold_writes_to("gated", false);
+    wait_until("gated delivered", || async { (!synced("gated").is_empty()).then_some(()) }).await;
+    assert_eq!(synced("gated"), [json!("service.synced")]);
+    let finalizers = h.api.get("shop", "gated").unwrap()["metadata"]["finalizers"].clone();
+    assert_eq!(finalizers, json!(["vipwatch.io/cleanup"]));
+    vw.stop().await.unwrap();
+}

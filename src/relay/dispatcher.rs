@@ -118,13 +118,14 @@ fn power_of_two_within(n: usize) -> usize {
 /// `relay.lease`) before its claim's lease ends at `claimed_until`. Counted from the claim, not from
 /// the start: a claim that waited for the write connection or for a worker has that much less time
 /// (a new user saw attempts outlive their lease when it was counted from the start); zero when that
-/// time has passed (the attempt is not made).
+/// time has passed (the attempt is not made, and not recorded).
 fn time_left(claimed_until: i64, margin: i64, now: i64) -> Duration {
     Duration::from_millis(u64::try_from(claimed_until.saturating_sub(margin).saturating_sub(now)).unwrap_or(0))
 }
 
 /// The outcome of an attempt cut off a tenth of `relay.lease` before its claim's lease ends
-/// ([`RelayConfig::attempt_limit`]; never started when that time had passed): a `timeout`, retried.
+/// ([`RelayConfig::attempt_limit`]): a `timeout`, retried. (One whose time had passed before it
+/// started is not made at all.)
 fn cut_off_attempt(started_at: i64, clock: tokio::time::Instant) -> AttemptResult {
     let mut out = super::sender::failure(
         "timeout",
@@ -390,7 +391,11 @@ impl Dispatcher {
                 let (started_at, clock) = (now_ms(), tokio::time::Instant::now());
                 let left = time_left(c.claimed_until, margin, started_at);
                 if left.is_zero() {
-                    return Some((c, cut_off_attempt(started_at, clock)));
+                    // Not made, so not an attempt: nothing recorded, no retry counted, no failure for
+                    // the circuit; the delivery is claimed again once its lease ends (within a tenth
+                    // of the lease).
+                    debug!(delivery = c.id, "claimed too long ago to be sent within its lease; claimed again later");
+                    return None;
                 }
                 tokio::select! {
                     result = sender.send(&c) => Some((c, result)),

@@ -198,6 +198,8 @@ impl Store {
             record_attempts(&mut s, now, done).await?;
             let claimed = match claim {
                 Some((webhook, at, lease_ms, limit)) if limit > 0 => {
+                    // Leased from when it runs, not from when the round asked (see `Store::claim`).
+                    let at = at.max(now);
                     let rows =
                         s.fetch_all(super::outbox::claim_stmt(s.backend(), webhook, at, lease_ms, limit)).await?;
                     super::outbox::claimed(&rows)
@@ -247,8 +249,9 @@ impl Store {
     /// still pending), and every later change queues after it. (Read first and inserted in a
     /// transaction of their own, a change recorded in between was superseded by a resync that did
     /// not carry it, or delivered before a resync that carried the state before it: found by a new
-    /// user racing a resync against a Service changed every 2 ms.) `build` runs while the write lock
-    /// is held: make it render, not wait. Returns how many were enqueued. Errors: [`StoreError`];
+    /// user racing a resync against a Service changed every 2 ms.) The `service.synced` of a Service
+    /// whose deliveries are held for the finalizer is held too. `build` runs while the write lock is
+    /// held: make it render, not wait. Returns how many were enqueued. Errors: [`StoreError`];
     /// nothing is enqueued then.
     pub async fn enqueue_resync<F>(&self, build: F) -> Result<usize, StoreError>
     where
@@ -262,8 +265,18 @@ impl Store {
             let rows = self.backend.query(super::state::SERVICES_SNAPSHOT).fetch_all(tx.exec()).await?;
             let services = rows.iter().map(super::state::service_row).collect::<Result<Vec<_>, _>>()?;
             let deliveries = build(as_of.get(0), &services);
+            // A Service whose deliveries wait for the finalizer: its `service.synced` waits too (it
+            // supersedes the held ones, so it may be its first delivery).
+            let held: std::collections::HashSet<ServiceKey> = self
+                .backend
+                .query("SELECT DISTINCT namespace, name FROM deliveries WHERE held = 1 AND state = 'pending'")
+                .fetch_all(s.tx().await?.exec())
+                .await?
+                .iter()
+                .map(|r| ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1)))
+                .collect();
             let rows: Vec<DeliveryInsert<'_>> =
-                deliveries.iter().map(|(d, key)| (d.clone(), None, key, false)).collect();
+                deliveries.iter().map(|(d, key)| (d.clone(), None, key, held.contains(key))).collect();
             insert_deliveries(&mut s, now_ms(), &rows).await?;
             s.commit().await?;
             Ok(rows.len())
@@ -499,6 +512,36 @@ pub(super) async fn record_attempts(s: &mut Script<'_>, now: i64, done: &[Comple
 mod tests {
     use super::*;
     use crate::store::{AttemptRecord, Outcome};
+
+    /// A claim asked for at a time long past (a round that waited for the write connection) is
+    /// leased from when it runs: its lease ends `lease_ms` after the call at the earliest, both
+    /// alone and in a round ([`Store::claim`], [`Store::complete_and_claim`]).
+    #[tokio::test]
+    async fn a_claim_is_leased_from_when_it_runs_not_from_when_it_was_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        for name in ["a", "b"] {
+            let d = NewDelivery {
+                webhook: "w".into(),
+                kind: "SYNCED",
+                msg_id: crate::relay::new_msg_id(),
+                payload: "{}".into(),
+                coalesce_ms: None,
+            };
+            store.enqueue_synced(vec![(d, ServiceKey::new("ns", name))]).await.unwrap();
+        }
+        let before = now_ms();
+        let claimed = store.claim("w", before - 10_000, 1_000, 1).await.unwrap();
+        assert!(claimed[0].claimed_until >= before + 1_000, "{} < {}", claimed[0].claimed_until, before + 1_000);
+        let before = now_ms();
+        let taken = store.complete_and_claim(&[], Some(("w", before - 10_000, 1_000, 1))).await.unwrap();
+        assert!(
+            taken.heads[0].claimed_until >= before + 1_000,
+            "{} < {}",
+            taken.heads[0].claimed_until,
+            before + 1_000
+        );
+    }
 
     /// An outcome recorded after its delivery was superseded (its lease ran out first, while the
     /// database refused writes) counts the attempt and leaves the delivery superseded, so it is not

@@ -506,7 +506,9 @@ const NEXT_DUE: Dual = Dual {
 
 impl Store {
     /// Claims up to `limit` due queue heads of `webhook` for `lease_ms`: each is the lowest pending id
-    /// of its Service, due (`next_attempt_at <= now`) and not leased. Ordered by due time.
+    /// of its Service, due (`next_attempt_at <= now`) and not leased. Ordered by due time. The lease
+    /// runs from `now`, or from when the statement runs if that is later (after waiting for the write
+    /// connection). Each [`Claimed::claimed_until`] says when it ends.
     pub async fn claim(
         &self,
         webhook: &str,
@@ -515,6 +517,9 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut conn = self.writer().await?;
+        // The lease counts from when the claim runs: time spent waiting for the connection is not
+        // taken from the attempt (its cut-off counts from `claimed_until`).
+        let now = now.max(super::now_ms());
         let result = match self.backend {
             Backend::Sqlite => claim_in(conn.exec(), webhook, now, lease_ms, limit).await,
             Backend::Postgres => {
