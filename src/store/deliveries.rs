@@ -513,14 +513,12 @@ mod tests {
     use super::*;
     use crate::store::{AttemptRecord, Outcome};
 
-    /// A claim asked for at a time long past (a round that waited for the write connection) is
-    /// leased from when it runs: its lease ends `lease_ms` after the call at the earliest, both
-    /// alone and in a round ([`Store::claim`], [`Store::complete_and_claim`]).
-    #[tokio::test]
-    async fn a_claim_is_leased_from_when_it_runs_not_from_when_it_was_asked_for() {
+    /// A store on a fresh SQLite file with a `SYNCED` delivery to endpoint `w` for each Service
+    /// `ns/<name>`, in that order.
+    async fn with_synced(names: &[&str]) -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("t.db")).await.unwrap();
-        for name in ["a", "b"] {
+        for name in names {
             let d = NewDelivery {
                 webhook: "w".into(),
                 kind: "SYNCED",
@@ -528,8 +526,17 @@ mod tests {
                 payload: "{}".into(),
                 coalesce_ms: None,
             };
-            store.enqueue_synced(vec![(d, ServiceKey::new("ns", name))]).await.unwrap();
+            store.enqueue_synced(vec![(d, ServiceKey::new("ns", *name))]).await.unwrap();
         }
+        (dir, store)
+    }
+
+    /// A claim asked for at a time long past (a round that waited for the write connection) is
+    /// leased from when it runs: its lease ends `lease_ms` after the call at the earliest, both
+    /// alone and in a round ([`Store::claim`], [`Store::complete_and_claim`]).
+    #[tokio::test]
+    async fn a_claim_is_leased_from_when_it_runs_not_from_when_it_was_asked_for() {
+        let (_dir, store) = with_synced(&["a", "b"]).await;
         let before = now_ms();
         let claimed = store.claim("w", before - 10_000, 1_000, 1).await.unwrap();
         assert!(claimed[0].claimed_until >= before + 1_000, "{} < {}", claimed[0].claimed_until, before + 1_000);
@@ -548,16 +555,7 @@ mod tests {
     /// revived as `succeeded` or `pending` behind the delivery that replaced it.
     #[tokio::test]
     async fn an_outcome_recorded_after_its_delivery_was_superseded_leaves_it_superseded() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
-        let d = NewDelivery {
-            webhook: "w".into(),
-            kind: "SYNCED",
-            msg_id: crate::relay::new_msg_id(),
-            payload: "{}".into(),
-            coalesce_ms: None,
-        };
-        store.enqueue_synced(vec![(d, ServiceKey::new("ns", "a"))]).await.unwrap();
+        let (_dir, store) = with_synced(&["a"]).await;
         let id = store.claim("w", now_ms(), 60_000, 1).await.unwrap()[0].id;
         let supersede =
             store.backend.query("UPDATE deliveries SET state = 'superseded', finished_at = 7 WHERE id = $1");
