@@ -421,3 +421,14 @@ fn serve_with_an_unreachable_postgresql_names_the_reason_and_hides_the_password(
     assert!(err.contains("Connection refused"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
 }
+
+/// A value the config cannot parse inside `[[webhooks]]` or `[[pools]]` names the element by its
+/// `name`, as validation does (`webhooks.f5-lab.timeout`), not by its index (a new user saw
+/// `webhooks.0.timeout` for `"-1s"` beside `webhooks.f5-lab.timeout` for `"0s"`).
+#[test]
+fn a_value_that_cannot_be_parsed_in_a_webhook_or_pool_names_it() {
+    let o = vipwatch(&["check-config"], &[], Some(&format!("{WEBHOOK}timeout = \"-1s\"\n")));
+    assert_invalid(&o, "`webhooks.f5-lab.timeout`: invalid value string \"-1s\", expected a duration");
+    let o = vipwatch(&["check-config"], &[], Some("[[pools]]\nname = \"lab\"\naddresses = \"x\"\n"));
+    assert_invalid(&o, "`pools.lab.addresses`: invalid type: found string \"x\", expected a sequence");
+}

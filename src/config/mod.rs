@@ -310,8 +310,8 @@ impl Config {
             None => {}
         }
         env::log_ignored();
-        let mut config: Config =
-            figment.merge(env_provider()).merge(env::Strings::from_env()).extract().map_err(invalid)?;
+        let figment = figment.merge(env_provider()).merge(env::Strings::from_env());
+        let mut config: Config = figment.extract().map_err(|e| invalid(named(&figment, e)))?;
         let dir = path.and_then(Path::parent).filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
         for t in config.webhooks.iter_mut().filter_map(|w| w.template.as_mut()) {
             t.resolve_paths(dir);
@@ -526,6 +526,27 @@ pub fn is_dns1123_label(s: &str) -> bool {
         && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !s.starts_with('-')
         && !s.ends_with('-')
+}
+
+/// An element of `webhooks` or `pools`, for its name only.
+#[derive(Deserialize)]
+struct Named {
+    name: Option<String>,
+}
+
+/// `e` with an element of `webhooks` or `pools` named as the rest of the config errors name it
+/// (`webhooks.lab.timeout`), not by its index (`webhooks.0.timeout`, figment's path), when that
+/// element has a name.
+fn named(figment: &Figment, mut e: figment::Error) -> figment::Error {
+    if let [table, index, ..] = e.path.as_mut_slice()
+        && matches!(table.as_str(), "webhooks" | "pools")
+        && let Ok(i) = index.parse::<usize>()
+        && let Ok(elements) = figment.extract_inner::<Vec<Named>>(table)
+        && let Some(name) = elements.get(i).and_then(|n| n.name.clone())
+    {
+        *index = name;
+    }
+    e
 }
 
 /// Turns figment's error into one line naming the key (lower-case, dotted), the problem and the source.
