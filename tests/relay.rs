@@ -636,7 +636,7 @@ async fn a_change_made_while_a_resync_runs_is_neither_lost_nor_overtaken() {
     for round in 0..8u64 {
         let (store, cfg) = (vw.store.clone(), config.clone());
         let resync = tokio::spawn(async move { vipwatch::relay::resync(&store, &cfg, None).await.unwrap() });
-        // Not a synchronisation: a different point of the resync for the change in each round.
+        // ok: not a synchronisation; it puts the change at a different point of the resync each round.
         tokio::time::sleep(Duration::from_millis(1 + (round % 4) * 3)).await;
         let want = 1000 + round as i64;
         h.api.apply(lb_service("shop", "web", want));

@@ -198,8 +198,6 @@ impl Store {
             record_attempts(&mut s, now, done).await?;
             let claimed = match claim {
                 Some((webhook, at, lease_ms, limit)) if limit > 0 => {
-                    // Leased from when it runs, not from when the round asked (see `Store::claim`).
-                    let at = at.max(now);
                     let rows =
                         s.fetch_all(super::outbox::claim_stmt(s.backend(), webhook, at, lease_ms, limit)).await?;
                     super::outbox::claimed(&rows)
@@ -226,9 +224,10 @@ impl Store {
         self.settle(conn, result.map(|row| row.map(|r| r.get(0))))
     }
 
-    /// Enqueues a resync's deliveries (each on the queue of its Service key), in one transaction.
-    /// Returns how many were enqueued.
-    pub async fn enqueue_synced(&self, deliveries: Vec<(NewDelivery, ServiceKey)>) -> Result<usize, StoreError> {
+    /// Enqueues `SYNCED` deliveries (each on the queue of its Service key), in one transaction
+    /// (store tests; a resync uses [`Store::enqueue_resync`]). Returns how many were enqueued.
+    #[cfg(test)]
+    pub(crate) async fn enqueue_synced(&self, deliveries: Vec<(NewDelivery, ServiceKey)>) -> Result<usize, StoreError> {
         let rows: Vec<DeliveryInsert<'_>> = deliveries.iter().map(|(d, key)| (d.clone(), None, key, false)).collect();
         let mut conn = self.writer().await?;
         let result = async {
@@ -263,18 +262,18 @@ impl Store {
             let tx = s.tx().await?;
             let as_of = self.backend.query("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(tx.exec()).await?;
             let rows = self.backend.query(super::state::SERVICES_SNAPSHOT).fetch_all(tx.exec()).await?;
-            let services = rows.iter().map(super::state::service_row).collect::<Result<Vec<_>, _>>()?;
-            let deliveries = build(as_of.get(0), &services);
             // A Service whose deliveries wait for the finalizer: its `service.synced` waits too (it
             // supersedes the held ones, so it may be its first delivery).
             let held: std::collections::HashSet<ServiceKey> = self
                 .backend
                 .query("SELECT DISTINCT namespace, name FROM deliveries WHERE held = 1 AND state = 'pending'")
-                .fetch_all(s.tx().await?.exec())
+                .fetch_all(tx.exec())
                 .await?
                 .iter()
                 .map(|r| ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1)))
                 .collect();
+            let services = rows.iter().map(super::state::service_row).collect::<Result<Vec<_>, _>>()?;
+            let deliveries = build(as_of.get(0), &services);
             let rows: Vec<DeliveryInsert<'_>> =
                 deliveries.iter().map(|(d, key)| (d.clone(), None, key, held.contains(key))).collect();
             insert_deliveries(&mut s, now_ms(), &rows).await?;

@@ -391,6 +391,9 @@ pub(super) async fn claim_in(
 
 /// The claim statement of [`Store::claim`]; its rows read with [`claimed`].
 pub(super) fn claim_stmt(backend: Backend, webhook: &str, now: i64, lease_ms: i64, limit: usize) -> Stmt {
+    // The lease counts from when the statement is made, if that is later than `now` (a claim that
+    // waited for the write connection): the attempt's cut-off counts from `claimed_until`.
+    let now = now.max(super::now_ms());
     let sql =
         format!("{}{limit}{}{CLAIM_RETURNING}", backend.pick(CLAIM.lite, CLAIM.pg), backend.pick(")", CLAIM_LOCK));
     Stmt::new(sql).bind(webhook).bind(now).bind(now + lease_ms)
@@ -517,9 +520,6 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Claimed>, StoreError> {
         let mut conn = self.writer().await?;
-        // The lease counts from when the claim runs: time spent waiting for the connection is not
-        // taken from the attempt (its cut-off counts from `claimed_until`).
-        let now = now.max(super::now_ms());
         let result = match self.backend {
             Backend::Sqlite => claim_in(conn.exec(), webhook, now, lease_ms, limit).await,
             Backend::Postgres => {
