@@ -218,6 +218,38 @@ async fn a_first_list_of_several_segments_records_each_service_once_and_restarts
     vw.stop().await.unwrap();
 }
 
+/// On a multi-thread runtime, as in the binary, the writer prepares a large plan's next chunk while
+/// it writes the one before (when no endpoint takes the changes): every change must still be
+/// recorded once, with ids in the order the changes came, and the state table must end at the last
+/// change of each Service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_prepared_while_the_one_before_is_written_keep_every_change_in_order() {
+    const N: usize = 1500;
+    let h = Harness::new().await;
+    h.api.seed((0..N).map(|i| lb_service("bulk", &format!("svc-{i:04}"), 80)));
+    let vw = h.start(h.config()).await;
+    for round in 1..=2 {
+        for i in 0..N {
+            h.api.update("bulk", &format!("svc-{i:04}"), |o| o["spec"]["ports"][0]["port"] = json!(80 + round));
+        }
+    }
+    let rows = wait_events(&vw.store, 3 * N).await;
+    assert_eq!(rows.len(), 3 * N);
+    assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), (1..=3 * N as i64).collect::<Vec<_>>());
+    let mut per_service: std::collections::BTreeMap<&str, Vec<(&str, i32)>> = Default::default();
+    for r in &rows {
+        per_service.entry(r.key.name.as_str()).or_default().push((r.event_type.as_str(), r.view.ports[0].port));
+    }
+    assert_eq!(per_service.len(), N);
+    for (name, seen) in per_service {
+        assert_eq!(seen, vec![("ADDED", 80), ("MODIFIED", 81), ("MODIFIED", 82)], "{name}");
+    }
+    let state = services(&vw.store).await;
+    assert_eq!(state.len(), N);
+    assert!(state.iter().all(|s| s.view.ports[0].port == 82));
+    vw.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_recreated_service_with_a_new_uid_is_deleted_then_added() {
     let h = Harness::new().await;

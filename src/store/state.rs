@@ -222,6 +222,16 @@ pub struct Prepared<'a> {
 }
 
 impl Prepared<'_> {
+    /// The id this chunk's first event gets.
+    pub fn first_id(&self) -> i64 {
+        self.first_id
+    }
+
+    /// How many changes (of any kind) this chunk holds.
+    pub fn changes(&self) -> usize {
+        self.changes.len()
+    }
+
     /// The id after this chunk's last event: where the next chunk starts.
     pub fn next_id(&self) -> i64 {
         self.first_id + self.ids.len() as i64
