@@ -53,14 +53,6 @@ async fn recorded(vw: &vipwatch::app::Running, kind: &str) -> Vec<(String, Strin
     rows
 }
 
-/// One sample of the `/metrics` exposition (`name{labels}` exactly as rendered), 0 when absent.
-async fn metric(api: &Api, sample: &str) -> f64 {
-    let text = api.get("/metrics").await.text;
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
-}
-
 /// `namespace/name` of every held deletion the API lists.
 async fn held(api: &Api) -> Vec<String> {
     let items = api.all("/api/v1/deletions/held", 20).await;
@@ -99,8 +91,8 @@ async fn forty_five_of_fifty_gone_while_down_are_held_across_a_restart_until_rel
     assert_eq!(held(&api).await, keys(5..50));
     assert_eq!(recorded(&vw, "DELETED").await, Vec::<(String, String)>::new());
     assert_eq!(events(&vw.store).await.len(), 50);
-    assert_eq!(metric(&api, "vipwatch_deletions_held").await, 45.0);
-    assert_eq!(metric(&api, "vipwatch_deletion_guard_trips_total{cause=\"startup\"}").await, 1.0);
+    assert_eq!(api.metric("vipwatch_deletions_held").await, 45.0);
+    assert_eq!(api.metric("vipwatch_deletion_guard_trips_total{cause=\"startup\"}").await, 1.0);
     let first = &api.ok("/api/v1/deletions/held?limit=1").await["items"][0];
     assert_eq!((first["scope"].as_str(), first["cause"].as_str()), (Some("*"), Some("startup")));
     assert_eq!(first["reason"], "45 of 50 tracked Services vanished from one startup list of scope `*`");
@@ -108,7 +100,7 @@ async fn forty_five_of_fifty_gone_while_down_are_held_across_a_restart_until_rel
     let rows = services(&vw.store).await;
     assert_eq!(rows.len(), 50);
     assert!(rows.iter().all(|r| r.view.vips().len() == 1), "every Service keeps its VIP");
-    assert_eq!(metric(&api, "vipwatch_pool_addresses_in_use{pool=\"lab\"}").await, 50.0);
+    assert_eq!(api.metric("vipwatch_pool_addresses_in_use{pool=\"lab\"}").await, 50.0);
     assert_eq!(api.ok("/api/v1/services/shop/svc-10").await["service"]["held_deletion"], true);
     assert_eq!(api.ok("/api/v1/services/shop/svc-01").await["service"]["held_deletion"], false);
     let want: BTreeSet<String> = keys(5..50).into_iter().collect();
@@ -119,8 +111,8 @@ async fn forty_five_of_fifty_gone_while_down_are_held_across_a_restart_until_rel
     let vw = h.start(config(&h, &rx)).await;
     let api = Api::new(&vw);
     assert_eq!(held(&api).await, keys(5..50));
-    assert_eq!(metric(&api, "vipwatch_deletions_held").await, 45.0);
-    assert_eq!(metric(&api, "vipwatch_deletion_guard_trips_total{cause=\"startup\"}").await, 0.0);
+    assert_eq!(api.metric("vipwatch_deletions_held").await, 45.0);
+    assert_eq!(api.metric("vipwatch_deletion_guard_trips_total{cause=\"startup\"}").await, 0.0);
     assert_eq!(recorded(&vw, "DELETED").await, Vec::<(String, String)>::new());
     assert_eq!(accepted(&rx, "DELETED"), 0);
 
@@ -132,8 +124,8 @@ async fn forty_five_of_fifty_gone_while_down_are_held_across_a_restart_until_rel
     let want: Vec<(String, String)> = keys(5..50).into_iter().map(|k| (s("startup"), k)).collect();
     assert_eq!(recorded(&vw, "DELETED").await, want);
     assert_eq!(held(&api).await, Vec::<String>::new());
-    assert_eq!(metric(&api, "vipwatch_deletions_held").await, 0.0);
-    assert_eq!(metric(&api, "vipwatch_held_deletions_released_total{how=\"api\"}").await, 45.0);
+    assert_eq!(api.metric("vipwatch_deletions_held").await, 0.0);
+    assert_eq!(api.metric("vipwatch_held_deletions_released_total{how=\"api\"}").await, 45.0);
     assert_eq!(services(&vw.store).await.len(), 5);
     assert_eq!(api.ok("/api/v1/services/shop/svc-01").await["service"]["held_deletion"], false);
     vw.stop().await.unwrap();
@@ -161,13 +153,9 @@ async fn held_deletions_are_recorded_by_a_later_list_once_confirm_after_has_pass
     let want: Vec<(String, String)> = keys(2..10).into_iter().map(|k| (s("startup"), k)).collect();
     assert_eq!(recorded(&vw, "DELETED").await, want);
     assert_eq!(held(&api).await, Vec::<String>::new());
-    assert_eq!(metric(&api, "vipwatch_held_deletions_released_total{how=\"confirmed\"}").await, 8.0);
-    assert_eq!(
-        metric(&api, "vipwatch_deletion_guard_trips_total{cause=\"relist\"}").await,
-        0.0,
-        "confirming is no trip"
-    );
-    assert_eq!(metric(&api, "vipwatch_deletions_held").await, 0.0);
+    assert_eq!(api.metric("vipwatch_held_deletions_released_total{how=\"confirmed\"}").await, 8.0);
+    assert_eq!(api.metric("vipwatch_deletion_guard_trips_total{cause=\"relist\"}").await, 0.0, "confirming is no trip");
+    assert_eq!(api.metric("vipwatch_deletions_held").await, 0.0);
     vw.stop().await.unwrap();
 }
 
@@ -188,8 +176,8 @@ async fn a_namespace_typo_holds_everything_and_fixing_it_lets_go_without_an_even
     let first = &api.ok("/api/v1/deletions/held?limit=1").await["items"][0];
     assert_eq!((first["scope"].as_str(), first["cause"].as_str()), (Some("unwatched"), Some("startup")));
     assert_eq!(recorded(&vw, "DELETED").await, Vec::<(String, String)>::new());
-    assert_eq!(metric(&api, "vipwatch_deletions_held").await, 10.0);
-    assert_eq!(metric(&api, "vipwatch_deletion_guard_trips_total{cause=\"startup\"}").await, 1.0);
+    assert_eq!(api.metric("vipwatch_deletions_held").await, 10.0);
+    assert_eq!(api.metric("vipwatch_deletion_guard_trips_total{cause=\"startup\"}").await, 1.0);
     let want: BTreeSet<String> = keys(0..10).into_iter().collect();
     wait_until("10 DeletionHeld Events", || async { (held_events(&h) == want).then_some(()) }).await;
     vw.stop().await.unwrap();
@@ -198,7 +186,7 @@ async fn a_namespace_typo_holds_everything_and_fixing_it_lets_go_without_an_even
     let vw = h.start(c).await;
     let api = Api::new(&vw);
     assert_eq!(held(&api).await, Vec::<String>::new());
-    assert_eq!(metric(&api, "vipwatch_held_deletions_released_total{how=\"reappeared\"}").await, 10.0);
+    assert_eq!(api.metric("vipwatch_held_deletions_released_total{how=\"reappeared\"}").await, 10.0);
     assert_eq!(events(&vw.store).await.len(), 10);
     assert_eq!(services(&vw.store).await.len(), 10);
     assert_eq!(accepted(&rx, "DELETED"), 0);
@@ -221,7 +209,7 @@ async fn a_410_relist_with_a_few_deletions_records_them_as_usual() {
     let want: Vec<(String, String)> = keys(0..6).into_iter().map(|k| (s("relist"), k)).collect();
     assert_eq!(recorded(&vw, "DELETED").await, want);
     assert_eq!(held(&api).await, Vec::<String>::new());
-    assert_eq!(metric(&api, "vipwatch_deletion_guard_trips_total{cause=\"relist\"}").await, 0.0);
+    assert_eq!(api.metric("vipwatch_deletion_guard_trips_total{cause=\"relist\"}").await, 0.0);
     vw.stop().await.unwrap();
 }
 

@@ -18,10 +18,9 @@ use common::api::Api;
 use common::receiver::Receiver;
 use common::*;
 use reqwest::StatusCode;
-use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use vipwatch::config::Config;
-use vipwatch::store::{DeliveryFilter, EventRow};
+use vipwatch::store::DeliveryFilter;
 
 /// A tmpfs of `size` mounted on a temp directory; unmounted (lazily, so a panic while files are
 /// open still cleans up) when dropped.
@@ -104,14 +103,6 @@ async fn wait_accepted(rx: &Receiver, n: usize) -> Vec<receiver::Hit> {
         .await
 }
 
-/// Reads one Prometheus sample (`name{labels} value`) from `/metrics`; 0 when absent.
-async fn metric(api: &Api, sample: &str) -> f64 {
-    let text = api.get("/metrics").await.text;
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
-}
-
 #[tokio::test]
 async fn a_full_disk_records_nothing_says_so_in_readyz_and_loses_nothing_once_space_is_back() {
     let h = Harness::new().await;
@@ -142,13 +133,13 @@ async fn a_full_disk_records_nothing_says_so_in_readyz_and_loses_nothing_once_sp
     );
     // Retries happen meanwhile (each counted); none of them reported anything.
     wait_until("a second failed write", || async {
-        (metric(&api, "vipwatch_store_write_errors_total{kind=\"full\"}").await >= 2.0).then_some(())
+        (api.metric("vipwatch_store_write_errors_total{kind=\"full\"}").await >= 2.0).then_some(())
     })
     .await;
-    assert_eq!(metric(&api, "vipwatch_store_writable").await, 0.0);
+    assert_eq!(api.metric("vipwatch_store_writable").await, 0.0);
     assert_eq!(*vw.committed().borrow(), committed_before, "no commit signalled while the disk is full");
     assert_eq!(events(&vw.store).await.len(), 1, "nothing recorded while the disk is full");
-    assert_eq!(metric(&api, "vipwatch_events_total{type=\"ADDED\",cause=\"watch\"}").await, 1.0);
+    assert_eq!(api.metric("vipwatch_events_total{type=\"ADDED\",cause=\"watch\"}").await, 1.0);
     assert_eq!(rx.accepted().len(), 1);
     assert_eq!(api.get("/healthz").await.status, StatusCode::OK, "/healthz is about the process");
 
@@ -161,7 +152,7 @@ async fn a_full_disk_records_nothing_says_so_in_readyz_and_loses_nothing_once_sp
     delivered.sort_by_key(ToString::to_string);
     assert_eq!(delivered, vec!["a", "b", "c"], "each change delivered once");
     wait_until("/readyz 200 again", || async { (readyz(&api).await.0 == StatusCode::OK).then_some(()) }).await;
-    assert_eq!(metric(&api, "vipwatch_store_writable").await, 1.0);
+    assert_eq!(api.metric("vipwatch_store_writable").await, 1.0);
     let deliveries = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
     let states: Vec<_> = deliveries.iter().map(|d| (d.event_id, d.state.as_str(), d.attempts)).collect();
     assert_eq!(states, vec![(Some(1), "succeeded", 1), (Some(2), "succeeded", 1), (Some(3), "succeeded", 1)]);
@@ -257,7 +248,7 @@ async fn an_accepted_delivery_whose_outcome_cannot_be_recorded_is_not_sent_again
     wait_accepted(&rx, 1).await;
     // Recording the outcome fails, again and again (backed off); the delivery is not sent again.
     wait_until("three failed writes after the acceptance", || async {
-        (metric(&api, "vipwatch_store_write_errors_total{kind=\"full\"}").await >= 3.0).then_some(())
+        (api.metric("vipwatch_store_write_errors_total{kind=\"full\"}").await >= 3.0).then_some(())
     })
     .await;
     assert_eq!(rx.hits().len(), 1, "not re-sent while its outcome waits for the database");
@@ -300,33 +291,8 @@ async fn sqlite(db: &Path, sql: &str) -> String {
 
 /// Every write error counted so far, of any kind (the sum of `vipwatch_store_write_errors_total`).
 async fn write_errors(api: &Api) -> f64 {
-    let text = api.get("/metrics").await.text;
-    text.lines()
-        .filter(|l| l.starts_with("vipwatch_store_write_errors_total{"))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
-}
-
-async fn two_rounds_of_updates(h: &Harness) {
-    for round in 1..=2 {
-        for i in 0..N {
-            h.api.update("bulk", &format!("svc-{i:04}"), |o| o["spec"]["ports"][0]["port"] = json!(80 + round));
-        }
-    }
-}
-
-/// Ids strictly increasing; each Service's events exactly ADDED 80, MODIFIED 81, MODIFIED 82.
-fn assert_every_change_once_in_order(rows: &[EventRow]) {
-    assert_eq!(rows.len(), 3 * N);
-    assert!(rows.windows(2).all(|w| w[0].id < w[1].id), "ids increase");
-    let mut per_service: std::collections::BTreeMap<&str, Vec<(&str, i32)>> = Default::default();
-    for r in rows {
-        per_service.entry(r.key.name.as_str()).or_default().push((r.event_type.as_str(), r.view.ports[0].port));
-    }
-    assert_eq!(per_service.len(), N);
-    for (name, seen) in per_service {
-        assert_eq!(seen, vec![("ADDED", 80), ("MODIFIED", 81), ("MODIFIED", 82)], "{name}");
-    }
+    let samples = api.samples().await.into_iter();
+    samples.filter(|(name, _)| name.starts_with("vipwatch_store_write_errors_total{")).map(|(_, v)| v).sum()
 }
 
 /// The database locked by another process (SQLITE_BUSY after the 5 s busy timeout, retried) while
@@ -335,7 +301,7 @@ fn assert_every_change_once_in_order(rows: &[EventRow]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_while_chunks_are_pipelined_loses_nothing_and_keeps_ids_in_order() {
     let h = Harness::new().await;
-    h.api.seed((0..N).map(|i| lb_service("bulk", &format!("svc-{i:04}"), 80)));
+    seed_bulk(&h.api, N);
     let mut config = h.config();
     config.database.write_retry_max_delay = Duration::from_millis(300);
     let vw = h.start(config).await;
@@ -346,18 +312,13 @@ async fn a_lock_while_chunks_are_pipelined_loses_nothing_and_keeps_ids_in_order(
         wait_until("writes under way", || async { (*committed.borrow() > (N + 300) as i64).then_some(()) }).await;
         ExclusiveLock::take(&db).await
     });
-    two_rounds_of_updates(&h).await;
+    change_bulk_twice(&h.api, N);
     let lock = locker.await.unwrap();
     let at_lock = *vw.committed().borrow();
     wait_until("a write that failed on the lock", || async { (write_errors(&api).await >= 1.0).then_some(()) }).await;
     assert_eq!(*vw.committed().borrow(), at_lock, "nothing committed while locked");
     lock.release().await;
-    let rows = wait_events(&vw.store, 3 * N).await;
-    assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), (1..=3 * N as i64).collect::<Vec<_>>());
-    assert_every_change_once_in_order(&rows);
-    let state = services(&vw.store).await;
-    assert_eq!(state.len(), N);
-    assert!(state.iter().all(|s| s.view.ports[0].port == 82));
+    assert_bulk_recorded_in_order(&vw.store, N).await;
     vw.stop().await.unwrap();
 }
 
@@ -367,7 +328,7 @@ async fn a_lock_while_chunks_are_pipelined_loses_nothing_and_keeps_ids_in_order(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_taken_under_a_pipelined_plan_is_skipped_and_nothing_is_lost() {
     let h = Harness::new().await;
-    h.api.seed((0..N).map(|i| lb_service("bulk", &format!("svc-{i:04}"), 80)));
+    seed_bulk(&h.api, N);
     let vw = h.start(h.config()).await;
     let db = h.db_path();
     let committed = vw.committed();
@@ -384,7 +345,7 @@ async fn an_id_taken_under_a_pipelined_plan_is_skipped_and_nothing_is_lost() {
         .await;
         id
     });
-    two_rounds_of_updates(&h).await;
+    change_bulk_twice(&h.api, N);
     let id = foreign.await.unwrap();
     wait_until("every change recorded", || async {
         let n: usize =
@@ -394,7 +355,7 @@ async fn an_id_taken_under_a_pipelined_plan_is_skipped_and_nothing_is_lost() {
     .await;
     sqlite(&h.db_path(), "DELETE FROM events WHERE namespace = 'zz-foreign';").await;
     let rows = events(&vw.store).await;
-    assert_every_change_once_in_order(&rows);
+    assert_bulk_changed_twice(&rows, N);
     let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
     let gaps: Vec<(i64, i64)> = ids.windows(2).filter(|w| w[1] != w[0] + 1).map(|w| (w[0], w[1])).collect();
     assert!(ids[0] == 1 && gaps.len() <= 1, "gaps {gaps:?}");

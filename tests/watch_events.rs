@@ -226,27 +226,10 @@ async fn a_first_list_of_several_segments_records_each_service_once_and_restarts
 async fn chunks_prepared_while_the_one_before_is_written_keep_every_change_in_order() {
     const N: usize = 1500;
     let h = Harness::new().await;
-    h.api.seed((0..N).map(|i| lb_service("bulk", &format!("svc-{i:04}"), 80)));
+    seed_bulk(&h.api, N);
     let vw = h.start(h.config()).await;
-    for round in 1..=2 {
-        for i in 0..N {
-            h.api.update("bulk", &format!("svc-{i:04}"), |o| o["spec"]["ports"][0]["port"] = json!(80 + round));
-        }
-    }
-    let rows = wait_events(&vw.store, 3 * N).await;
-    assert_eq!(rows.len(), 3 * N);
-    assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), (1..=3 * N as i64).collect::<Vec<_>>());
-    let mut per_service: std::collections::BTreeMap<&str, Vec<(&str, i32)>> = Default::default();
-    for r in &rows {
-        per_service.entry(r.key.name.as_str()).or_default().push((r.event_type.as_str(), r.view.ports[0].port));
-    }
-    assert_eq!(per_service.len(), N);
-    for (name, seen) in per_service {
-        assert_eq!(seen, vec![("ADDED", 80), ("MODIFIED", 81), ("MODIFIED", 82)], "{name}");
-    }
-    let state = services(&vw.store).await;
-    assert_eq!(state.len(), N);
-    assert!(state.iter().all(|s| s.view.ports[0].port == 82));
+    change_bulk_twice(&h.api, N);
+    assert_bulk_recorded_in_order(&vw.store, N).await;
     vw.stop().await.unwrap();
 }
 

@@ -158,9 +158,20 @@ fn multi_thread() -> bool {
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
-/// A chunk to prepare while the one before it is written: its changes, and the watch progress it
-/// carries (the plan's, for its last chunk).
-type NextChunk<'a> = (&'a [StateChange], &'a [WatchProgress]);
+/// A chunk of a plan: its changes, and the watch progress it carries (the plan's, for its last
+/// chunk).
+type Chunk<'a> = (&'a [StateChange], &'a [WatchProgress]);
+
+/// The first chunk of `rest`, at most `size` changes, carrying `progress` if it is the last (the
+/// watch progress goes with a plan's last chunk: see [`Writer::commit`]), and what is left after it.
+fn split_chunk<'a>(
+    rest: &'a [StateChange],
+    size: usize,
+    progress: &'a [WatchProgress],
+) -> (Chunk<'a>, &'a [StateChange]) {
+    let (chunk, after) = rest.split_at(size.min(rest.len()));
+    ((chunk, if after.is_empty() { progress } else { &[] }), after)
+}
 
 /// What the writer tells the rest of the process.
 #[derive(Clone)]
@@ -256,9 +267,8 @@ impl Writer {
         let mut ahead: Option<Prepared<'_>> = None;
         loop {
             let size = ahead.as_ref().map_or_else(|| self.chunk_size(), Prepared::changes);
-            let (chunk, after) = rest.split_at(size.min(rest.len()));
+            let ((chunk, chunk_progress), after) = split_chunk(rest, size, &progress);
             rest = after;
-            let chunk_progress = if rest.is_empty() { progress.as_slice() } else { &[] };
             let mut conflicts = self.store.write_backoff().build();
             let ids = loop {
                 let Some(first_id) = self.first_id().await else { return };
@@ -266,10 +276,7 @@ impl Writer {
                     Some(p) if p.first_id() == first_id => p,
                     _ => self.prepare(chunk, chunk_progress, first_id).await,
                 };
-                let next = (!rest.is_empty()).then(|| {
-                    let (next, after_next) = rest.split_at(self.chunk_size().min(rest.len()));
-                    (next, if after_next.is_empty() { progress.as_slice() } else { &[] })
-                });
+                let next = (!rest.is_empty()).then(|| split_chunk(rest, self.chunk_size(), &progress).0);
                 // Taken before asking for the turn: a turn given to another writer while this one
                 // waits or after it ends counts as shared (never the other way round).
                 let before = self.store.write_mark();
@@ -343,7 +350,7 @@ impl Writer {
     async fn write_beside<'a>(
         &self,
         prepared: &Prepared<'a>,
-        next: Option<NextChunk<'a>>,
+        next: Option<Chunk<'a>>,
     ) -> (Result<Vec<i64>, StoreError>, Option<Prepared<'a>>) {
         let alone = prepared.deliveries() == 0;
         let Some((chunk, progress)) = next.filter(|(c, _)| alone && c.len() >= OFFLOAD_CHANGES && multi_thread())

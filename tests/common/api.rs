@@ -52,6 +52,20 @@ impl Api {
         self.send(reqwest::Method::GET, path, None).await
     }
 
+    /// Every sample of the `/metrics` exposition: (`name{labels}` exactly as rendered, value).
+    pub async fn samples(&self) -> Vec<(String, f64)> {
+        let text = self.get("/metrics").await.text;
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' ').map(|(name, v)| (name.to_owned(), v.trim().parse().unwrap())))
+            .collect()
+    }
+
+    /// One sample of the `/metrics` exposition (`name{labels}` exactly as rendered), 0 when absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        self.samples().await.into_iter().find(|(name, _)| name == sample).map_or(0.0, |(_, v)| v)
+    }
+
     /// GET that must answer 200 JSON; returns the body.
     pub async fn ok(&self, path: &str) -> Value {
         let a = self.get(path).await;

@@ -301,3 +301,44 @@ pub fn node_port_members(
         Backends { mode: BackendMode::NodePort, revision, hash, health_check: Some(health_check), reason: None, ports };
     [(BackendMode::NodePort, Box::new(b))].into_iter().collect()
 }
+
+/// Seeds `n` LoadBalancer Services `bulk/svc-NNNN` on port 80 ([`lb_service`]).
+pub fn seed_bulk(api: &FakeApiServer, n: usize) {
+    api.seed((0..n).map(|i| lb_service("bulk", &format!("svc-{i:04}"), 80)));
+}
+
+/// Changes the port of every Service of [`seed_bulk`] twice, to 81 then 82, one round after the other.
+pub fn change_bulk_twice(api: &FakeApiServer, n: usize) {
+    for round in 1..=2 {
+        for i in 0..n {
+            api.update("bulk", &format!("svc-{i:04}"), |o| o["spec"]["ports"][0]["port"] = json!(80 + round));
+        }
+    }
+}
+
+/// The log after [`seed_bulk`] and [`change_bulk_twice`] of `n` Services: `3n` events, ids
+/// increasing, and each Service's exactly ADDED 80, MODIFIED 81, MODIFIED 82.
+pub fn assert_bulk_changed_twice(rows: &[EventRow], n: usize) {
+    assert_eq!(rows.len(), 3 * n);
+    assert!(rows.windows(2).all(|w| w[0].id < w[1].id), "ids increase");
+    let mut per_service: std::collections::BTreeMap<&str, Vec<(&str, i32)>> = Default::default();
+    for r in rows {
+        per_service.entry(r.key.name.as_str()).or_default().push((r.event_type.as_str(), r.view.ports[0].port));
+    }
+    assert_eq!(per_service.len(), n);
+    for (name, seen) in per_service {
+        assert_eq!(seen, vec![("ADDED", 80), ("MODIFIED", 81), ("MODIFIED", 82)], "{name}");
+    }
+}
+
+/// Waits until `store` holds the `3n` events of [`seed_bulk`] and [`change_bulk_twice`], then
+/// checks them: ids exactly 1..=3n, [`assert_bulk_changed_twice`], and every Service's state row at
+/// its last change (port 82).
+pub async fn assert_bulk_recorded_in_order(store: &Store, n: usize) {
+    let rows = wait_events(store, 3 * n).await;
+    assert_eq!(rows.iter().map(|r| r.id).collect::<Vec<_>>(), (1..=3 * n as i64).collect::<Vec<_>>());
+    assert_bulk_changed_twice(&rows, n);
+    let state = services(store).await;
+    assert_eq!(state.len(), n);
+    assert!(state.iter().all(|s| s.view.ports[0].port == 82));
+}
