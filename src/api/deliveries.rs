@@ -104,7 +104,8 @@ pub struct DeliveryDto {
     pub created_at: String,
     /// When the next attempt is due (RFC 3339), which is also the delivery's place in the claim order;
     /// `null` unless pending. A `MODIFIED` that superseded older ones keeps the earliest of theirs, so
-    /// it may be before `created_at`.
+    /// it may be before `created_at`; one that took a newer change in place (its `event_id` is that
+    /// change's) keeps its own.
     #[schema(format = DateTime)]
     pub next_attempt_at: Option<String>,
     /// When it finished (RFC 3339).

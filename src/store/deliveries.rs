@@ -87,7 +87,8 @@ pub struct DeliveryRow {
     /// Enqueued at (Unix ms).
     pub created_at: i64,
     /// Next attempt due at (Unix ms; meaningful while pending), the claim's order; a `MODIFIED` that
-    /// superseded older ones keeps the earliest of theirs (`INHERIT_PLACE` in `store::outbox`).
+    /// superseded older ones keeps the earliest of theirs (`INHERIT_PLACE` in `store::outbox`), and
+    /// one that took a newer change in place keeps its own (`REWRITE`).
     pub next_attempt_at: i64,
     /// Finished at (Unix ms).
     pub finished_at: Option<i64>,

@@ -2,6 +2,7 @@
 //! completed with an attempt row. Per (endpoint, Service) the pending deliveries form a FIFO queue
 //! whose head (lowest id) is the only one ever claimed, which is what keeps per-Service order.
 
+use std::collections::HashSet;
 use std::sync::LazyLock;
 
 use super::db::{Dual, Exec, Tx};
@@ -275,7 +276,14 @@ pub(super) fn route<'a>(
 /// A delivery to insert: what, for which event, which Service, held for the finalizer or not.
 pub(super) type DeliveryInsert<'a> = (NewDelivery, Option<i64>, &'a ServiceKey, bool);
 
-/// Inserts deliveries (multi-row), then supersedes what they make redundant.
+/// Rewrites queued MODIFIEDs in place, then inserts the other deliveries (multi-row) and supersedes
+/// what they make redundant.
+///
+/// A MODIFIED that is the first delivery of its queue in this batch goes into the pending MODIFIED
+/// its queue ends with, when no attempt ever touched that one ([`REWRITE`]): the row keeps its id,
+/// `msg_id` (never sent), place in line and `created_at`, and takes this event's id and body. That
+/// is what superseding it would have come to, for one row update instead of an insert into the
+/// table and its six indexes plus the update that supersedes the older row (issue 13).
 ///
 /// The superseding statements are driven by this batch's rows: ids from the first one inserted. On
 /// PostgreSQL the inserts return their ids; on SQLite they join the script (no result to wait for)
@@ -291,11 +299,69 @@ pub(super) async fn insert_deliveries(
     for (d, event_id, _, _) in rows.iter().filter(|r| r.0.coalesce_ms.is_some()) {
         coalesce(s.tx().await?, now, d, *event_id).await?;
     }
-    let rows: Vec<&DeliveryInsert<'_>> = rows.iter().filter(|r| r.0.coalesce_ms.is_none()).collect();
+    let mut rows: Vec<&DeliveryInsert<'_>> = rows.iter().filter(|r| r.0.coalesce_ms.is_none()).collect();
+    let rewritten = rewrite(s, &rewritable(&rows)).await?;
+    rows.retain(|(d, event_id, _, _)| !event_id.is_some_and(|id| rewritten.contains(&(d.webhook.as_str(), id))));
     match s.backend() {
         Backend::Sqlite => insert_in_script(s, now, &rows).await,
         Backend::Postgres => insert_returning(s.tx().await?, now, &rows).await,
     }
+}
+
+/// The MODIFIEDs among `rows` that may go into a queued one ([`REWRITE`]): each the first delivery
+/// of its queue (endpoint and Service) in the batch, and carrying an event. A later one of the same
+/// queue is inserted, and supersedes the rewritten row as it would any older MODIFIED.
+fn rewritable<'r, 'a>(rows: &[&'r DeliveryInsert<'a>]) -> Vec<&'r DeliveryInsert<'a>> {
+    let mut queues = HashSet::new();
+    rows.iter()
+        .copied()
+        .filter(|(d, event_id, key, _)| {
+            queues.insert((d.webhook.as_str(), *key)) && d.kind == "MODIFIED" && event_id.is_some()
+        })
+        .collect()
+}
+
+/// Rows of [`REWRITE`]'s VALUES: endpoint, event id, body, namespace, name, held (six parameters).
+const REWRITE_COLUMNS: usize = 6;
+
+/// The start of [`REWRITE`], before its VALUES.
+const REWRITE_HEAD: &str = "UPDATE deliveries AS d SET event_id = n.column2, payload = n.column3 FROM (";
+
+/// Rewrites in place, for each row `n` of its VALUES ([`REWRITE_COLUMNS`]), the pending delivery its
+/// queue ends with (the highest pending id of endpoint and Service, by index `deliveries_queue`) when
+/// that is a MODIFIED held as `n` is, never claimed (`claimed_until` NULL: an attempt whose outcome
+/// is not recorded yet keeps its lease, so a late outcome never marks the new body delivered) and
+/// never attempted, and its event frees no pool address ([`Store::event_settled`] follows a
+/// withdrawing change's own delivery). Returns the endpoint and new event id of each row rewritten.
+/// Being the last pending one, nothing non-MODIFIED follows it: the [`collapses!`] condition holds.
+///
+/// [`Store::event_settled`]: super::Store::event_settled
+const REWRITE: &str = ") AS n WHERE d.id = (SELECT MAX(p.id) FROM deliveries p WHERE p.webhook = n.column1 \
+    AND p.namespace = n.column4 AND p.name = n.column5 AND p.state = 'pending') \
+    AND d.kind = 'MODIFIED' AND d.attempts = 0 AND d.claimed_until IS NULL AND d.held = n.column6 \
+    AND NOT EXISTS (SELECT 1 FROM releases r WHERE r.event_id = d.event_id) RETURNING webhook, event_id";
+
+/// Runs [`REWRITE`] for `rows` ([`rewritable`]); returns `(endpoint, event id)` of each one that went
+/// into a queued delivery (and is not to be inserted).
+async fn rewrite<'r>(
+    s: &mut Script<'_>,
+    rows: &[&'r DeliveryInsert<'_>],
+) -> Result<HashSet<(&'r str, i64)>, StoreError> {
+    let mut done = HashSet::new();
+    for chunk in super::db::row_chunks(rows, CHUNK) {
+        let mut q = Stmt::values(s.backend(), REWRITE_HEAD, chunk.len(), REWRITE_COLUMNS, REWRITE);
+        for (d, event_id, key, held) in chunk.iter().copied() {
+            q = q.bind(&d.webhook).bind(*event_id).bind(&d.payload).bind(&key.namespace).bind(&key.name);
+            q = q.bind(i64::from(*held));
+        }
+        for row in s.fetch_all(q).await? {
+            let (webhook, event_id): (String, i64) = (row.get(0), row.get(1));
+            if let Some((d, _, _, _)) = chunk.iter().find(|r| r.1 == Some(event_id) && r.0.webhook == webhook) {
+                done.insert((d.webhook.as_str(), event_id));
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// [`INHERIT_PLACE`], [`SUPERSEDE`] and [`SUPERSEDE_BY_FULL`] on SQLite right after a batch's
@@ -561,5 +627,75 @@ impl Store {
         let sql = "SELECT webhook, COUNT(*), MIN(created_at) FROM deliveries WHERE state = 'pending' GROUP BY webhook";
         let rows = self.read_all(self.backend.query(sql)).await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{AttemptRecord, Completion, Outcome, now_ms};
+
+    /// Enqueues a delivery of `kind` carrying event `event_id` (body `{"event": <id>}`) to endpoint
+    /// `w` for Service `ns/a`, in a transaction of its own.
+    async fn enqueue(store: &Store, kind: &'static str, event_id: i64) {
+        let key = ServiceKey::new("ns", "a");
+        let payload = serde_json::json!({ "event": event_id }).to_string();
+        let d =
+            NewDelivery { webhook: "w".into(), kind, msg_id: crate::relay::new_msg_id(), payload, coalesce_ms: None };
+        let mut conn = store.writer().await.unwrap();
+        let mut s = Script::new(conn.begin().await.unwrap());
+        insert_deliveries(&mut s, now_ms(), &[(d, Some(event_id), &key, false)]).await.unwrap();
+        s.commit().await.unwrap();
+    }
+
+    /// `(id, kind, event id, state, body)` of every delivery, by id.
+    async fn rows(store: &Store) -> Vec<(i64, String, Option<i64>, String, String)> {
+        let rows = store.deliveries(&Default::default()).await.unwrap();
+        let mut rows: Vec<_> = rows.into_iter().map(|r| (r.id, r.kind, r.event_id, r.state, r.payload)).collect();
+        rows.sort();
+        rows
+    }
+
+    fn row(id: i64, kind: &str, event_id: i64, state: &str) -> (i64, String, Option<i64>, String, String) {
+        let body = serde_json::json!({ "event": event_id }).to_string();
+        (id, kind.into(), Some(event_id), state.into(), body)
+    }
+
+    async fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        (dir, store)
+    }
+
+    /// A MODIFIED queued behind another change, never claimed, takes each newer MODIFIED in place:
+    /// one row, its id kept, the newest event and body in it ([`REWRITE`]).
+    #[tokio::test]
+    async fn a_queued_modified_takes_the_newer_ones_in_place() {
+        let (_dir, store) = store().await;
+        for (kind, event) in [("ADDED", 1), ("MODIFIED", 2), ("MODIFIED", 3), ("MODIFIED", 4)] {
+            enqueue(&store, kind, event).await;
+        }
+        assert_eq!(rows(&store).await, [row(1, "ADDED", 1, "pending"), row(2, "MODIFIED", 4, "pending")]);
+    }
+
+    /// A head claimed for an attempt whose outcome is not recorded yet is never rewritten, even with
+    /// its lease run out: a late `succeeded` would mark the newer change delivered unsent. The newer
+    /// change is queued as a row of its own (superseding the head), and the late outcome leaves the
+    /// head superseded and the newer one pending.
+    #[tokio::test]
+    async fn a_head_whose_attempt_is_not_recorded_is_not_rewritten_and_its_late_outcome_loses_nothing() {
+        let (_dir, store) = store().await;
+        enqueue(&store, "MODIFIED", 1).await;
+        let claimed = store.claim("w", now_ms(), 1, 1).await.unwrap().remove(0);
+        while now_ms() <= claimed.claimed_until {
+            tokio::task::yield_now().await; // the 1 ms lease running out
+        }
+        enqueue(&store, "MODIFIED", 2).await;
+        let done =
+            Completion { delivery_id: claimed.id, attempt: AttemptRecord::default(), outcome: Outcome::Succeeded };
+        store.complete(&[done]).await.unwrap();
+        let [first, second] = <[_; 2]>::try_from(rows(&store).await).unwrap();
+        assert_eq!((first.0, first.2, first.3.as_str()), (1, Some(1), "superseded"));
+        assert_eq!(second, row(2, "MODIFIED", 2, "pending"));
     }
 }
