@@ -144,7 +144,7 @@ mod tests {
             key: &key,
             uid: "u",
             resource_version: "1",
-            view: &view,
+            view: &std::sync::Arc::new(view),
             previous: None,
             changed,
             backends: None,

@@ -2,6 +2,8 @@
 //! `WebhookPayload` schema of the OpenAPI document), serialized once at enqueue time so every retry
 //! sends (and signs) the same bytes.
 
+use std::sync::Arc;
+
 use vipwatch_contract::{
     Backends, BackendsDiff, Cause, EventKind, PayloadType, SyncMarker, WebhookPayload, WebhookPayloadData,
     WebhookService,
@@ -27,10 +29,10 @@ pub struct PayloadInput<'a> {
     pub uid: &'a str,
     /// resourceVersion.
     pub resource_version: &'a str,
-    /// The view.
-    pub view: &'a ServiceView,
+    /// The view (shared into the payload, not copied).
+    pub view: &'a Arc<ServiceView>,
     /// MODIFIED: the previous view.
-    pub previous: Option<&'a ServiceView>,
+    pub previous: Option<&'a Arc<ServiceView>>,
     /// MODIFIED: changed fields.
     pub changed: &'a [&'a str],
     /// The members in the endpoint's mode (`None`: mode `none`).
@@ -48,7 +50,7 @@ pub fn render(input: &PayloadInput<'_>) -> String {
 
 /// The body as a value.
 pub fn payload(input: &PayloadInput<'_>) -> WebhookPayload {
-    let service = |view: &ServiceView, backends: Option<&Backends>| WebhookService {
+    let service = |view: &Arc<ServiceView>, backends: Option<&Backends>| WebhookService {
         namespace: input.key.namespace.clone(),
         name: input.key.name.clone(),
         uid: input.uid.to_owned(),

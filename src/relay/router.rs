@@ -7,6 +7,7 @@
 //! new mode's.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use vipwatch_contract::{BackendMode, Cause, EventKind, SyncMarker};
@@ -118,7 +119,7 @@ impl Router {
             uid: &e.event.uid,
             resource_version: &e.event.resource_version,
             view: &e.event.view,
-            previous: e.event.previous.as_deref(),
+            previous: e.event.previous.as_ref(),
             changed: &changed,
             backends: backends::in_mode(&e.event.backends, mode),
             backends_diff: diff,
@@ -129,6 +130,7 @@ impl Router {
     /// The `service.synced` delivery of `s` for endpoint `route`, item `sync.index` of a resync.
     pub(super) fn synced(&self, route: &Route, s: &ServiceRow, now: i64, sync: SyncMarker) -> NewDelivery {
         let mode = self.modes.mode_for(&s.view, &route.name);
+        let view = Arc::new(s.view.clone());
         let payload = render(&PayloadInput {
             event_id: None,
             log_id: &self.log_id,
@@ -138,7 +140,7 @@ impl Router {
             key: &s.key,
             uid: &s.uid,
             resource_version: &s.resource_version,
-            view: &s.view,
+            view: &view,
             previous: None,
             changed: &[],
             backends: backends::in_mode(&s.backends, mode),

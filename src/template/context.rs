@@ -66,7 +66,7 @@ pub fn service_value(row: &ServiceRow, backends: Option<&Backends>) -> Json {
         uid: row.uid.clone(),
         resource_version: row.resource_version.clone(),
         vips: row.view.vips(),
-        view: row.view.clone(),
+        view: std::sync::Arc::new(row.view.clone()),
         backends: backends.cloned(),
     };
     serde_json::to_value(s).expect("a service serializes")

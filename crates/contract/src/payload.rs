@@ -1,6 +1,8 @@
 //! The body of a delivery: `{"type", "timestamp", "data"}` (Standard Webhooks' recommended shape),
 //! serialized once when the delivery is enqueued, so every retry sends and signs the same bytes.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::backends::{Backends, BackendsDiff};
@@ -154,8 +156,11 @@ pub struct WebhookService {
     /// The VIP addresses (see `ServiceView::vips`): what the appliance binds.
     pub vips: Vec<String>,
     /// The normalized view's fields.
+    // Shared (`Arc`, serialized and deserialized as the view itself): the controller renders each
+    // delivery from the view its event already holds, without a deep copy per delivery (issue 13).
     #[serde(flatten)]
-    pub view: ServiceView,
+    #[cfg_attr(feature = "openapi", schema(value_type = ServiceView))]
+    pub view: Arc<ServiceView>,
     /// The pool members in the endpoint's backend mode; `null` when members are not computed (mode
     /// `none`) and always `null` in `data.previous`.
     #[serde(default)]
