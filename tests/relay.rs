@@ -344,6 +344,48 @@ async fn graceful_stop_leaves_an_attempt_outlasting_the_grace_period_pending() {
     assert_eq!(store.attempts(rows[0].id).await.unwrap().len(), 0);
 }
 
+/// A `MODIFIED` whose attempt was in flight when vipwatch stopped (its outcome never recorded; the
+/// receiver may well have applied it) goes out again after the restart under the same `webhook-id`.
+/// A newer change queued after the restart must go out under a `webhook-id` of its own: receivers
+/// dedupe on it (README, "Delivery guarantees"), so under the old one a receiver answers `duplicate`
+/// and never applies the newer change, which vipwatch then counts as delivered.
+#[tokio::test]
+async fn a_change_after_a_restart_never_takes_the_webhook_id_of_an_attempt_in_flight_at_the_stop() {
+    let h = Harness::new().await;
+    // The first MODIFIED reaches the receiver and is never answered.
+    let rx = Receiver::start(|i, _| if i == 1 { Reply::Hang } else { Reply::Status(204) }).await;
+    let mut lab = webhook("lab", &rx.url);
+    lab.timeout = Duration::from_secs(4);
+    let url = vipwatch::config::redact_url(&lab.url);
+    let mut config = h.config_with(vec![lab]);
+    config.relay.shutdown_grace = Duration::from_millis(300);
+
+    let vw = h.start(config.clone()).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_accepted(&rx, 1).await;
+    h.api.update("shop", "web", |o| o["spec"]["ports"][0]["port"] = json!(8001));
+    wait_hits(&rx, 2).await; // in flight
+    // Disabled (as by a 410) so that after the restart nothing goes out before the newer change is queued.
+    vw.store.disable_webhook("lab", "receiver answered 410 Gone", &url).await.unwrap();
+    vw.stop().await.unwrap();
+
+    let vw = h.start(config).await;
+    h.api.update("shop", "web", |o| o["spec"]["ports"][0]["port"] = json!(8002));
+    let ids: Vec<i64> = wait_events(&vw.store, 3).await.iter().map(|e| e.id).collect();
+    wait_until("the newer change queued", || async {
+        deliveries_of(&vw.store, "web").await.iter().any(|r| r.event_id == Some(ids[2])).then_some(())
+    })
+    .await;
+    assert!(vw.store.enable_webhook("lab").await.unwrap());
+    let hits = wait_hits(&rx, 3).await;
+
+    let sent: Vec<(String, i64)> = hits.iter().map(receiver::Hit::event).collect();
+    assert_eq!(sent, [(s("ADDED"), ids[0]), (s("MODIFIED"), ids[1]), (s("MODIFIED"), ids[2])]);
+    let webhook_ids: std::collections::BTreeSet<String> = hits.iter().map(|hit| hit.header("webhook-id")).collect();
+    assert_eq!(webhook_ids.len(), 3, "three bodies, three webhook-ids: {sent:?} under {webhook_ids:?}");
+    vw.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn retention_prunes_old_events_and_finished_deliveries_but_never_pending_ones() {
     let h = Harness::new().await;
@@ -395,7 +437,7 @@ async fn an_endpoint_with_its_own_concurrency_has_no_more_deliveries_in_flight()
 /// A pending `MODIFIED` at the head of its Service's queue that no attempt has touched takes a newer
 /// change in place, keeping its place in line: while the endpoint is disabled (one slot), `web`
 /// changes, `db` is created, `web` changes again; the one `MODIFIED` row now carries the newer event
-/// (same id, `webhook-id` and due time), and once enabled `web`'s newest change goes out before `db`'s
+/// (same id and due time, the newer one's `webhook-id`), and once enabled `web`'s newest change goes out before `db`'s
 /// ADDED and its older change not at all (issue 13: a stale head used to wait for its turn, be sent,
 /// and send the newer change to the back of the line).
 #[tokio::test]
@@ -438,10 +480,11 @@ async fn an_untouched_modified_head_collapses_into_a_newer_one_that_keeps_its_pl
     let states: Vec<(&str, &str)> = web.iter().map(|r| (r.kind.as_str(), r.state.as_str())).collect();
     assert_eq!(states, [("ADDED", "succeeded"), ("MODIFIED", "pending")]);
     assert_eq!(
-        (newer.id, &newer.msg_id, newer.next_attempt_at, newer.attempts),
-        (older.id, &older.msg_id, older.next_attempt_at, 0),
+        (newer.id, newer.next_attempt_at, newer.attempts),
+        (older.id, older.next_attempt_at, 0),
         "the row the older change queued takes the newer one"
     );
+    assert_ne!(newer.msg_id, older.msg_id, "with a webhook-id of its own");
     assert!(db.next_attempt_at > newer.next_attempt_at);
 
     assert!(vw.store.enable_webhook("lab").await.unwrap());

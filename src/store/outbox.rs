@@ -280,10 +280,10 @@ pub(super) type DeliveryInsert<'a> = (NewDelivery, Option<i64>, &'a ServiceKey, 
 /// what they make redundant.
 ///
 /// A MODIFIED that is the first delivery of its queue in this batch goes into the pending MODIFIED
-/// its queue ends with, when no attempt ever touched that one ([`REWRITE`]): the row keeps its id,
-/// `msg_id` (never sent), place in line and `created_at`, and takes this event's id and body. That
-/// is what superseding it would have come to, for one row update instead of an insert into the
-/// table and its six indexes plus the update that supersedes the older row (issue 13).
+/// its queue ends with, when no attempt ever touched that one ([`REWRITE`]): the row keeps its id and
+/// place in line, and takes this delivery's event id, body, `msg_id` and `created_at`. That is what
+/// superseding it would have come to, for one row update instead of an insert into the table and its
+/// six indexes plus the update that supersedes the older row (issue 13).
 ///
 /// The superseding statements are driven by this batch's rows: ids from the first one inserted. On
 /// PostgreSQL the inserts return their ids; on SQLite they join the script (no result to wait for)
@@ -300,7 +300,7 @@ pub(super) async fn insert_deliveries(
         coalesce(s.tx().await?, now, d, *event_id).await?;
     }
     let mut rows: Vec<&DeliveryInsert<'_>> = rows.iter().filter(|r| r.0.coalesce_ms.is_none()).collect();
-    let rewritten = rewrite(s, &rewritable(&rows)).await?;
+    let rewritten = rewrite(s, now, &rewritable(&rows)).await?;
     rows.retain(|(d, event_id, _, _)| !event_id.is_some_and(|id| rewritten.contains(&(d.webhook.as_str(), id))));
     match s.backend() {
         Backend::Sqlite => insert_in_script(s, now, &rows).await,
@@ -321,11 +321,13 @@ fn rewritable<'r, 'a>(rows: &[&'r DeliveryInsert<'a>]) -> Vec<&'r DeliveryInsert
         .collect()
 }
 
-/// Rows of [`REWRITE`]'s VALUES: endpoint, event id, body, namespace, name, held (six parameters).
-const REWRITE_COLUMNS: usize = 6;
+/// Rows of [`REWRITE`]'s VALUES: endpoint, event id, body, namespace, name, held, `msg_id`,
+/// `created_at` (eight parameters).
+const REWRITE_COLUMNS: usize = 8;
 
 /// The start of [`REWRITE`], before its VALUES.
-const REWRITE_HEAD: &str = "UPDATE deliveries AS d SET event_id = n.column2, payload = n.column3 FROM (";
+const REWRITE_HEAD: &str = "UPDATE deliveries AS d SET event_id = n.column2, payload = n.column3, msg_id = n.column7, \
+    created_at = n.column8 FROM (";
 
 /// Rewrites in place, for each row `n` of its VALUES ([`REWRITE_COLUMNS`]), the pending delivery its
 /// queue ends with (the highest pending id of endpoint and Service, by index `deliveries_queue`) when
@@ -334,6 +336,14 @@ const REWRITE_HEAD: &str = "UPDATE deliveries AS d SET event_id = n.column2, pay
 /// never attempted, and its event frees no pool address ([`Store::event_settled`] follows a
 /// withdrawing change's own delivery). Returns the endpoint and new event id of each row rewritten.
 /// Being the last pending one, nothing non-MODIFIED follows it: the [`collapses!`] condition holds.
+///
+/// The row takes the new delivery's `msg_id` (the `webhook-id`): "never claimed" cannot be told
+/// from "claimed before a restart" ([`Store::release_leases`] clears the lease of an attempt whose
+/// outcome was never recorded, which the receiver may have applied), and receivers dedupe on it, so
+/// the newer body must not go out under an id that may have been sent. And its `created_at`, from
+/// which `retry.max_age` and the delivery latency count, as a delivery of its own would have.
+///
+/// [`Store::release_leases`]: super::Store::release_leases
 ///
 /// [`Store::event_settled`]: super::Store::event_settled
 const REWRITE: &str = ") AS n WHERE d.id = (SELECT MAX(p.id) FROM deliveries p WHERE p.webhook = n.column1 \
@@ -345,6 +355,7 @@ const REWRITE: &str = ") AS n WHERE d.id = (SELECT MAX(p.id) FROM deliveries p W
 /// into a queued delivery (and is not to be inserted).
 async fn rewrite<'r>(
     s: &mut Script<'_>,
+    now: i64,
     rows: &[&'r DeliveryInsert<'_>],
 ) -> Result<HashSet<(&'r str, i64)>, StoreError> {
     let mut done = HashSet::new();
@@ -352,7 +363,7 @@ async fn rewrite<'r>(
         let mut q = Stmt::values(s.backend(), REWRITE_HEAD, chunk.len(), REWRITE_COLUMNS, REWRITE);
         for (d, event_id, key, held) in chunk.iter().copied() {
             q = q.bind(&d.webhook).bind(*event_id).bind(&d.payload).bind(&key.namespace).bind(&key.name);
-            q = q.bind(i64::from(*held));
+            q = q.bind(i64::from(*held)).bind(&d.msg_id).bind(now);
         }
         for row in s.fetch_all(q).await? {
             let (webhook, event_id): (String, i64) = (row.get(0), row.get(1));
@@ -668,14 +679,17 @@ mod tests {
     }
 
     /// A MODIFIED queued behind another change, never claimed, takes each newer MODIFIED in place:
-    /// one row, its id kept, the newest event and body in it ([`REWRITE`]).
+    /// one row, its id kept, the newest event, body and `webhook-id` in it ([`REWRITE`]).
     #[tokio::test]
     async fn a_queued_modified_takes_the_newer_ones_in_place() {
         let (_dir, store) = store().await;
         for (kind, event) in [("ADDED", 1), ("MODIFIED", 2), ("MODIFIED", 3), ("MODIFIED", 4)] {
             enqueue(&store, kind, event).await;
         }
-        assert_eq!(rows(&store).await, [row(1, "ADDED", 1, "pending"), row(2, "MODIFIED", 4, "pending")]);
+        let before = store.delivery(2).await.unwrap().unwrap().msg_id;
+        enqueue(&store, "MODIFIED", 5).await;
+        assert_eq!(rows(&store).await, [row(1, "ADDED", 1, "pending"), row(2, "MODIFIED", 5, "pending")]);
+        assert_ne!(store.delivery(2).await.unwrap().unwrap().msg_id, before);
     }
 
     /// A head claimed for an attempt whose outcome is not recorded yet is never rewritten, even with
@@ -697,5 +711,25 @@ mod tests {
         let [first, second] = <[_; 2]>::try_from(rows(&store).await).unwrap();
         assert_eq!((first.0, first.2, first.3.as_str()), (1, Some(1), "superseded"));
         assert_eq!(second, row(2, "MODIFIED", 2, "pending"));
+    }
+
+    /// A head that was claimed and sent, but whose outcome was never recorded because vipwatch stopped
+    /// (a crash, or a graceful stop past `relay.shutdown_grace`), has its lease cleared at the next
+    /// start ([`Store::release_leases`]): `claimed_until` NULL and `attempts` 0 again, although the
+    /// receiver may already have applied it under its `webhook-id`. A newer MODIFIED must not go out
+    /// under that `webhook-id` (receivers dedupe on it and would drop the newer change): it needs a
+    /// `webhook-id` of its own (the row takes it with the newer body).
+    #[tokio::test]
+    async fn a_head_sent_before_a_restart_does_not_lend_its_webhook_id_to_a_newer_change() {
+        let (_dir, store) = store().await;
+        enqueue(&store, "MODIFIED", 1).await;
+        let sent = store.claim("w", now_ms(), 60_000, 1).await.unwrap().remove(0);
+        assert_eq!(store.release_leases().await.unwrap(), 1); // the restart
+        enqueue(&store, "MODIFIED", 2).await;
+
+        let next = store.claim("w", now_ms(), 60_000, 1).await.unwrap().remove(0);
+        assert_eq!((next.event_id, next.payload.as_str()), (Some(2), r#"{"event":2}"#));
+        assert_ne!(next.msg_id, sent.msg_id, "the newer change went out under the webhook-id already sent");
+        assert_eq!(rows(&store).await, [row(1, "MODIFIED", 2, "pending")]);
     }
 }
