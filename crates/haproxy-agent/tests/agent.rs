@@ -88,7 +88,7 @@ async fn an_impossible_service_is_refused_alone() {
     let (v1, v2) = (vip(), vip());
     let good = delivery("service.added", 1, "good", &v1, &[18082], &[active(0, a)]);
     let mut udp = delivery("service.added", 2, "dns", &v2, &[53], &[]);
-    udp.data.service.as_mut().unwrap().view.ports[0].protocol = "UDP".into();
+    std::sync::Arc::make_mut(&mut udp.data.service.as_mut().unwrap().view).ports[0].protocol = "UDP".into();
     // Both within one batch window: the UDP one is refused, the other applied.
     let (r1, r2) = tokio::join!(agent.send(&good), agent.send(&udp));
     assert_eq!(r1.0, 200);
@@ -227,7 +227,7 @@ async fn a_resync_completes_with_a_refused_service_and_sweeps_what_an_older_even
     let sync = ("sync_2", 2, 3);
     assert_eq!(agent.send(&synced("keep", &keep, 18089, &[active(0, a)], sync, "log-2")).await.0, 200);
     let mut refused = synced("bad", &bad, 18089, &[], sync, "log-2");
-    refused.data.service.as_mut().unwrap().view.ports[0].protocol = "UDP".into();
+    std::sync::Arc::make_mut(&mut refused.data.service.as_mut().unwrap().view).ports[0].protocol = "UDP".into();
     let (status, body) = agent.send(&refused).await;
     assert_eq!((status, body["detail"].as_str().map(|d| d.contains("UDP"))), (422, Some(true)), "{body}");
     // The resync is complete all the same: `old` (left out, and from the older log) is swept. The state
