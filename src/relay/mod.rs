@@ -8,8 +8,9 @@
 //! the head itself while no attempt has touched it — and takes the earliest place in line among them
 //! (the claim's order is the due time, `next_attempt_at`); the newest carries the full current view,
 //! and the events stay in the log. A never-claimed pending MODIFIED that ends its queue takes the
-//! newer change in place instead (same outcome, one row update: `REWRITE` in `store::outbox`). ADDED, DELETED and `service.synced` are never superseded by a
-//! MODIFIED, so a run of MODIFIEDs never swallows them.
+//! newer change in place instead (same outcome, one row update: `REWRITE` in `store::outbox`).
+//! ADDED, DELETED and `service.synced` are never superseded by a MODIFIED, so a run of MODIFIEDs
+//! never swallows them.
 
 mod assign;
 pub mod circuit;

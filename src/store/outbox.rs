@@ -344,7 +344,6 @@ const REWRITE_HEAD: &str = "UPDATE deliveries AS d SET event_id = n.column2, pay
 /// which `retry.max_age` and the delivery latency count, as a delivery of its own would have.
 ///
 /// [`Store::release_leases`]: super::Store::release_leases
-///
 /// [`Store::event_settled`]: super::Store::event_settled
 const REWRITE: &str = ") AS n WHERE d.id = (SELECT MAX(p.id) FROM deliveries p WHERE p.webhook = n.column1 \
     AND p.namespace = n.column4 AND p.name = n.column5 AND p.state = 'pending') \
