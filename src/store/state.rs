@@ -168,22 +168,34 @@ const DELETE_SERVICES: Dual = Dual {
      (SELECT j->>0, j->>1 FROM jsonb_array_elements($1::jsonb) AS j)",
 };
 
-/// Forgets the pool addresses of the Services in the JSON array $1 of `[namespace, name]`.
+/// Forgets the pool addresses of the Services in the JSON array $1 of `[namespace, name]` that the
+/// JSON array $2 of `[address, protocol, port, namespace, name]` (their rows after this batch, `NULL`
+/// = none) no longer holds. A row that stays is not touched: deleting and inserting it again wrote
+/// both of the table's B-tree pages for every state upsert, though most (a label change, a status
+/// write-back) keep their addresses (issue 13).
 const CLEAR_VIPS: Dual = Dual {
     lite: "DELETE FROM vip_addresses WHERE (namespace, name) IN \
-     (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j)",
+     (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j) \
+     AND (address, protocol, port, namespace, name) NOT IN \
+     (SELECT v.value->>0, v.value->>1, v.value->>2, v.value->>3, v.value->>4 FROM json_each($2) AS v)",
     pg: "DELETE FROM vip_addresses WHERE (namespace, name) IN \
-     (SELECT j->>0, j->>1 FROM jsonb_array_elements($1::jsonb) AS j)",
+     (SELECT j->>0, j->>1 FROM jsonb_array_elements($1::jsonb) AS j) \
+     AND (address, protocol, port, namespace, name) NOT IN \
+     (SELECT v->>0, v->>1, (v->>2)::bigint, v->>3, v->>4 FROM jsonb_array_elements(COALESCE($2::jsonb, '[]')) AS v)",
 };
 
-/// Records the pool addresses in the JSON array $1 of `[address, protocol, port, namespace, name]`;
-/// an address and port already held by another Service violates the primary key and fails the
-/// whole transaction.
+/// Records the pool addresses in the JSON array $1 of `[address, protocol, port, namespace, name]`
+/// that the Service does not hold yet; an address and port already held by another Service violates
+/// the primary key and fails the whole transaction.
 const INSERT_VIPS: Dual = Dual {
     lite: "INSERT INTO vip_addresses (address, protocol, port, namespace, name) \
-     SELECT j.value->>0, j.value->>1, j.value->>2, j.value->>3, j.value->>4 FROM json_each($1) AS j",
+     SELECT j.value->>0, j.value->>1, j.value->>2, j.value->>3, j.value->>4 FROM json_each($1) AS j \
+     WHERE NOT EXISTS (SELECT 1 FROM vip_addresses v WHERE v.address = j.value->>0 \
+       AND v.protocol = j.value->>1 AND v.port = j.value->>2 AND v.namespace = j.value->>3 AND v.name = j.value->>4)",
     pg: "INSERT INTO vip_addresses (address, protocol, port, namespace, name) \
-     SELECT j->>0, j->>1, (j->>2)::bigint, j->>3, j->>4 FROM jsonb_array_elements($1::jsonb) AS j",
+     SELECT j->>0, j->>1, (j->>2)::bigint, j->>3, j->>4 FROM jsonb_array_elements($1::jsonb) AS j \
+     WHERE NOT EXISTS (SELECT 1 FROM vip_addresses v WHERE v.address = j->>0 AND v.protocol = j->>1 \
+       AND v.port = (j->>2)::bigint AND v.namespace = j->>3 AND v.name = j->>4)",
 };
 
 /// Names a unique violation of `vip_addresses` for what it is.
@@ -316,7 +328,7 @@ impl Store {
             }
             upsert_services(&mut s, now, &p.state.upserts).await?;
             if let Some(keys) = &p.state.touched {
-                s.run(Stmt::dual(b, &CLEAR_VIPS).bind(keys)).await?;
+                s.run(Stmt::dual(b, &CLEAR_VIPS).bind(keys).bind(&p.state.vips)).await?;
             }
             if let Some(rows) = &p.state.vips {
                 // On its own, so that a unique violation is known to be this statement's.
@@ -598,7 +610,7 @@ fn held_ports(view: &ServiceView) -> impl Iterator<Item = (&String, &str, i32)> 
 
 /// The state rows of a batch for its statements: the upserted rows, and as JSON arrays (`None` =
 /// nothing to do) the deleted keys, every key the batch touched (their `vip_addresses` rows are
-/// rewritten) and the pool addresses of the upserted ones per port,
+/// brought in line, [`CLEAR_VIPS`]) and the pool addresses of the upserted ones per port,
 /// `[address, protocol, port, namespace, name]`.
 struct StateRows<'a> {
     upserts: Vec<UpsertRow<'a>>,
