@@ -578,3 +578,25 @@ async fn the_database_refuses_one_pool_address_for_two_services_and_commits_noth
     assert_eq!(addresses(store.services().await.unwrap()), want);
     store.close().await;
 }
+
+/// The publisher reads the statuses waiting a window at a time: after the last Service of one window
+/// the next begins, each waiting Service comes once per round, in namespace and name order.
+#[tokio::test]
+async fn status_work_comes_a_window_at_a_time_after_the_last_service_read() {
+    use vipwatch::store::NoOutbox;
+    let h = Harness::new().await;
+    let store = h.store().await;
+    let names = ["a", "b", "c", "d", "e"];
+    let rows: Vec<_> = names.iter().enumerate().map(|(i, n)| holding(n, &[&format!("10.9.0.{}", i + 1)])).collect();
+    store.apply(&rows, &[], &NoOutbox).await.unwrap();
+    let mut after = None;
+    let mut windows = Vec::new();
+    loop {
+        let work = store.status_work(after.as_ref(), 2).await.unwrap();
+        windows.push(work.iter().map(|w| w.key.name.clone()).collect::<Vec<_>>());
+        let Some(last) = work.last() else { break };
+        after = Some(last.key.clone());
+    }
+    assert_eq!(windows, vec![vec!["a", "b"], vec!["c", "d"], vec!["e"], vec![]]);
+    store.close().await;
+}

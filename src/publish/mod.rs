@@ -24,10 +24,14 @@ use kube_ops::Written;
 
 pub use events::CONTROLLER;
 
-/// Most finalizers added per pass.
+/// Most finalizers added, and most statuses written, per pass.
 const BATCH: i64 = 512;
 
-/// Finalizer patches in flight at once.
+/// Most Services whose status waits read per pass: a pass over all 10,000 of an initial sync read
+/// them and their deliveries again every few tens of milliseconds (issue 13).
+const STATUS_WINDOW: i64 = 2048;
+
+/// Finalizer (and status) patches in flight at once.
 const CONCURRENCY: usize = 32;
 
 /// Least time from the end of one pass to the start of the next when woken by `committed` or `acked`. Every commit and
@@ -63,6 +67,11 @@ pub struct Publisher {
     poll: Duration,
     /// Status last written per Service (until the watch shows it and the work row goes away).
     written: HashMap<ServiceKey, Vec<IngressView>>,
+    /// Where the next pass's status window starts (after this Service; `None` = from the first).
+    status_cursor: Option<ServiceKey>,
+    /// The Services the windows of the current round showed waiting (to forget the rest of
+    /// [`Self::written`] when the round ends).
+    status_seen: HashSet<ServiceKey>,
     /// Delivery ids already reported in a `SyncLoadBalancerFailed` Event.
     reported: HashSet<i64>,
     /// Pulsed when held deliveries were let go (the relay's `committed` signal), so they are sent at
@@ -93,6 +102,8 @@ impl Publisher {
             write_status: config.kubernetes.write_status,
             poll: config.relay.poll_interval,
             written: HashMap::new(),
+            status_cursor: None,
+            status_seen: HashSet::new(),
             reported: HashSet::new(),
             wake_relay: None,
             trust: crate::leader::Trust::always(),
@@ -170,6 +181,8 @@ impl Publisher {
                 self.statuses().await?;
             } else {
                 self.written.clear();
+                self.status_seen.clear();
+                self.status_cursor = None;
             }
         }
         if work.cleanups {
@@ -252,32 +265,59 @@ impl Publisher {
         Ok(full && progress)
     }
 
+    /// Writes the statuses whose change every endpoint acknowledged and that this replica has not
+    /// written yet. Each pass reads the next [`STATUS_WINDOW`] waiting Services (after the last one the
+    /// pass before read, from the first again after the end), their acknowledgements in one read, and
+    /// patches up to [`BATCH`] of them, [`CONCURRENCY`] at once. One patch at a time, after two reads each, held
+    /// the initial sync of 10,000 Services with a pool at about one status per millisecond, and the
+    /// finalizers of the next Services waited behind it (issue 13).
     async fn statuses(&mut self) -> Result<(), PublishError> {
-        let work = self.store.status_work().await?;
-        let keys: HashSet<&ServiceKey> = work.iter().map(|w| &w.key).collect();
-        self.written.retain(|k, _| keys.contains(k));
-        for w in &work {
-            if self.written.get(&w.key) == Some(&w.ingress) {
-                continue;
+        let work = self.store.status_work(self.status_cursor.as_ref(), STATUS_WINDOW).await?;
+        let wrapped = (work.len() as i64) < STATUS_WINDOW;
+        self.status_cursor = if wrapped { None } else { work.last().map(|w| w.key.clone()) };
+        self.status_seen.extend(work.iter().map(|w| w.key.clone()));
+        if wrapped {
+            // A whole round of windows is over: what it did not see, the watch has shown written.
+            let seen = std::mem::take(&mut self.status_seen);
+            self.written.retain(|k, _| seen.contains(k));
+        }
+        let todo: Vec<&StatusWork> = work.iter().filter(|w| self.written.get(&w.key) != Some(&w.ingress)).collect();
+        let waiting: Vec<&ServiceKey> = todo.iter().map(|w| &w.key).collect();
+        let acks = self.store.services_acks(&waiting, &self.webhooks).await?;
+        let mut ready = Vec::new();
+        for w in todo {
+            let Some(acks) = acks.get(&w.key) else { continue };
+            self.report_failures(&w.key, &w.uid, acks);
+            if acks.done && ready.len() < BATCH as usize {
+                ready.push(w.clone());
             }
-            let acks = self.store.service_acks(&w.key, &self.webhooks).await?;
-            self.report_failures(&w.key, &w.uid, &acks);
-            if acks.done
-                && let Err(e) = self.write_status(w).await
-            {
+        }
+        // Owned work and a client per patch: a stream of borrowing futures inside the spawned pass
+        // does not satisfy the compiler's higher-ranked lifetimes.
+        let (client, trust) = (self.client.clone(), self.trust.clone());
+        let patches = futures::stream::iter(ready)
+            .filter(move |_| std::future::ready(trust.is_valid()))
+            .map(|w: StatusWork| {
+                let client = client.clone();
+                async move {
+                    let result = kube_ops::patch_status(&client, &w.key, &w.ingress).await;
+                    (w, result)
+                }
+            })
+            .buffer_unordered(CONCURRENCY);
+        let written: Vec<_> = patches.collect().await;
+        for (w, result) in written {
+            if let Err(e) = self.status_written(&w, result) {
                 warn!(service = %w.key, error = %e, "cannot write status.loadBalancer; retrying");
             }
         }
         Ok(())
     }
 
-    async fn write_status(&mut self, w: &StatusWork) -> Result<(), PublishError> {
-        if !self.trust.is_valid() {
-            return Ok(());
-        }
-        let written = kube_ops::patch_status(&self.client, &w.key, &w.ingress).await;
-        self.metrics.kube_write("status", written.is_ok());
-        match written? {
+    /// Records how the status patch of `w` went: logs, an Event, and [`Self::written`].
+    fn status_written(&mut self, w: &StatusWork, result: Result<Written, kube::Error>) -> Result<(), PublishError> {
+        self.metrics.kube_write("status", result.is_ok());
+        match result? {
             Written::Ok => {
                 let shown: Vec<&str> =
                     w.ingress.iter().filter_map(|i| i.ip.as_deref().or(i.hostname.as_deref())).collect();
