@@ -116,11 +116,17 @@ pub fn name(i: usize) -> String {
 
 /// Writes `<dir>/<file>.toml` for `vipwatch serve` against `api`, its API on a free loopback port,
 /// one signed endpoint `sink` at `hook`, the finalizer as given and `database` as the body of
-/// `[database]` (`path = "…"` or `url = "…"` …); returns its path.
+/// `[database]` (`path = "…"` or `url = "…"` …); returns its path. With `BENCH_POOL` set in the
+/// environment, also a pool of 65,536 addresses (`10.200.0.0/16`): every Service then gets a VIP, its
+/// status written back once acknowledged, and the watch sees each write-back as a change.
 pub fn config(dir: &Path, file: &str, api: &str, hook: &str, finalizer: bool, database: &str) -> PathBuf {
+    let pool = match std::env::var_os("BENCH_POOL") {
+        Some(_) => "[[pools]]\nname = \"bench\"\naddresses = [\"10.200.0.0/16\"]\n",
+        None => "",
+    };
     let config = format!(
         "[kubernetes]\nurl = \"{api}\"\nfinalizer = {finalizer}\n[database]\n{database}\n[server]\nlisten = \"127.0.0.1:0\"\n\
-         [[webhooks]]\nname = \"sink\"\nurl = \"{hook}\"\nsecret = \"{SECRET}\"\n"
+         {pool}[[webhooks]]\nname = \"sink\"\nurl = \"{hook}\"\nsecret = \"{SECRET}\"\n"
     );
     let path = dir.join(format!("{file}.toml"));
     std::fs::write(&path, config).unwrap();
