@@ -266,11 +266,11 @@ impl Publisher {
     }
 
     /// Writes the statuses whose change every endpoint acknowledged and that this replica has not
-    /// written yet. Each pass reads the next [`STATUS_WINDOW`] waiting Services (after the last one the
-    /// pass before read, from the first again after the end), their acknowledgements in one read, and
-    /// patches up to [`BATCH`] of them, [`CONCURRENCY`] at once. One patch at a time, after two reads each, held
-    /// the initial sync of 10,000 Services with a pool at about one status per millisecond, and the
-    /// finalizers of the next Services waited behind it (issue 13).
+    /// written yet. Each pass reads the next [`STATUS_WINDOW`] waiting Services (after the last one
+    /// the pass before read, from the first again after the end), their acknowledgements in one
+    /// read, and patches up to [`BATCH`] of them, [`CONCURRENCY`] at once. One patch at a time, after
+    /// two reads each, held the initial sync of 10,000 Services with a pool at about one status per
+    /// millisecond, and the finalizers of the next Services waited behind it (issue 13).
     async fn statuses(&mut self) -> Result<(), PublishError> {
         let work = self.store.status_work(self.status_cursor.as_ref(), STATUS_WINDOW).await?;
         let wrapped = (work.len() as i64) < STATUS_WINDOW;

@@ -56,19 +56,11 @@ pub struct Acks {
     pub failing: Vec<(String, i64, String)>,
 }
 
-/// Per endpoint, the newest delivery of a Service that was not superseded.
-const LATEST_PER_WEBHOOK: &str = "SELECT d.webhook, d.id, d.state, d.attempts, d.last_error FROM deliveries d \
-    JOIN (SELECT webhook, MAX(id) AS id FROM deliveries WHERE namespace = $1 AND name = $2 \
-          AND state <> 'superseded' GROUP BY webhook) l ON l.id = d.id";
-
-/// Pending deliveries of a Service whose last attempt failed (they may sit behind the newest one).
-const FAILING: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE namespace = $1 \
-    AND name = $2 AND state = 'pending' AND attempts > 0";
-
-/// [`LATEST_PER_WEBHOOK`] and [`FAILING`] at once for the Services in the JSON array $1 of
-/// `[namespace, name]`, each row led by its Service and whether it is a latest (1) or failing (0)
-/// row: one read per pass for every status waiting, not two per Service (10,000 Services held the
-/// initial sync's status write-backs for seconds; issue 13).
+/// For the Services in the JSON array $1 of `[namespace, name]`, each row led by its Service and
+/// whether it is a latest (1) or a failing (0) row: per endpoint, the newest delivery of each Service
+/// that was not superseded; and the pending deliveries whose last attempt failed (they may sit behind
+/// the newest one). One read per pass for every status waiting, not two per Service (10,000
+/// Services held the initial sync's status write-backs for seconds; issue 13).
 const ACKS_OF: Dual = Dual {
     lite: "WITH k(namespace, name) AS (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j) \
      SELECT d.namespace, d.name, 1, d.webhook, d.id, d.state, d.attempts, d.last_error FROM deliveries d \
@@ -173,7 +165,9 @@ impl Store {
             .collect()
     }
 
-    /// [`Self::service_acks`] of each of `keys` (every key gets an entry), in one read.
+    /// For each of `keys` (every key gets an entry), whether the newest non-superseded delivery to
+    /// each endpoint in `webhooks` succeeded; `failing` also lists older pending deliveries whose last
+    /// attempt failed. One read ([`ACKS_OF`]).
     pub async fn services_acks(
         &self,
         keys: &[&ServiceKey],
@@ -185,31 +179,15 @@ impl Store {
         }
         let pairs: Vec<(&str, &str)> = keys.iter().map(|k| (k.namespace.as_str(), k.name.as_str())).collect();
         let rows = self.read_all(self.backend.dual(&ACKS_OF).bind(serde_json::to_string(&pairs)?)).await?;
-        let mut failing: Vec<(ServiceKey, Acks)> = Vec::new();
-        for r in &rows {
-            let key = ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1));
-            let (latest, row) = (r.get::<i64, _>(2) == 1, AckRow::read(r, 3));
-            match out.get_mut(&key) {
-                Some(acks) if latest => acks.add(row, webhooks),
-                Some(_) => failing.push((key, Acks::new().with(row, webhooks))),
-                None => {}
+        // The latest rows first: a failing row only adds what they did not list already.
+        for latest in [1, 0] {
+            for r in rows.iter().filter(|r| r.get::<i64, _>(2) == latest) {
+                let key = ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1));
+                let Some(acks) = out.get_mut(&key) else { continue };
+                let row = AckRow::read(r, 3);
+                if latest == 1 { acks.add(row, webhooks) } else { acks.add_failing(row, webhooks) }
             }
         }
-        for (key, extra) in failing {
-            if let Some(acks) = out.get_mut(&key) {
-                acks.merge_failing(extra);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Whether the newest non-superseded delivery of `key` to each endpoint in `webhooks` succeeded;
-    /// `failing` also lists older pending deliveries whose last attempt failed.
-    pub async fn service_acks(&self, key: &ServiceKey, webhooks: &[String]) -> Result<Acks, StoreError> {
-        let q = self.backend.query(LATEST_PER_WEBHOOK).bind(&key.namespace).bind(&key.name);
-        let mut out = acks(&self.read_all(q).await?, webhooks);
-        let q = self.backend.query(FAILING).bind(&key.namespace).bind(&key.name);
-        out.merge_failing(acks(&self.read_all(q).await?, webhooks));
         Ok(out)
     }
 
@@ -280,7 +258,11 @@ impl Store {
 
 /// Deliveries to endpoints that are no longer configured never gate anything.
 fn acks(rows: &[Row], webhooks: &[String]) -> Acks {
-    rows.iter().fold(Acks::new(), |acks, r| acks.with(AckRow::read(r, 0), webhooks))
+    let mut out = Acks::new();
+    for r in rows {
+        out.add(AckRow::read(r, 0), webhooks);
+    }
+    out
 }
 
 /// One delivery row as the ack queries give it: `webhook, id, state, attempts, last_error` from
@@ -322,17 +304,12 @@ impl Acks {
         }
     }
 
-    fn with(mut self, row: AckRow, webhooks: &[String]) -> Self {
-        self.add(row, webhooks);
-        self
-    }
-
-    /// Adds the failing deliveries of `other` not listed yet (its `done` does not count).
-    fn merge_failing(&mut self, other: Acks) {
-        for f in other.failing {
-            if !self.failing.contains(&f) {
-                self.failing.push(f);
-            }
+    /// Lists `row` (a pending delivery whose last attempt failed) as failing, unless it is listed
+    /// already or its endpoint is not one of `webhooks`; `done` does not change.
+    fn add_failing(&mut self, row: AckRow, webhooks: &[String]) {
+        let failing = (row.webhook, row.id, row.error.unwrap_or_else(|| "no response".into()));
+        if webhooks.contains(&failing.0) && !self.failing.contains(&failing) {
+            self.failing.push(failing);
         }
     }
 }
