@@ -3,7 +3,8 @@
 //! from the same run.
 //!
 //! Run: `cargo bench --bench burst` (optional args: SERVICES HOT CHANGES RATE SECONDS, default
-//! 10000 1000 20000 500 20; `--no-finalizer` sets `kubernetes.finalizer = false`).
+//! 10000 1000 20000 500 20; `--no-finalizer` sets `kubernetes.finalizer = false`; `BENCH_BURST_RATE=N`
+//! in the environment paces the burst's writers to N changes/s in all, `BENCH_POOL=1` adds a pool).
 //!
 //! Phases, each with vipwatch's own peak RSS (VmHWM, reset between phases through
 //! `/proc/<pid>/clear_refs`) next to the peak of the same binary started on an empty cluster, and
@@ -61,9 +62,18 @@ async fn bare_watch(api: &FakeApiServer, rv: String, seen: Seen) {
     });
 }
 
-/// CHANGES writes over HOT Services by [`WRITERS`] writers as fast as the apiserver answers.
-async fn burst(api: &FakeApiServer, hot: usize, changes: usize, first_rev: u64) -> Vec<(String, u64, Instant)> {
+/// CHANGES writes over HOT Services by [`WRITERS`] writers as fast as the apiserver answers, or, with
+/// `pace` (changes/s over all writers, [`burst_pace`]), change `n` no earlier than `n / pace` s after
+/// the start.
+async fn burst(
+    api: &FakeApiServer,
+    hot: usize,
+    changes: usize,
+    first_rev: u64,
+    pace: Option<f64>,
+) -> Vec<(String, u64, Instant)> {
     let next = Arc::new(AtomicUsize::new(0));
+    let start = tokio::time::Instant::now();
     let mut writers = tokio::task::JoinSet::new();
     for _ in 0..WRITERS {
         let (next, base) = (next.clone(), api.url());
@@ -75,6 +85,9 @@ async fn burst(api: &FakeApiServer, hot: usize, changes: usize, first_rev: u64) 
                 if n >= changes {
                     return mine;
                 }
+                if let Some(pace) = pace {
+                    tokio::time::sleep_until(start + Duration::from_secs_f64(n as f64 / pace)).await;
+                }
                 let (svc, rev) = (name(n % hot), first_rev + n as u64);
                 let at = write(&client, &base, &svc, rev).await;
                 mine.push((svc, rev, at));
@@ -82,6 +95,17 @@ async fn burst(api: &FakeApiServer, hot: usize, changes: usize, first_rev: u64) 
         });
     }
     writers.join_all().await.into_iter().flatten().collect()
+}
+
+/// `BENCH_BURST_RATE` (changes/s, a positive number): the burst's writers keep to that rate in all
+/// instead of writing as fast as the apiserver answers. The independent load test's apiserver took
+/// 4,400–5,100 writes/s; the fake one takes two to three times that on the same machine. Panics on
+/// a value that is not a positive number.
+fn burst_pace() -> Option<f64> {
+    let raw = std::env::var("BENCH_BURST_RATE").ok()?;
+    let pace: f64 = raw.parse().unwrap_or_else(|_| panic!("BENCH_BURST_RATE={raw:?}: not a number of changes/s"));
+    assert!(pace > 0.0 && pace.is_finite(), "BENCH_BURST_RATE={raw:?}: must be a positive number of changes/s");
+    Some(pace)
 }
 
 /// When vipwatch's API first showed change `rev` of Service `svc` stored (its `rev` label), polled
@@ -139,8 +163,10 @@ async fn main() {
     let (services, hot, changes, rate, seconds) =
         (arg(0, 10_000), arg(1, 1_000), arg(2, 20_000), arg(3, 500), arg(4, 20));
     let finalizer = !std::env::args().any(|a| a == "--no-finalizer");
+    let pace = burst_pace();
+    let how = pace.map_or_else(|| "as fast as the apiserver answers".to_owned(), |p| format!("at most {p}/s"));
     println!(
-        "burst: {services} Services; {changes} changes over {hot} as fast as the apiserver answers; {rate}/s for {seconds} s; finalizer {finalizer}"
+        "burst: {services} Services; {changes} changes over {hot} {how}; {rate}/s for {seconds} s; finalizer {finalizer}"
     );
     let seen = Seen::default();
     let url = receiver(seen.clone()).await;
@@ -205,7 +231,7 @@ async fn main() {
     let (vw_cpu, own_cpu) = (cpu_time(vw.pid()), cpu_time(std::process::id()));
     let io = Io::start(&vw, &seen);
     let start = Instant::now();
-    let written = burst(&api, hot, changes, 1).await;
+    let written = burst(&api, hot, changes, 1, pace).await;
     let wrote = start.elapsed();
     let (svc, rev, _) = written.iter().max_by_key(|w| w.1).unwrap();
     let (got, stored) = tokio::join!(settle(&seen, &written), stored(&vw.addr, svc, *rev));
