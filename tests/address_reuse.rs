@@ -137,6 +137,41 @@ async fn a_deleted_services_address_goes_to_a_waiting_service_only_after_the_del
     running.stop().await.unwrap();
 }
 
+/// Without our finalizer the Service is gone at once, and the watch's DELETED carries the object as
+/// the apiserver last had it, with no allocation: the address must still be reserved for that DELETED
+/// and freed once it is acknowledged (it was held until a restart).
+#[tokio::test]
+async fn without_the_finalizer_a_deleted_services_address_is_freed_once_its_deleted_is_acknowledged() {
+    let h = Harness::new().await;
+    let (rx, refuse) = refusing("DELETED", "a").await;
+    h.api.apply(lb_service("ns", "a", 80));
+    let mut c = config(&h, &rx, vec![pool("one", &[X], true)]);
+    c.kubernetes.finalizer = false;
+    let running = h.start(c).await;
+    wait_ingress(&h.api, "a", vip(X)).await;
+    assert!(h.api.delete("ns", "a"));
+    assert!(h.api.get("ns", "a").is_none(), "no finalizer: gone at once");
+    wait_until("a refused DELETED", || async { (refused(&rx, "DELETED", "a") > 0).then_some(()) }).await;
+    h.api.apply(lb_service("ns", "b", 80));
+    b_waits_while_refused(&h, &rx, "DELETED").await;
+    refuse.store(false, Ordering::SeqCst);
+    wait_ingress(&h.api, "b", vip(X)).await;
+    let api = Api::new(&running);
+    let metrics = api.get("/metrics").await.text;
+    assert!(metrics.contains("vipwatch_pool_addresses_reserved{pool=\"one\"} 0\n"), "{metrics}");
+    assert!(metrics.contains("vipwatch_pool_addresses_in_use{pool=\"one\"} 1\n"), "{metrics}");
+    assert_eq!(
+        accepted(&rx, 0),
+        vec![
+            row("ADDED", "a", json!([X])),
+            row("ADDED", "b", json!([])),
+            row("DELETED", "a", json!([X])),
+            row("MODIFIED", "b", json!([X])),
+        ]
+    );
+    running.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn after_a_lost_database_a_terminating_services_address_stays_reserved_until_its_deleted_is_acknowledged() {
     let h = Harness::new().await;

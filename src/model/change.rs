@@ -203,10 +203,20 @@ impl Observed {
 
 /// Decides a watch `DELETED`: a DELETED event carrying the object's last state as the apiserver sent
 /// it, when we track that very object (same uid); nothing otherwise.
+///
+/// Its allocation is the one we announced (`current`'s): the object as deleted cannot carry it, since
+/// vipwatch adds it to views it observes, and the addresses a DELETED withdraws, which stay reserved
+/// until it is acknowledged, are read from it ([`crate::ipam::withdrawn`]). Without it, a Service
+/// deleted with no finalizer of ours on it (`kubernetes.finalizer = false`) kept its pool address
+/// reserved for a release that was never recorded, until a restart.
 pub fn decide_delete(current: Option<&Tracked>, obs: &Observed) -> Decision {
     match current {
         Some(cur) if cur.uid == obs.uid => {
-            Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &obs.view, &cur.backends)])
+            let mut view = obs.view.clone();
+            if view.allocation != cur.view.allocation {
+                Arc::make_mut(&mut view).allocation = cur.view.allocation.clone();
+            }
+            Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &view, &cur.backends)])
         }
         _ => Decision::Nothing,
     }
