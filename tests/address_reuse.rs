@@ -219,7 +219,18 @@ async fn a_type_change_away_from_load_balancer_frees_the_address_only_after_the_
     let seen: Vec<(String, String)> = accepted(&rx, 0).into_iter().map(|(k, n, _)| (k, n)).collect();
     let pairs = |v: &[(&str, &str)]| v.iter().map(|(k, n)| (k.to_string(), n.to_string())).collect::<Vec<_>>();
     assert_eq!(seen, pairs(&[("ADDED", "a"), ("ADDED", "b"), ("MODIFIED", "a"), ("MODIFIED", "b")]));
-    assert_eq!(accepted(&rx, 3)[0], row("MODIFIED", "b", json!([X])));
+    // a's MODIFIED takes its VIP away (its status still showed X then), b's gives it to b.
+    assert_eq!(accepted(&rx, 2), vec![row("MODIFIED", "a", json!([])), row("MODIFIED", "b", json!([X]))]);
+    // The status a kept from its LoadBalancer days is cleared, as the upstream controller clears it.
+    wait_ingress(&h.api, "a", Value::Null).await;
+    let vips = Api::new(&running).ok("/api/v1/vips").await;
+    let listed: Vec<(&str, &str)> = vips["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["ip"].as_str().unwrap(), v["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(listed, vec![(X, "b")], "one Service per address: {vips}");
     running.stop().await.unwrap();
 }
 

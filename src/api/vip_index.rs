@@ -250,7 +250,8 @@ mod tests {
     fn a_vip_is_dated_from_the_start_of_its_newest_run() {
         let with = |ip: Option<&str>| {
             let ann = ip.map(|ip| serde_json::json!({"vipwatch.io/loadBalancerIPs": ip})).unwrap_or_default();
-            let svc = serde_json::json!({"metadata": {"name": "a", "annotations": ann}});
+            let svc =
+                serde_json::json!({"metadata": {"name": "a", "annotations": ann}, "spec": {"type": "LoadBalancer"}});
             ServiceView::from_service(&serde_json::from_value(svc).unwrap())
         };
         let mut open = HashMap::new();

@@ -77,7 +77,7 @@ impl Allocator {
 
     /// Whether vipwatch allocates for `view`: pools are configured and it is a `LoadBalancer`.
     pub fn manages(&self, view: &ServiceView) -> bool {
-        !self.pools.is_empty() && view.service_type == "LoadBalancer"
+        !self.pools.is_empty() && view.is_load_balancer()
     }
 
     /// Whether `ip` is a usable address of some pool.

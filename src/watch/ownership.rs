@@ -21,13 +21,15 @@ pub struct Ownership {
 
 impl Ownership {
     /// Fills in `obs.view.allocation` for an in-scope observation: an appliance-assigned address of the
-    /// same object is kept; otherwise the allocator decides (when it manages the Service).
+    /// same object is kept while it is a LoadBalancer; otherwise the allocator decides (when it manages
+    /// the Service). A Service of another type gets none, so its VIPs are withdrawn (see
+    /// `ServiceView::vip_sources`).
     pub fn allocate(&mut self, current: Option<&Tracked>, obs: &mut Observed) {
         if !obs.in_scope {
             return;
         }
         let current = current.filter(|t| t.uid == obs.uid).and_then(|t| t.view.allocation.as_ref());
-        if let Some(a) = current.filter(|a| a.source == VipSource::Appliance) {
+        if let Some(a) = current.filter(|a| a.source == VipSource::Appliance && obs.view.is_load_balancer()) {
             std::sync::Arc::make_mut(&mut obs.view).allocation = Some(a.clone());
         } else if self.allocator.manages(&obs.view) {
             let assigned = self.allocator.assign(&obs.key, &obs.view, &[]);

@@ -144,7 +144,7 @@ mod tests {
     fn requested_ips_take_the_first_annotation_present_and_vips_dedupe() {
         let v = view(serde_json::json!({"metadata": {"name": "a", "annotations": {
             "metallb.io/loadBalancerIPs": "198.51.100.1", "vipwatch.io/loadBalancerIPs": " 192.0.2.1, 2001:db8::1 ,bogus,,999.1.1.1"}},
-            "spec": {"loadBalancerIP": "192.0.2.1"},
+            "spec": {"type": "LoadBalancer", "loadBalancerIP": "192.0.2.1"},
             "status": {"loadBalancer": {"ingress": [{"hostname": "lb.example.net"}]}}}));
         assert_eq!(v.requested_ips, vec!["192.0.2.1", "2001:db8::1"]);
         assert_eq!(
@@ -155,5 +155,26 @@ mod tests {
                 ("2001:db8::1".to_owned(), "annotation")
             ]
         );
+    }
+
+    /// A Service that changed type away from LoadBalancer keeps the status it had until someone
+    /// clears it: it names no VIP, and vipwatch is to clear it. A LoadBalancer whose addresses
+    /// vipwatch does not assign keeps its status, which is not vipwatch's to write.
+    #[test]
+    fn only_a_load_balancer_has_vips_and_a_stale_status_of_another_type_is_to_be_cleared() {
+        let with = |ty: &str| {
+            view(
+                serde_json::json!({"metadata": {"name": "a", "annotations": {"vipwatch.io/loadBalancerIPs": "192.0.2.2"}},
+                "spec": {"type": ty, "loadBalancerIP": "192.0.2.3"},
+                "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}}}),
+            )
+        };
+        for ty in ["ClusterIP", "NodePort", "ExternalName"] {
+            assert_eq!((with(ty).vip_sources(), with(ty).status_to_publish()), (vec![], Some(vec![])), "{ty}");
+        }
+        let lb = with("LoadBalancer");
+        let sources = ["192.0.2.1", "192.0.2.2", "192.0.2.3"].into_iter().zip(["status", "annotation", "spec"]);
+        assert_eq!(lb.vip_sources(), sources.map(|(a, s)| (a.to_owned(), s)).collect::<Vec<_>>());
+        assert_eq!(lb.status_to_publish(), None);
     }
 }

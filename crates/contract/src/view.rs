@@ -236,15 +236,27 @@ impl ServiceView {
         }
     }
 
+    /// Whether this is a Service of type `LoadBalancer`: the only type with a load balancer, so the
+    /// only one with VIPs ([`Self::vip_sources`]) and a `status.loadBalancer` of its own.
+    pub fn is_load_balancer(&self) -> bool {
+        self.service_type == "LoadBalancer"
+    }
+
     /// The VIPs of this Service with where each comes from. When vipwatch assigns this Service's
     /// addresses ([`Self::allocation`] is set), exactly the allocated ones, with source `pool` or
     /// `appliance` (none while pending). Otherwise, in this order and without repeats: `status`
     /// (published ingress IPs and hostnames), then `annotation` (requested IPs), then `spec`
-    /// (`spec.loadBalancerIP`). Returns `(address, source)` pairs.
+    /// (`spec.loadBalancerIP`). None for a Service of another type (in scope with
+    /// `kubernetes.service_types`): all three are load-balancer fields, and a status left from before
+    /// a type change away from `LoadBalancer` names an address the appliance must stop serving for it,
+    /// which a pool may give to another Service. Returns `(address, source)` pairs.
     pub fn vip_sources(&self) -> Vec<(String, &'static str)> {
         if let Some(a) = &self.allocation {
             let source = a.source.as_str();
             return a.addresses.iter().chain(&a.hostname).map(|v| (v.clone(), source)).collect();
+        }
+        if !self.is_load_balancer() {
+            return Vec::new();
         }
         let status = self.ingress.iter().filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone()));
         let status = status.map(|a| (a, "status"));
@@ -266,9 +278,16 @@ impl ServiceView {
 
     /// The `status.loadBalancer.ingress` vipwatch should publish, when it differs from what the Service
     /// shows: `Some(list)` (possibly empty, to clear) for a Service whose addresses vipwatch assigns,
-    /// `None` when the status is right or not vipwatch's to write.
+    /// `Some(empty)` for a Service of another type than `LoadBalancer` that still shows one (left from
+    /// before a type change: cleared once the change is acknowledged, as the upstream service
+    /// controller clears it once the load balancer is gone), `None` when the status is right or not
+    /// vipwatch's to write.
     pub fn status_to_publish(&self) -> Option<Vec<IngressView>> {
-        let want = self.allocation.as_ref()?.ingress();
+        let want = match &self.allocation {
+            Some(a) => a.ingress(),
+            None if !self.is_load_balancer() => Vec::new(),
+            None => return None,
+        };
         (want != self.ingress).then_some(want)
     }
 

@@ -255,7 +255,10 @@ impl Recorder {
             Observation::Node(scope, change) => self.plan_node(plan, &scope, change),
             Observation::Slice(scope, change) => self.plan_slice(plan, &scope, change),
             Observation::Feedback(Feedback::Assigned(a)) => {
-                let Some(t) = self.mirror.get(&a.key).filter(|t| t.uid == a.uid) else { return };
+                // An answer for a Service that is no longer a LoadBalancer assigns nothing (no VIP).
+                let Some(t) = self.mirror.get(&a.key).filter(|t| t.uid == a.uid && t.view.is_load_balancer()) else {
+                    return;
+                };
                 let obs = Ownership::assigned(t, a);
                 let decision = decide_apply(Some(t), &obs);
                 self.take(plan, &obs.key, Cause::Appliance, decision, Some(&obs));
