@@ -172,6 +172,35 @@ async fn without_the_finalizer_a_deleted_services_address_is_freed_once_its_dele
     running.stop().await.unwrap();
 }
 
+/// The pool gauges follow an acknowledged withdrawal that changes nothing else (no Service waits for
+/// the address): they were only set with a plan that stored something, so they showed the address
+/// reserved until the next change of any Service.
+#[tokio::test]
+async fn the_pool_gauges_show_an_acknowledged_release_without_waiting_for_another_change() {
+    let h = Harness::new().await;
+    let (rx, refuse) = refusing("DELETED", "a").await;
+    h.api.apply(lb_service("ns", "a", 80));
+    h.api.apply(lb_service("ns", "b", 80));
+    let running = h.start(config(&h, &rx, vec![pool("two", &[X, "192.0.2.2"], true)])).await;
+    wait_ingress(&h.api, "a", vip(X)).await;
+    wait_ingress(&h.api, "b", vip("192.0.2.2")).await;
+    let api = Api::new(&running);
+    let gauges = || async {
+        let text = api.get("/metrics").await.text;
+        ["in_use", "free", "reserved"].map(|g| {
+            let line = format!("vipwatch_pool_addresses_{g}{{pool=\"two\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(line.as_str())).unwrap_or("?").to_owned()
+        })
+    };
+    assert!(h.api.delete("ns", "a"));
+    wait_until("a refused DELETED", || async { (refused(&rx, "DELETED", "a") > 0).then_some(()) }).await;
+    wait_until("a's address reserved", || async { (gauges().await == ["2", "0", "1"]).then_some(()) }).await;
+    refuse.store(false, Ordering::SeqCst);
+    wait_until("a is gone", || async { h.api.get("ns", "a").is_none().then_some(()) }).await;
+    wait_until("gauges after the release", || async { (gauges().await == ["1", "1", "0"]).then_some(()) }).await;
+    running.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn after_a_lost_database_a_terminating_services_address_stays_reserved_until_its_deleted_is_acknowledged() {
     let h = Harness::new().await;

@@ -259,6 +259,9 @@ impl Writer {
     /// left nothing behind (the store rolls it back and drops the connection).
     async fn commit(&mut self, plan: Plan) {
         if plan.changes.is_empty() && plan.progress.is_empty() {
+            // Nothing to store, but the gauges may have moved: an acknowledged withdrawal frees a
+            // reserved address without a change to record when no Service waits for one.
+            self.after_commit(plan);
             return;
         }
         let progress: Vec<WatchProgress> = plan.progress.values().cloned().collect();
