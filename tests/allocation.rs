@@ -600,3 +600,51 @@ async fn status_work_comes_a_window_at_a_time_after_the_last_service_read() {
     assert_eq!(windows, vec![vec!["a", "b"], vec!["c", "d"], vec!["e"], vec![]]);
     store.close().await;
 }
+
+/// Two ports of one Service with the same number and protocol (the fake apiserver takes what a real
+/// one refuses) are one `vip_addresses` row: as two, the database refused the Service's own address
+/// and port as "held by two Services", and every start ended the same way.
+#[tokio::test]
+async fn a_service_repeating_a_port_holds_its_address_once() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let mut svc = lb_service("ns", "a", 80);
+    let port = svc["spec"]["ports"][0].clone();
+    let mut again = port.clone();
+    again["name"] = json!("again");
+    svc["spec"]["ports"] = json!([port, again]);
+    h.api.apply(svc);
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["10.9.0.1"])])).await;
+    wait_ingress(&h.api, "ns", "a", vip("10.9.0.1")).await;
+    h.api.apply(lb_service("ns", "b", 80));
+    wait_until("b's ADDED delivered", || async {
+        rx.accepted().iter().any(|hit| hit.json()["data"]["service"]["name"] == "b").then_some(())
+    })
+    .await;
+    running.stop().await.unwrap();
+}
+
+/// On SQLite, a batch the database refuses for good ends the run with that error (the process then
+/// exits non-zero, so a supervisor restarts it), not as a requested stop. (On PostgreSQL only the
+/// term ends, and the replica gives up the lease: `app::lead::elect`.) The refusal is provoked with
+/// a `vip_addresses` row the allocator cannot know of.
+#[tokio::test]
+async fn a_batch_the_database_refuses_ends_the_run_with_an_error() {
+    use sqlx::Connection as _;
+    let h = Harness::on(vipwatch::store::Backend::Sqlite).await;
+    let rx = Receiver::ok().await;
+    let cfg = config(&h, &rx, vec![pool("lab", &["10.9.0.1"])]);
+    h.start(cfg.clone()).await.stop().await.unwrap();
+    let url = format!("sqlite://{}", h.db_path().display());
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let ghost = "INSERT INTO vip_addresses (address, protocol, port, namespace, name) \
+                 VALUES ('10.9.0.1', 'TCP', 80, 'ns', 'ghost')";
+    sqlx::raw_sql(ghost).execute(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    h.api.apply(lb_service("ns", "a", 80));
+    let running = h.start(cfg).await;
+    tokio::time::timeout(std::time::Duration::from_secs(20), running.failed()).await.expect("the run ends by itself");
+    let err = running.stop().await.expect_err("ended by a refusal");
+    let chain = format!("{err}");
+    assert!(chain.contains("refused"), "{chain}");
+}

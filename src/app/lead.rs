@@ -53,6 +53,7 @@ pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: Cancella
         committed: s.committed.clone(),
         notices: notices.clone(),
         term: cancel.clone(),
+        refused: Default::default(),
     };
     let outbox: Arc<dyn Outbox> = Arc::new(Router::new(&s.config, store.log_id())?);
     let (assign_tx, assign_rx) = mpsc::channel(ASSIGNMENT_QUEUE);

@@ -599,12 +599,17 @@ fn pool_addresses(view: &ServiceView) -> impl Iterator<Item = &String> {
 }
 
 /// What `vip_addresses` keeps unique for `view`: each pool address with each port it serves there
-/// (`("", 0)` for a Service without ports, which then holds the address alone).
+/// (`("", 0)` for a Service without ports, which then holds the address alone), each once. Two ports
+/// of one Service with the same number and protocol (which a real apiserver refuses, but a view may
+/// still hold) are one row: two were one Service's address and port "held by two Services", a
+/// refused write that ended the term at every start.
 fn held_ports(view: &ServiceView) -> impl Iterator<Item = (&String, &str, i32)> {
-    let ports: Vec<(&str, i32)> = match view.ports.as_slice() {
+    let mut ports: Vec<(&str, i32)> = match view.ports.as_slice() {
         [] => vec![("", 0)],
         ports => ports.iter().map(|p| (p.protocol.as_str(), p.port)).collect(),
     };
+    ports.sort_unstable();
+    ports.dedup();
     pool_addresses(view).flat_map(move |a| ports.clone().into_iter().map(move |(proto, port)| (a, proto, port)))
 }
 

@@ -46,6 +46,10 @@ pub enum WatchError {
     /// Loading the current-state table failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The database refused a batch of changes for good (a pool address and port for two Services),
+    /// and the writer ended the term (see [`Signals::refused`]).
+    #[error("the database refused a batch of changes; the term ended: {0}")]
+    Refused(String),
 }
 
 /// Capacity of the observation channel between the stream tasks and the recorder (messages).
@@ -56,8 +60,8 @@ const CHANNEL_CAPACITY: usize = 1024;
 /// allocated from `config.pools`; `feedback` brings addresses chosen by appliances and releases
 /// acknowledged by every endpoint.
 /// `signals` report readiness (first full list of every scope stored) and each commit. Errors: only
-/// start-up failures ([`WatchError::Store`]); watch errors are logged, counted in `signals.metrics`
-/// and retried with backoff.
+/// start-up failures ([`WatchError::Store`]), and [`WatchError::Refused`] once the writer ended the
+/// term; watch errors are logged, counted in `signals.metrics` and retried with backoff.
 pub async fn run(
     client: kube::Client,
     config: &Config,
@@ -83,10 +87,14 @@ pub async fn run(
         };
     }
     tasks.spawn(forward(feedback, tx, cancel.clone()));
+    let refused = signals.refused.clone();
     let recorder = Recorder::load(store, outbox, &scopes, signals, (ownership, members), config.guard.clone()).await?;
     recorder.run(rx).await;
     tasks.join_all().await;
-    Ok(())
+    match refused.get() {
+        Some(why) => Err(WatchError::Refused(why.clone())),
+        None => Ok(()),
+    }
 }
 
 /// Passes feedback (appliance-assigned addresses, acknowledged releases) to the recorder until

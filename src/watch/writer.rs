@@ -189,6 +189,10 @@ pub struct Signals {
     /// until it commits, but not once this is cancelled; the writer cancels it itself when the
     /// database refuses a write for good (see [`Writer::commit`]).
     pub term: tokio_util::sync::CancellationToken,
+    /// Why the writer ended the term, when it did (the database refused a batch for good): the watch
+    /// then ends with [`super::WatchError::Refused`], so the process (on SQLite) exits non-zero and a
+    /// supervisor restarts it, rather than stopping as if asked to.
+    pub refused: Arc<std::sync::OnceLock<String>>,
 }
 
 pub(super) struct Writer {
@@ -312,6 +316,7 @@ impl Writer {
                     Err(e @ StoreError::AddressTaken(_)) => {
                         error!(error = %e, "the database refused this batch; ending the term so the next one re-lists and allocates anew");
                         self.next_id = None;
+                        let _ = self.signals.refused.set(e.to_string());
                         self.signals.term.cancel();
                         return;
                     }
