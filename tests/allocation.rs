@@ -509,7 +509,7 @@ async fn a_deleted_services_address_is_reused_only_after_the_appliance_acknowled
     let why = wait_k8s_event(&h.api, "b", "AllocationFailed").await;
     assert_eq!(
         why,
-        "192.0.2.1 is already used by ns/a (deleted; the appliance has not acknowledged it yet) (share it with the same vipwatch.io/allow-shared-ip key and distinct ports)"
+        "192.0.2.1 is already used by ns/a (given up; the appliance has not acknowledged that yet) (share it with the same vipwatch.io/allow-shared-ip key and distinct ports)"
     );
     wait_until("a failed DELETED attempt", || async {
         rx.hits().iter().any(|h| h.event().0 == "DELETED").then_some(())

@@ -17,8 +17,9 @@ struct Holder {
     key: ServiceKey,
     sharing_key: Option<String>,
     ports: Vec<(i32, String)>,
-    /// `Some(uid)`: the Service was DELETED and the appliance has not acknowledged it yet; the address
-    /// stays reserved (only a Service of the same name may reuse it: its queue orders the two).
+    /// `Some(uid)`: the Service gave the address up (its DELETED, or a MODIFIED that withdrew it) and
+    /// the appliance has not acknowledged that yet; the address stays reserved (only a Service of the
+    /// same name may reuse it: its queue orders the two).
     draining: Option<String>,
 }
 
@@ -386,7 +387,7 @@ impl Allocator {
                     .iter()
                     .filter(|h| h.key != *key)
                     .map(|h| match h.draining {
-                        Some(_) => format!("{} (deleted; the appliance has not acknowledged it yet)", h.key),
+                        Some(_) => format!("{} (given up; the appliance has not acknowledged that yet)", h.key),
                         None => h.key.to_string(),
                     })
                     .collect();
