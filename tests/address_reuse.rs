@@ -417,3 +417,96 @@ async fn a_pool_change_that_moves_a_service_frees_its_old_address_only_after_the
     );
     running.stop().await.unwrap();
 }
+
+/// `svc` sharing its address under key `k`.
+fn shared(mut svc: Value) -> Value {
+    svc["metadata"]["annotations"] = json!({"vipwatch.io/allow-shared-ip": "k"});
+    svc
+}
+
+/// A Service sharing an address keeps it while its neighbour's DELETED is unacknowledged, through its
+/// own changes and a restart: the neighbour's reservation keeps its sharing key and ports (it was
+/// renumbered to another address at its next change).
+#[tokio::test]
+async fn a_service_sharing_an_address_keeps_it_while_its_neighbours_deleted_is_unacknowledged() {
+    let h = Harness::new().await;
+    let (rx, refuse) = refusing("DELETED", "b").await;
+    h.api.apply(shared(lb_service("ns", "a", 80)));
+    h.api.apply(shared(lb_service("ns", "b", 443)));
+    let c = config(&h, &rx, vec![pool("two", &[X, "192.0.2.2"], true)]);
+    let running = h.start(c.clone()).await;
+    wait_ingress(&h.api, "a", vip(X)).await;
+    wait_ingress(&h.api, "b", vip(X)).await;
+    assert!(h.api.delete("ns", "b"));
+    wait_until("b's refused DELETED", || async { (refused(&rx, "DELETED", "b") > 0).then_some(()) }).await;
+    let a_changes = |rx: &Receiver| accepted(rx, 0).into_iter().filter(|(_, n, _)| n == "a").collect::<Vec<_>>();
+    h.api.update("ns", "a", |s| s["metadata"]["labels"]["round"] = json!("1")).unwrap();
+    wait_until("a's MODIFIED", || async { (a_changes(&rx).len() == 2).then_some(()) }).await;
+    running.stop().await.unwrap();
+    let running = h.start(c).await;
+    h.api.update("ns", "a", |s| s["metadata"]["labels"]["round"] = json!("2")).unwrap();
+    wait_until("a's second MODIFIED", || async { (a_changes(&rx).len() == 3).then_some(()) }).await;
+    refuse.store(false, Ordering::SeqCst);
+    wait_until("b is gone", || async { h.api.get("ns", "b").is_none().then_some(()) }).await;
+    assert_eq!(
+        a_changes(&rx),
+        vec![row("ADDED", "a", json!([X])), row("MODIFIED", "a", json!([X])), row("MODIFIED", "a", json!([X]))]
+    );
+    assert_eq!(ingress(&h.api, "a"), vip(X));
+    running.stop().await.unwrap();
+}
+
+/// A Service that gave its address up (here: a type change away from LoadBalancer, in scope) and
+/// comes back before the appliance acknowledged it takes the same address back, after the
+/// withdrawal in its own queue, instead of another one (or none, from a full pool).
+#[tokio::test]
+async fn a_service_coming_back_takes_back_the_address_it_gave_up() {
+    let h = Harness::new().await;
+    let (rx, refuse) = refusing("MODIFIED", "a").await;
+    h.api.apply(lb_service("ns", "a", 80));
+    let mut c = config(&h, &rx, vec![pool("two", &[X, "192.0.2.2"], true)]);
+    c.kubernetes.service_types = vec!["LoadBalancer".into(), "NodePort".into()];
+    let running = h.start(c).await;
+    wait_ingress(&h.api, "a", vip(X)).await;
+    h.api.update("ns", "a", |s| s["spec"]["type"] = json!("NodePort")).unwrap();
+    wait_until("a refused MODIFIED", || async { (refused(&rx, "MODIFIED", "a") > 0).then_some(()) }).await;
+    h.api.update("ns", "a", |s| s["spec"]["type"] = json!("LoadBalancer")).unwrap();
+    refuse.store(false, Ordering::SeqCst);
+    wait_until("a's last MODIFIED", || async { (accepted(&rx, 0).len() == 3).then_some(()) }).await;
+    assert_eq!(
+        accepted(&rx, 0),
+        vec![row("ADDED", "a", json!([X])), row("MODIFIED", "a", json!([])), row("MODIFIED", "a", json!([X]))]
+    );
+    wait_ingress(&h.api, "a", vip(X)).await;
+    running.stop().await.unwrap();
+}
+
+/// After a lost database, a terminating Service that is no longer a LoadBalancer (its type changed
+/// while vipwatch was down) but still shows a pool address: its DELETED carries that address, which
+/// stays reserved until it is acknowledged and is then free (it stayed reserved until a restart).
+#[tokio::test]
+async fn after_a_lost_database_a_terminating_service_of_another_type_frees_the_address_its_status_shows() {
+    let h = Harness::new().await;
+    let (rx, refuse) = refusing("DELETED", "a").await;
+    h.api.apply(lb_service("ns", "a", 80));
+    let pools = vec![pool("one", &[X], true)];
+    let running = h.start(config(&h, &rx, pools.clone())).await;
+    wait_ingress(&h.api, "a", vip(X)).await;
+    running.stop().await.unwrap();
+    h.api.update("ns", "a", |s| s["spec"]["type"] = json!("ClusterIP")).unwrap();
+    h.wipe_database().await;
+    assert!(h.api.delete("ns", "a"));
+    assert_eq!(ingress(&h.api, "a"), vip(X), "terminating, still showing its address");
+    h.api.apply(lb_service("ns", "b", 80));
+    let before = rx.accepted().len();
+    let running = h.start(config(&h, &rx, pools)).await;
+    wait_until("a refused DELETED", || async { (refused(&rx, "DELETED", "a") > 0).then_some(()) }).await;
+    b_waits_while_refused(&h, &rx, "DELETED").await;
+    refuse.store(false, Ordering::SeqCst);
+    wait_ingress(&h.api, "b", vip(X)).await;
+    assert_eq!(
+        accepted(&rx, before),
+        vec![row("ADDED", "b", json!([])), row("DELETED", "a", json!([X])), row("MODIFIED", "b", json!([X]))]
+    );
+    running.stop().await.unwrap();
+}

@@ -23,6 +23,15 @@ struct Holder {
     draining: Option<String>,
 }
 
+/// The sharing key and ports a holder with `view` shares an address by (none without a view, or with
+/// one whose request does not read).
+fn sharing(view: Option<&ServiceView>) -> (Option<String>, Vec<(i32, String)>) {
+    match view.map(request::read) {
+        Some(Ok(req)) => (req.sharing_key, req.ports),
+        _ => (None, Vec::new()),
+    }
+}
+
 /// Addresses in use and free in one pool, for metrics and the API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolUsage {
@@ -97,14 +106,8 @@ impl Allocator {
         self.release(key);
         let Some(a) = view.allocation.as_ref().filter(|a| a.source == VipSource::Pool) else { return };
         let ips: Vec<IpAddr> = a.addresses.iter().filter_map(|s| s.parse().ok()).collect();
-        let req = request::read(view).ok();
-        let holder = Holder {
-            key: key.clone(),
-            sharing_key: req.as_ref().and_then(|r| r.sharing_key.clone()),
-            ports: req.map(|r| r.ports).unwrap_or_default(),
-            draining: None,
-        };
-        self.take(&holder, &ips);
+        let (sharing_key, ports) = sharing(Some(view));
+        self.take(&Holder { key: key.clone(), sharing_key, ports, draining: None }, &ips);
     }
 
     /// Drops everything `key` holds (not what a deleted object of that name still drains).
@@ -114,19 +117,23 @@ impl Allocator {
     }
 
     /// `key` (object `uid`) was DELETED or left scope: what it holds live is dropped, and `addresses`
-    /// (what the DELETED announced) stay reserved until [`Self::finish_drain`].
-    pub fn drain(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr]) {
+    /// (what the DELETED announced, held by `from`) stay reserved until [`Self::finish_drain`].
+    pub fn drain(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr], from: Option<&ServiceView>) {
         self.release(key);
-        self.withdraw(key, uid, addresses);
+        self.withdraw(key, uid, addresses, from);
     }
 
     /// `addresses` of object `uid` of `key` wait for the appliance: a recorded change withdrew them
     /// (a DELETED, or a MODIFIED that dropped them), and that change is not acknowledged yet. They stay
-    /// reserved — only a Service of the same name may reuse them: its queue orders the two — until
-    /// [`Self::finish_drain`] with the same addresses. Also used at start for the `releases` rows and
-    /// for the addresses a terminating Service unknown to a lost database still shows.
-    pub fn withdraw(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr]) {
-        let holder = Holder { key: key.clone(), sharing_key: None, ports: Vec::new(), draining: Some(uid.to_owned()) };
+    /// reserved until [`Self::finish_drain`] with the same addresses: a Service of the same name may
+    /// reuse them (its queue orders the two), and one sharing them with `from` (the view that held
+    /// them: same sharing key, none of its ports) keeps or takes them, since the appliance serves other
+    /// ports of the address for it; everyone else waits. Without `from` (the event that withdrew them
+    /// is pruned) nobody else may take them. Also used at start for the `releases` rows and for the
+    /// addresses a terminating Service unknown to a lost database still shows.
+    pub fn withdraw(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr], from: Option<&ServiceView>) {
+        let (sharing_key, ports) = sharing(from);
+        let holder = Holder { key: key.clone(), sharing_key, ports, draining: Some(uid.to_owned()) };
         for ip in addresses {
             let before = self.held(ip);
             self.used.entry(*ip).or_default().push(holder.clone());
@@ -195,6 +202,12 @@ impl Allocator {
     pub fn assign(&mut self, key: &ServiceKey, view: &ServiceView, prefer: &[IpAddr]) -> Allocation {
         let mut prefer = prefer.to_vec();
         prefer.extend(self.by_service.get(key).cloned().unwrap_or_default());
+        // What this name gave up and the appliance has not let go of yet: taking it back keeps the VIP
+        // (its deliveries are ordered) rather than renumbering it.
+        let reserved = self.used.iter().filter(|(_, hs)| hs.iter().any(|h| h.key == *key && h.draining.is_some()));
+        let mut own: Vec<IpAddr> = reserved.map(|(ip, _)| *ip).collect();
+        own.sort();
+        prefer.extend(own);
         self.release(key);
         let outcome = request::read(view).and_then(|req| {
             let (pool, ips) = self.solve(key, &req, &prefer)?;
@@ -355,13 +368,14 @@ impl Allocator {
         Some(found)
     }
 
-    /// Whether `key` may take `ip`: nobody else holds it, or every holder has the same sharing key and
-    /// no port+protocol in common with the request.
+    /// Whether `key` may take `ip`: nobody else holds it, or every holder, live or reserved for a
+    /// withdrawal the appliance has not acknowledged ([`Self::withdraw`]), has the same sharing key
+    /// and no port+protocol in common with the request. (A reserved holder without a sharing key
+    /// shares with nobody.)
     fn available(&self, ip: &IpAddr, key: &ServiceKey, req: &Request) -> bool {
         let Some(holders) = self.used.get(ip) else { return true };
         holders.iter().filter(|h| h.key != *key).all(|h| {
-            h.draining.is_none()
-                && req.sharing_key.is_some()
+            req.sharing_key.is_some()
                 && h.sharing_key == req.sharing_key
                 && !h.ports.iter().any(|p| req.ports.contains(p))
         })
@@ -609,9 +623,9 @@ mod tests {
             Box::new(|al| drop(al.assign(&key("s2"), &shared(443), &[]))),
             Box::new(|al| drop(al.assign(&key("p"), &plain(), &[]))),
             Box::new(|al| drop(al.assign(&key("w"), &want("192.0.2.3"), &[]))),
-            Box::new(|al| al.drain(&key("s1"), "uid-s1", &[ip("192.0.2.0")])),
-            Box::new(|al| al.drain(&key("s2"), "uid-s2", &[ip("192.0.2.0")])),
-            Box::new(|al| al.withdraw(&key("w"), "uid-w", &[ip("192.0.2.3")])),
+            Box::new(|al| al.drain(&key("s1"), "uid-s1", &[ip("192.0.2.0")], None)),
+            Box::new(|al| al.drain(&key("s2"), "uid-s2", &[ip("192.0.2.0")], None)),
+            Box::new(|al| al.withdraw(&key("w"), "uid-w", &[ip("192.0.2.3")], None)),
             Box::new(|al| drop(al.assign(&key("w"), &want("192.0.2.5"), &[]))),
             Box::new(|al| _ = al.finish_drain(&key("s1"), "uid-s1", &[ip("192.0.2.0")])),
             Box::new(|al| _ = al.finish_drain(&key("s1"), "uid-s1", &[ip("192.0.2.0")])),
@@ -650,7 +664,7 @@ mod tests {
         let mut al = allocator(&[("one", &["192.0.2.1"], true)]);
         al.assign(&key("a"), &plain(), &[]);
         let x: IpAddr = "192.0.2.1".parse().unwrap();
-        al.drain(&key("a"), "uid-a", &[x]);
+        al.drain(&key("a"), "uid-a", &[x], None);
         assert_eq!(al.assign(&key("b"), &plain(), &[]).reason.as_deref(), Some("address pool `one` exhausted"));
         assert!(!al.finish_drain(&key("a"), "uid-other", &[x]), "another object's acknowledgement frees nothing");
         assert!(al.finish_drain(&key("a"), "uid-a", &[x]));
@@ -663,10 +677,10 @@ mod tests {
         let x: IpAddr = "192.0.2.1".parse().unwrap();
         al.assign(&key("a"), &plain(), &[]);
         al.release(&key("a"));
-        al.withdraw(&key("a"), "uid-a", &[x]);
+        al.withdraw(&key("a"), "uid-a", &[x], None);
         assert_eq!(addrs(&al.assign(&key("a"), &plain(), &[x])), vec!["192.0.2.1"], "the same name may take it back");
         al.release(&key("a"));
-        al.withdraw(&key("a"), "uid-a", &[x]);
+        al.withdraw(&key("a"), "uid-a", &[x], None);
         assert!(al.finish_drain(&key("a"), "uid-a", &[x]));
         assert_eq!(
             al.assign(&key("b"), &plain(), &[]).reason.as_deref(),
@@ -676,6 +690,30 @@ mod tests {
         assert_eq!(al.usage(), vec![PoolUsage { pool: "one".into(), in_use: 1, free: 0, reserved: 1 }]);
         assert!(al.finish_drain(&key("a"), "uid-a", &[x]));
         assert_eq!(addrs(&al.assign(&key("b"), &plain(), &[])), vec!["192.0.2.1"]);
+    }
+
+    /// A reservation keeps the sharing key and ports of the view that held the address: a Service of
+    /// that key on other ports keeps or takes the address meanwhile; one on the same port, one with
+    /// another key or none, and anyone while the view is unknown (`None`), wait.
+    #[test]
+    fn a_reservation_shares_the_address_as_the_view_that_held_it_did() {
+        let shared = |port: i32, key: &str| {
+            let ann = serde_json::json!({"vipwatch.io/allow-shared-ip": key});
+            svc(ann, serde_json::json!({"ports": [{"port": port}]}))
+        };
+        let x: IpAddr = "192.0.2.1".parse().unwrap();
+        for (from, port, sharing, gets_x) in [
+            (Some(shared(443, "k")), 80, "k", true),
+            (Some(shared(443, "k")), 443, "k", false),
+            (Some(shared(443, "k")), 80, "other", false),
+            (Some(plain()), 80, "k", false),
+            (None, 80, "k", false),
+        ] {
+            let mut al = allocator(&[("two", &["192.0.2.1", "192.0.2.2"], true)]);
+            al.withdraw(&key("b"), "uid-b", &[x], from.as_ref());
+            let got = al.assign(&key("a"), &shared(port, sharing), &[x]);
+            assert_eq!(addrs(&got) == vec!["192.0.2.1"], gets_x, "{from:?} {port} {sharing}: {got:?}");
+        }
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub use nodes::NodeRow;
 pub use open::WriterLock;
 pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, RecordedEvent};
 pub use progress::{ProgressRow, WatchProgress};
-pub use publish::{Acks, CleanupWork, PublishWork, ReleaseWork, StatusWork};
+pub use publish::{Acks, CleanupWork, PublishWork, ReleaseWork, Reservation, StatusWork};
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};
 pub use riders::{DEFAULT_COMMIT_INTERVAL, StandingClaim, Taken};
 pub use state::{Cleanup, Prepared, ServiceRow, StateChange};

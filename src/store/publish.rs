@@ -47,6 +47,21 @@ pub struct ReleaseWork {
     pub addresses: Vec<std::net::IpAddr>,
 }
 
+/// An address reservation to restore at start: a `releases` row with the view that held the
+/// addresses, read from its event (`None` once the event is pruned).
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    /// The Service.
+    pub key: ServiceKey,
+    /// `metadata.uid` of the object.
+    pub uid: String,
+    /// The addresses withdrawn.
+    pub addresses: Vec<std::net::IpAddr>,
+    /// The view that held them: the DELETED's last view, or the withdrawing MODIFIED's previous one
+    /// (its sharing key and ports decide who may share the addresses meanwhile).
+    pub held_by: Option<crate::model::ServiceView>,
+}
+
 /// Where the deliveries that gate a write stand.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Acks {
@@ -234,6 +249,25 @@ impl Store {
                     key: ServiceKey::new(r.get::<String, _>(1), r.get::<String, _>(2)),
                     uid: r.get(3),
                     addresses: serde_json::from_str(r.get::<&str, _>(4))?,
+                })
+            })
+            .collect()
+    }
+
+    /// Every pending release with the view that held its addresses ([`Reservation`]), by event id:
+    /// what the allocator keeps reserved at start.
+    pub async fn reservations(&self) -> Result<Vec<Reservation>, StoreError> {
+        let sql = "SELECT r.namespace, r.name, r.uid, r.addresses, \
+             CASE WHEN e.type = 'DELETED' THEN e.view ELSE e.previous END \
+             FROM releases r LEFT JOIN events e ON e.id = r.event_id ORDER BY r.event_id";
+        let rows = self.read_all(self.backend.query(sql)).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Reservation {
+                    key: ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1)),
+                    uid: r.get(2),
+                    addresses: serde_json::from_str(r.get::<&str, _>(3))?,
+                    held_by: r.get::<Option<&str>, _>(4).map(serde_json::from_str).transpose()?,
                 })
             })
             .collect()

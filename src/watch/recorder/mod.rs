@@ -112,15 +112,15 @@ impl Recorder {
             if let Some(t) = mirror.remove(key) {
                 count_vips(&mut vip_refs, &t, -1);
                 count_members(&mut member_counts, &t, -1);
-                ownership.allocator.drain(key, &t.uid, &ipam::pool_addresses(&t.view));
+                ownership.allocator.drain(key, &t.uid, &ipam::pool_addresses(&t.view), Some(&t.view));
                 pending_allocation.remove(key);
                 pending_startup.push(deleted(key.clone(), Cause::Startup, &t));
             }
         }
         info!(services = mirror.len(), held = guard.len(), "loaded current state");
         let announced = store.cleanups().await?.into_iter().map(|c| c.uid).collect();
-        for r in store.releases().await? {
-            ownership.allocator.withdraw(&r.key, &r.uid, &r.addresses);
+        for r in store.reservations().await? {
+            ownership.allocator.withdraw(&r.key, &r.uid, &r.addresses, r.held_by.as_ref());
         }
         let writer = Writer::new(store, outbox, scopes, signals);
         let awaiting = scopes.iter().map(ScopeSpec::key).collect();
@@ -226,7 +226,7 @@ impl Recorder {
         for obs in terminating {
             if let Some(a) = self.ownership.allocator.published(&obs.view) {
                 let ips: Vec<std::net::IpAddr> = a.addresses.iter().filter_map(|s| s.parse().ok()).collect();
-                self.ownership.allocator.withdraw(&obs.key, &obs.uid, &ips);
+                self.ownership.allocator.withdraw(&obs.key, &obs.uid, &ips, Some(&obs.view));
             }
         }
         for obs in &listed {
@@ -320,9 +320,9 @@ impl Recorder {
     fn decide(&self, obs: &Observed) -> Decision {
         if self.unrecorded_terminating(obs) {
             let mut view = (*obs.view).clone();
-            if self.ownership.allocator.manages(&view) {
-                view.allocation = self.ownership.allocator.published(&view);
-            }
+            // Whatever its type now: its status may still show a pool address from before a type
+            // change, which start reserved for this DELETED (`release_held`) and which it must free.
+            view.allocation = self.ownership.allocator.published(&view);
             let none = Arc::new(BackendSets::new());
             return Decision::Record(vec![Recorded::deleted(&obs.uid, &obs.resource_version, &view.into(), &none)]);
         }
@@ -425,7 +425,12 @@ impl Recorder {
                     if event.kind == ChangeKind::Modified {
                         // What the MODIFIED took away stays reserved until it is acknowledged (a DELETED's
                         // addresses are reserved by `unmirror`).
-                        self.ownership.allocator.withdraw(key, &event.uid, &ipam::withdrawn(&event));
+                        self.ownership.allocator.withdraw(
+                            key,
+                            &event.uid,
+                            &ipam::withdrawn(&event),
+                            event.previous.as_deref(),
+                        );
                     }
                     let event = Box::new(event);
                     plan.changes.push(StateChange::Event { key: key.clone(), cause, event, hold, cleanup });
@@ -468,7 +473,7 @@ impl Recorder {
         let old = self.mirror.remove(key)?;
         count_vips(&mut self.vip_refs, &old, -1);
         count_members(&mut self.member_counts, &old, -1);
-        self.ownership.allocator.drain(key, &old.uid, &ipam::pool_addresses(&old.view));
+        self.ownership.allocator.drain(key, &old.uid, &ipam::pool_addresses(&old.view), Some(&old.view));
         self.pending_allocation.remove(key);
         Some(old)
     }
