@@ -107,34 +107,7 @@ async fn b_waits_while_refused(h: &Harness, rx: &Receiver, event: &str) {
 
 #[tokio::test]
 async fn a_deleted_services_address_goes_to_a_waiting_service_only_after_the_deleted_is_acknowledged() {
-    let h = Harness::new().await;
-    let (rx, refuse) = refusing("DELETED", "a").await;
-    h.api.apply(lb_service("ns", "a", 80));
-    let running = h.start(config(&h, &rx, vec![pool("one", &[X], true)])).await;
-    wait_ingress(&h.api, "a", vip(X)).await;
-    assert!(h.api.delete("ns", "a"));
-    assert!(h.api.get("ns", "a").is_some(), "the finalizer keeps a terminating");
-    wait_until("a refused DELETED", || async { (refused(&rx, "DELETED", "a") > 0).then_some(()) }).await;
-    h.api.apply(lb_service("ns", "b", 80));
-    b_waits_while_refused(&h, &rx, "DELETED").await;
-    let api = Api::new(&running);
-    let reserved = |n: u32| format!("vipwatch_pool_addresses_reserved{{pool=\"one\"}} {n}\n");
-    let metrics = api.get("/metrics").await.text;
-    assert!(metrics.contains(&reserved(1)), "{metrics}");
-    refuse.store(false, Ordering::SeqCst);
-    wait_ingress(&h.api, "b", vip(X)).await;
-    let metrics = api.get("/metrics").await.text;
-    assert!(metrics.contains(&reserved(0)), "b holds it now: {metrics}");
-    assert_eq!(
-        accepted(&rx, 0),
-        vec![
-            row("ADDED", "a", json!([X])),
-            row("ADDED", "b", json!([])),
-            row("DELETED", "a", json!([X])),
-            row("MODIFIED", "b", json!([X])),
-        ]
-    );
-    running.stop().await.unwrap();
+    deleted_address_waits_for_the_acknowledgement(true).await;
 }
 
 /// Without our finalizer the Service is gone at once, and the watch's DELETED carries the object as
@@ -142,24 +115,32 @@ async fn a_deleted_services_address_goes_to_a_waiting_service_only_after_the_del
 /// and freed once it is acknowledged (it was held until a restart).
 #[tokio::test]
 async fn without_the_finalizer_a_deleted_services_address_is_freed_once_its_deleted_is_acknowledged() {
+    deleted_address_waits_for_the_acknowledgement(false).await;
+}
+
+/// a holds the pool's one address and is deleted (with `kubernetes.finalizer` as given) while the
+/// receiver refuses its DELETED; b, created then, gets the address only once that is acknowledged.
+async fn deleted_address_waits_for_the_acknowledgement(finalizer: bool) {
     let h = Harness::new().await;
     let (rx, refuse) = refusing("DELETED", "a").await;
     h.api.apply(lb_service("ns", "a", 80));
     let mut c = config(&h, &rx, vec![pool("one", &[X], true)]);
-    c.kubernetes.finalizer = false;
+    c.kubernetes.finalizer = finalizer;
     let running = h.start(c).await;
     wait_ingress(&h.api, "a", vip(X)).await;
     assert!(h.api.delete("ns", "a"));
-    assert!(h.api.get("ns", "a").is_none(), "no finalizer: gone at once");
+    assert_eq!(h.api.get("ns", "a").is_some(), finalizer, "only the finalizer keeps a terminating");
     wait_until("a refused DELETED", || async { (refused(&rx, "DELETED", "a") > 0).then_some(()) }).await;
     h.api.apply(lb_service("ns", "b", 80));
     b_waits_while_refused(&h, &rx, "DELETED").await;
+    let api = Api::new(&running);
+    let gauge = |g: &str, n: u32| format!("vipwatch_pool_addresses_{g}{{pool=\"one\"}} {n}\n");
+    let metrics = api.get("/metrics").await.text;
+    assert!(metrics.contains(&gauge("reserved", 1)), "{metrics}");
     refuse.store(false, Ordering::SeqCst);
     wait_ingress(&h.api, "b", vip(X)).await;
-    let api = Api::new(&running);
     let metrics = api.get("/metrics").await.text;
-    assert!(metrics.contains("vipwatch_pool_addresses_reserved{pool=\"one\"} 0\n"), "{metrics}");
-    assert!(metrics.contains("vipwatch_pool_addresses_in_use{pool=\"one\"} 1\n"), "{metrics}");
+    assert!(metrics.contains(&gauge("reserved", 0)) && metrics.contains(&gauge("in_use", 1)), "b holds it: {metrics}");
     assert_eq!(
         accepted(&rx, 0),
         vec![
@@ -203,6 +184,14 @@ async fn the_pool_gauges_show_an_acknowledged_release_without_waiting_for_anothe
 
 #[tokio::test]
 async fn after_a_lost_database_a_terminating_services_address_stays_reserved_until_its_deleted_is_acknowledged() {
+    lost_database_terminating_frees_on_acknowledgement(None).await;
+}
+
+/// a holds the pool's one address; while vipwatch is down its type changes to `retyped` (if any), the
+/// database is lost, and a is deleted (our finalizer keeps it terminating, still showing the
+/// address) and b created. At start a's DELETED carries the address, which b gets only once that is
+/// acknowledged, and a's finalizer comes off.
+async fn lost_database_terminating_frees_on_acknowledgement(retyped: Option<&str>) {
     let h = Harness::new().await;
     let (rx, refuse) = refusing("DELETED", "a").await;
     h.api.apply(lb_service("ns", "a", 80));
@@ -210,6 +199,9 @@ async fn after_a_lost_database_a_terminating_services_address_stays_reserved_unt
     let running = h.start(config(&h, &rx, pools.clone())).await;
     wait_ingress(&h.api, "a", vip(X)).await;
     running.stop().await.unwrap();
+    if let Some(ty) = retyped {
+        h.api.update("ns", "a", |s| s["spec"]["type"] = json!(ty)).unwrap();
+    }
     h.wipe_database().await;
     assert!(h.api.delete("ns", "a"));
     assert_eq!(ingress(&h.api, "a"), vip(X), "terminating, still showing its address");
@@ -486,27 +478,5 @@ async fn a_service_coming_back_takes_back_the_address_it_gave_up() {
 /// stays reserved until it is acknowledged and is then free (it stayed reserved until a restart).
 #[tokio::test]
 async fn after_a_lost_database_a_terminating_service_of_another_type_frees_the_address_its_status_shows() {
-    let h = Harness::new().await;
-    let (rx, refuse) = refusing("DELETED", "a").await;
-    h.api.apply(lb_service("ns", "a", 80));
-    let pools = vec![pool("one", &[X], true)];
-    let running = h.start(config(&h, &rx, pools.clone())).await;
-    wait_ingress(&h.api, "a", vip(X)).await;
-    running.stop().await.unwrap();
-    h.api.update("ns", "a", |s| s["spec"]["type"] = json!("ClusterIP")).unwrap();
-    h.wipe_database().await;
-    assert!(h.api.delete("ns", "a"));
-    assert_eq!(ingress(&h.api, "a"), vip(X), "terminating, still showing its address");
-    h.api.apply(lb_service("ns", "b", 80));
-    let before = rx.accepted().len();
-    let running = h.start(config(&h, &rx, pools)).await;
-    wait_until("a refused DELETED", || async { (refused(&rx, "DELETED", "a") > 0).then_some(()) }).await;
-    b_waits_while_refused(&h, &rx, "DELETED").await;
-    refuse.store(false, Ordering::SeqCst);
-    wait_ingress(&h.api, "b", vip(X)).await;
-    assert_eq!(
-        accepted(&rx, before),
-        vec![row("ADDED", "b", json!([])), row("DELETED", "a", json!([X])), row("MODIFIED", "b", json!([X]))]
-    );
-    running.stop().await.unwrap();
+    lost_database_terminating_frees_on_acknowledgement(Some("ClusterIP")).await;
 }
