@@ -18,8 +18,8 @@ struct Holder {
     sharing_key: Option<String>,
     ports: Vec<(i32, String)>,
     /// `Some(uid)`: the Service gave the address up (its DELETED, or a MODIFIED that withdrew it) and
-    /// the appliance has not acknowledged that yet; the address stays reserved (only a Service of the
-    /// same name may reuse it: its queue orders the two).
+    /// the appliance has not acknowledged that yet; the address stays reserved, shared as the view
+    /// that held it shared it (`sharing_key`, `ports`; see [`Allocator::withdraw`]).
     draining: Option<String>,
 }
 
