@@ -480,3 +480,26 @@ async fn a_service_coming_back_takes_back_the_address_it_gave_up() {
 async fn after_a_lost_database_a_terminating_service_of_another_type_frees_the_address_its_status_shows() {
     lost_database_terminating_frees_on_acknowledgement(Some("ClusterIP")).await;
 }
+
+/// A Service that moves its shared address to another port keeps the old port reserved until the
+/// appliance acknowledged the move: a Service of the same sharing key asking for that port gets
+/// another address meanwhile, not the one the appliance still serves that port on for the first.
+#[tokio::test]
+async fn a_shared_address_keeps_a_port_it_moved_away_from_until_the_move_is_acknowledged() {
+    let h = Harness::new().await;
+    let (rx, refuse) = refusing("MODIFIED", "a").await;
+    h.api.apply(shared(lb_service("ns", "a", 443)));
+    let running = h.start(config(&h, &rx, vec![pool("two", &[X, "192.0.2.2"], true)])).await;
+    wait_ingress(&h.api, "a", vip(X)).await;
+    h.api.update("ns", "a", |s| s["spec"]["ports"][0]["port"] = json!(8443)).unwrap();
+    wait_until("a refused MODIFIED", || async { (refused(&rx, "MODIFIED", "a") > 0).then_some(()) }).await;
+    h.api.apply(shared(lb_service("ns", "c", 443)));
+    wait_ingress(&h.api, "c", vip("192.0.2.2")).await;
+    refuse.store(false, Ordering::SeqCst);
+    wait_until("a's MODIFIED", || async { (accepted(&rx, 0).len() == 3).then_some(()) }).await;
+    assert_eq!(
+        accepted(&rx, 0),
+        vec![row("ADDED", "a", json!([X])), row("ADDED", "c", json!(["192.0.2.2"])), row("MODIFIED", "a", json!([X]))]
+    );
+    running.stop().await.unwrap();
+}

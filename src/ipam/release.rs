@@ -16,18 +16,27 @@ pub fn pool_addresses(view: &ServiceView) -> Vec<IpAddr> {
 
 /// The pool addresses event `e` withdraws: for a DELETED every pool address of its (last) view; for a
 /// MODIFIED the pool addresses of the view before that the view after no longer holds (type changed
-/// away from `LoadBalancer`, another requested address, a pool that shrank, allocation now pending);
-/// none for an ADDED.
+/// away from `LoadBalancer`, another requested address, a pool that shrank, allocation now pending),
+/// and every one it keeps when it stops serving one of its ports (port number or protocol changed or
+/// removed): the appliance serves that port until the change is acknowledged, so a Service sharing
+/// the address must not take it meanwhile (the reservation shares as the view before did, see
+/// [`super::Allocator::withdraw`]); none for an ADDED.
 pub fn withdrawn(e: &Recorded) -> Vec<IpAddr> {
     match e.kind {
         ChangeKind::Added => Vec::new(),
         ChangeKind::Deleted => pool_addresses(&e.view),
         ChangeKind::Modified => {
+            let Some(previous) = e.previous.as_deref() else { return Vec::new() };
             let now = pool_addresses(&e.view);
-            let before = e.previous.as_deref().map(pool_addresses).unwrap_or_default();
-            before.into_iter().filter(|ip| !now.contains(ip)).collect()
+            let ports_dropped = served(previous).any(|p| !served(&e.view).any(|q| q == p));
+            pool_addresses(previous).into_iter().filter(|ip| ports_dropped || !now.contains(ip)).collect()
         }
     }
+}
+
+/// The ports `view` serves on its VIPs: `(port, protocol)`.
+fn served(view: &ServiceView) -> impl Iterator<Item = (i32, &str)> {
+    view.ports.iter().map(|p| (p.port, p.protocol.as_str()))
 }
 
 #[cfg(test)]
@@ -82,5 +91,34 @@ mod tests {
         );
         let appliance = view(&["192.0.2.9"], VipSource::Appliance);
         assert_eq!(withdrawn(&event(ChangeKind::Deleted, None, appliance)), ips(&[]), "not ours to reserve");
+    }
+
+    /// A MODIFIED that keeps its addresses but stops serving one of its ports withdraws them all (the
+    /// appliance still serves that port until it is acknowledged); one that only adds a port does not.
+    #[test]
+    fn a_modified_that_stops_serving_a_port_withdraws_the_addresses_it_keeps() {
+        let with_ports = |ports: &[(i32, &str)]| {
+            let mut v = view(&["192.0.2.1"], VipSource::Pool);
+            v.ports = ports
+                .iter()
+                .map(|&(port, protocol)| crate::model::PortView {
+                    name: None,
+                    protocol: protocol.into(),
+                    port,
+                    target_port: port.to_string(),
+                    node_port: None,
+                    app_protocol: None,
+                })
+                .collect();
+            v
+        };
+        let modified = |before: &[(i32, &str)], after: &[(i32, &str)]| {
+            withdrawn(&event(ChangeKind::Modified, Some(with_ports(before)), with_ports(after)))
+        };
+        assert_eq!(modified(&[(443, "TCP")], &[(8443, "TCP")]), ips(&["192.0.2.1"]), "port changed");
+        assert_eq!(modified(&[(53, "TCP")], &[(53, "UDP")]), ips(&["192.0.2.1"]), "protocol changed");
+        assert_eq!(modified(&[(80, "TCP"), (443, "TCP")], &[(80, "TCP")]), ips(&["192.0.2.1"]), "port removed");
+        assert_eq!(modified(&[(80, "TCP")], &[(80, "TCP"), (443, "TCP")]), ips(&[]), "port added");
+        assert_eq!(modified(&[(80, "TCP")], &[(80, "TCP")]), ips(&[]), "ports unchanged");
     }
 }
