@@ -142,8 +142,9 @@ impl Allocator {
     }
 
     /// Every endpoint acknowledged the change of `key`/`uid` that withdrew `addresses`: one reservation
-    /// per address (of those [`Self::withdraw`] made) ends; an address nobody else holds is free.
-    /// Returns whether anything was released.
+    /// per address (of those [`Self::withdraw`] made) ends, the oldest: an object's changes are
+    /// acknowledged in the order they were made, the order its reservations were made in. An address
+    /// nobody else holds is then free. Returns whether anything was released.
     pub fn finish_drain(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr]) -> bool {
         let mut released = false;
         for ip in addresses {

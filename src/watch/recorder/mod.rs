@@ -108,6 +108,12 @@ impl Recorder {
             stale.into_iter().map(|h| StateChange::Held { key: h.key, held: None }).collect();
         let mut guard = guard::Guard::new(guard, scopes, held);
         let uncovered = guard.unwatched(&mut pending_startup, &mirror, uncovered);
+        // The stored reservations first, in the order of their events: a reservation ends with the
+        // acknowledgement of the oldest change of its object still holding the address
+        // (`Allocator::finish_drain`), and the DELETEDs below come after them.
+        for r in store.reservations().await? {
+            ownership.allocator.withdraw(&r.key, &r.uid, &r.addresses, r.held_by.as_ref());
+        }
         for key in &uncovered {
             if let Some(t) = mirror.remove(key) {
                 count_vips(&mut vip_refs, &t, -1);
@@ -119,9 +125,6 @@ impl Recorder {
         }
         info!(services = mirror.len(), held = guard.len(), "loaded current state");
         let announced = store.cleanups().await?.into_iter().map(|c| c.uid).collect();
-        for r in store.reservations().await? {
-            ownership.allocator.withdraw(&r.key, &r.uid, &r.addresses, r.held_by.as_ref());
-        }
         let writer = Writer::new(store, outbox, scopes, signals);
         let awaiting = scopes.iter().map(ScopeSpec::key).collect();
         Ok(Self {
