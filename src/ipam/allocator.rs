@@ -52,6 +52,10 @@ pub struct Allocator {
     pools: Vec<Pool>,
     used: HashMap<IpAddr, Vec<Holder>>,
     by_service: HashMap<ServiceKey, Vec<IpAddr>>,
+    /// Per name: the addresses reserved for its withdrawals not acknowledged yet, once per
+    /// reservation in the order they were made ([`Self::withdraw`], [`Self::finish_drain`]), so
+    /// [`Self::assign`] prefers them without walking every held address for each Service change.
+    reserved_for: HashMap<ServiceKey, Vec<IpAddr>>,
     /// Per (pool index, family): every usable address below it is held (where a scan starts).
     hints: RefCell<HashMap<(usize, Family), IpAddr>>,
     /// Per pool (config order): its addresses held, and of those the ones only reserved (every holder
@@ -139,6 +143,9 @@ impl Allocator {
             self.used.entry(*ip).or_default().push(holder.clone());
             self.count(*ip, before);
         }
+        if !addresses.is_empty() {
+            self.reserved_for.entry(key.clone()).or_default().extend_from_slice(addresses);
+        }
     }
 
     /// Every endpoint acknowledged the change of `key`/`uid` that withdrew `addresses`: one reservation
@@ -160,8 +167,20 @@ impl Allocator {
                 self.lower_hint(*ip);
             }
             self.count(*ip, before);
+            self.unreserve(key, ip);
         }
         released
+    }
+
+    /// Drops one entry of `ip` from what [`Self::reserved_for`] lists for `key`.
+    fn unreserve(&mut self, key: &ServiceKey, ip: &IpAddr) {
+        let Some(ips) = self.reserved_for.get_mut(key) else { return };
+        if let Some(i) = ips.iter().position(|r| r == ip) {
+            ips.remove(i);
+        }
+        if ips.is_empty() {
+            self.reserved_for.remove(key);
+        }
     }
 
     /// The pool allocation a Service shows in `status.loadBalancer.ingress`: its IPs that lie in a pool
@@ -205,10 +224,7 @@ impl Allocator {
         prefer.extend(self.by_service.get(key).cloned().unwrap_or_default());
         // What this name gave up and the appliance has not let go of yet: taking it back keeps the VIP
         // (its deliveries are ordered) rather than renumbering it.
-        let reserved = self.used.iter().filter(|(_, hs)| hs.iter().any(|h| h.key == *key && h.draining.is_some()));
-        let mut own: Vec<IpAddr> = reserved.map(|(ip, _)| *ip).collect();
-        own.sort();
-        prefer.extend(own);
+        prefer.extend(self.reserved_for.get(key).into_iter().flatten());
         self.release(key);
         let outcome = request::read(view).and_then(|req| {
             let (pool, ips) = self.solve(key, &req, &prefer)?;
