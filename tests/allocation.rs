@@ -563,7 +563,7 @@ async fn the_database_refuses_one_pool_address_for_two_services_and_commits_noth
     let store = h.store().await;
     let addresses = |rows: Vec<vipwatch::store::ServiceRow>| -> Vec<(String, Vec<String>)> {
         rows.into_iter()
-            .map(|r| (r.key.name.clone(), r.view.allocation.map(|a| a.addresses).unwrap_or_default()))
+            .map(|r| (r.key.name.to_string(), r.view.allocation.map(|a| a.addresses).unwrap_or_default()))
             .collect()
     };
     store.apply(&[holding("a", &["10.9.0.1"])], &[], &NoOutbox).await.unwrap();

@@ -68,7 +68,11 @@ pub async fn list_held(
         .held_deletions()
         .await?
         .into_iter()
-        .filter(|h| after.as_ref().is_none_or(|(ns, n)| (&h.key.namespace, &h.key.name) > (ns, n)))
+        .filter(|h| {
+            after
+                .as_ref()
+                .is_none_or(|(ns, n)| (h.key.namespace.as_str(), h.key.name.as_str()) > (ns.as_str(), n.as_str()))
+        })
         .take(limit + 1)
         .collect();
     let confirm_ms = i64::try_from(state.config.guard.confirm_after.as_millis()).unwrap_or(i64::MAX);
@@ -76,8 +80,8 @@ pub async fn list_held(
     let items = rows
         .into_iter()
         .map(|h| HeldDeletionDto {
-            namespace: h.key.namespace,
-            name: h.key.name,
+            namespace: h.key.namespace.into(),
+            name: h.key.name.into(),
             uid: h.uid,
             scope: h.scope,
             cause: h.cause.as_str().to_owned(),

@@ -72,8 +72,8 @@ impl From<ServiceRow> for ServiceDto {
     fn from(r: ServiceRow) -> Self {
         let vips = r.view.vip_sources().into_iter().map(|(address, s)| VipRef { address, source: s.to_owned() });
         Self {
-            namespace: r.key.namespace,
-            name: r.key.name,
+            namespace: r.key.namespace.into(),
+            name: r.key.name.into(),
             uid: r.uid,
             resource_version: r.resource_version,
             first_seen_at: rfc3339(r.first_seen_at),

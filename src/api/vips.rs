@@ -87,8 +87,8 @@ fn item(e: &VipEntry) -> VipItem {
     VipItem {
         ip,
         hostname,
-        namespace: e.key.namespace.clone(),
-        name: e.key.name.clone(),
+        namespace: e.key.namespace.to_string(),
+        name: e.key.name.to_string(),
         ports: e.ports.clone(),
         source: e.source.to_owned(),
         pool: e.pool.clone(),

@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use vipwatch_contract::CompactString;
 
 use super::pool::{Family, Pool, Pools, lowest};
 use super::request::{self, Request};
@@ -16,7 +17,7 @@ use crate::model::{Allocation, ServiceKey, ServiceView, VipSource};
 struct Holder {
     key: ServiceKey,
     sharing_key: Option<String>,
-    ports: Vec<(i32, String)>,
+    ports: Vec<(i32, CompactString)>,
     /// `Some(uid)`: the Service gave the address up (its DELETED, or a MODIFIED that withdrew it) and
     /// the appliance has not acknowledged that yet; the address stays reserved, shared as the view
     /// that held it shared it (`sharing_key`, `ports`; see [`Allocator::withdraw`]).
@@ -25,7 +26,7 @@ struct Holder {
 
 /// The sharing key and ports a holder with `view` shares an address by (none without a view, or with
 /// one whose request does not read).
-fn sharing(view: Option<&ServiceView>) -> (Option<String>, Vec<(i32, String)>) {
+fn sharing(view: Option<&ServiceView>) -> (Option<String>, Vec<(i32, CompactString)>) {
     match view.map(request::read) {
         Some(Ok(req)) => (req.sharing_key, req.ports),
         _ => (None, Vec::new()),

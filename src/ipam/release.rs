@@ -105,7 +105,7 @@ mod tests {
                     name: None,
                     protocol: protocol.into(),
                     port,
-                    target_port: port.to_string(),
+                    target_port: port.to_string().into(),
                     node_port: None,
                     app_protocol: None,
                 })

@@ -2,6 +2,7 @@
 //! key, the address families (`spec.ipFamilies` / `spec.ipFamilyPolicy`) and its ports.
 
 use std::net::IpAddr;
+use vipwatch_contract::CompactString;
 
 use super::pool::Family;
 use crate::model::{REQUESTED_IP_ANNOTATIONS, ServiceView};
@@ -55,7 +56,7 @@ pub struct Request {
     /// Families to allocate when `ips` is empty.
     pub families: Families,
     /// `(port, protocol)` pairs, for the sharing rule.
-    pub ports: Vec<(i32, String)>,
+    pub ports: Vec<(i32, CompactString)>,
     /// `metadata.labels`, for the pools' `service_selector`.
     pub labels: vipwatch_contract::StringMap,
 }
@@ -100,7 +101,7 @@ fn requested_ips(view: &ServiceView) -> Result<Vec<IpAddr>, String> {
 
 /// Families from `spec.ipFamilies` (apiserver-defaulted; `IPv4` when absent) and `spec.ipFamilyPolicy`.
 fn families(view: &ServiceView) -> Families {
-    let parse = |s: &String| if s == "IPv6" { Family::V6 } else { Family::V4 };
+    let parse = |s: &CompactString| if s == "IPv6" { Family::V6 } else { Family::V4 };
     let primary = view.ip_families.first().map(parse).unwrap_or(Family::V4);
     let other = if primary == Family::V4 { Family::V6 } else { Family::V4 };
     match view.ip_family_policy.as_deref() {
@@ -127,7 +128,7 @@ mod tests {
         assert_eq!(r.ips, vec!["192.0.2.7".parse::<IpAddr>().unwrap(), "2001:db8::7".parse().unwrap()]);
         assert_eq!((r.pool.as_deref(), r.sharing_key.as_deref()), (Some("lab"), Some("k")));
         assert_eq!(r.families, Families::Require([Family::V6, Family::V4]));
-        assert_eq!(r.ports, vec![(53, "UDP".to_owned())]);
+        assert_eq!(r.ports, vec![(53, "UDP".into())]);
         let legacy = view(serde_json::json!({"metadata": {"name": "a"}, "spec": {"loadBalancerIP": "198.51.100.1"}}));
         assert_eq!(read(&legacy).unwrap().ips, vec!["198.51.100.1".parse::<IpAddr>().unwrap()]);
         assert_eq!(read(&legacy).unwrap().families, Families::Single(Family::V4));

@@ -5,21 +5,25 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use vipwatch_contract::CompactString;
 
 pub use vipwatch_contract::{Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, VipSource};
 
-/// `namespace/name` of a Service: the key of the current-state table.
+/// `namespace/name` of a Service: the key of the current-state table. Both parts are inline up to 24
+/// bytes: the key is held by every per-Service map (the mirror, the members index, the allocator,
+/// the relay's queues), and two allocations per copy were a measurable part of the heap with 10,000
+/// Services (issue 13).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ServiceKey {
     /// `metadata.namespace` (`"default"` when the object carries none).
-    pub namespace: String,
+    pub namespace: CompactString,
     /// `metadata.name`.
-    pub name: String,
+    pub name: CompactString,
 }
 
 impl ServiceKey {
     /// Builds a key from its two parts.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<CompactString>, name: impl Into<CompactString>) -> Self {
         Self { namespace: namespace.into(), name: name.into() }
     }
 }

@@ -63,8 +63,8 @@ async fn publish(recorder: &Recorder, n: &Notice) -> bool {
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Service".into()),
-        namespace: Some(n.key.namespace.clone()),
-        name: Some(n.key.name.clone()),
+        namespace: Some(n.key.namespace.to_string()),
+        name: Some(n.key.name.to_string()),
         uid: Some(n.uid.clone()),
         ..ObjectReference::default()
     };

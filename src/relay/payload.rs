@@ -51,8 +51,8 @@ pub fn render(input: &PayloadInput<'_>) -> String {
 /// The body as a value.
 pub fn payload(input: &PayloadInput<'_>) -> WebhookPayload {
     let service = |view: &Arc<ServiceView>, backends: Option<&Backends>| WebhookService {
-        namespace: input.key.namespace.clone(),
-        name: input.key.name.clone(),
+        namespace: input.key.namespace.to_string(),
+        name: input.key.name.to_string(),
         uid: input.uid.to_owned(),
         resource_version: input.resource_version.to_owned(),
         vips: view.vips(),

@@ -57,7 +57,7 @@ impl Route {
         if self.assigns_vip && e.cause == Cause::Appliance {
             return false;
         }
-        let ns_ok = self.namespaces.is_empty() || self.namespaces.contains(&e.key.namespace);
+        let ns_ok = self.namespaces.is_empty() || self.namespaces.iter().any(|n| *n == e.key.namespace);
         let labels_ok = self.selector.matches_pairs(&e.event.view.labels)
             || e.event.previous.as_ref().is_some_and(|p| self.selector.matches_pairs(&p.labels));
         self.events.contains(e.event.kind.as_str()) && ns_ok && labels_ok
@@ -65,7 +65,7 @@ impl Route {
 
     /// Whether a full resync sends `s` to this endpoint.
     pub fn accepts_service(&self, s: &ServiceRow) -> bool {
-        (self.namespaces.is_empty() || self.namespaces.contains(&s.key.namespace))
+        (self.namespaces.is_empty() || self.namespaces.iter().any(|n| *n == s.key.namespace))
             && self.selector.matches_pairs(&s.view.labels)
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::sync::LazyLock;
+use vipwatch_contract::CompactString;
 
 use super::db::{Dual, Exec, Tx};
 use super::script::{Script, Stmt};
@@ -45,7 +46,8 @@ pub struct NewDelivery {
 
 /// The queue key of deliveries that belong to an endpoint rather than a Service (`sync.completed`,
 /// full-state declarations): empty namespace and name.
-pub static ENDPOINT_QUEUE: ServiceKey = ServiceKey { namespace: String::new(), name: String::new() };
+pub static ENDPOINT_QUEUE: ServiceKey =
+    ServiceKey { namespace: CompactString::const_new(""), name: CompactString::const_new("") };
 
 /// Pushes back the waiting (pending, not leased) full-state delivery of endpoint $1 to at least $3
 /// (its retry schedule still wins when later); returns its id.

@@ -117,13 +117,13 @@ impl Store {
     pub async fn recent_events(&self, key: &ServiceKey, n: i64) -> Result<Vec<EventRow>, StoreError> {
         // LIMIT as a literal: see the `store` module docs.
         let sql = format!("SELECT id FROM events WHERE namespace = $1 AND name = $2 ORDER BY id DESC LIMIT {n}");
-        let q = self.backend.query_dyn(sql).bind(&key.namespace).bind(&key.name);
+        let q = self.backend.query_dyn(sql).bind(key.namespace.as_str()).bind(key.name.as_str());
         let ids: Vec<i64> = self.read_all(q).await?.iter().map(|r| r.get(0)).collect();
         let Some(oldest) = ids.last() else { return Ok(Vec::new()) };
         let filter = EventFilter {
             after_id: Some(oldest - 1),
-            namespace: Some(key.namespace.clone()),
-            name: Some(key.name.clone()),
+            namespace: Some(key.namespace.to_string()),
+            name: Some(key.name.to_string()),
             limit: Some(n),
             ..Default::default()
         };
@@ -145,7 +145,9 @@ impl Store {
 
     /// One row of the current-state table.
     pub async fn service(&self, key: &ServiceKey) -> Result<Option<ServiceRow>, StoreError> {
-        let row = self.read_optional(self.backend.query(SERVICE_BY_KEY).bind(&key.namespace).bind(&key.name)).await?;
+        let row = self
+            .read_optional(self.backend.query(SERVICE_BY_KEY).bind(key.namespace.as_str()).bind(key.name.as_str()))
+            .await?;
         row.as_ref().map(service_row).transpose()
     }
 
@@ -168,7 +170,9 @@ impl Store {
 
     /// Per endpoint, the delivery state of one Service (endpoints that never got one are absent).
     pub async fn service_delivery_states(&self, key: &ServiceKey) -> Result<Vec<ServiceDeliveryState>, StoreError> {
-        let rows = self.read_all(self.backend.query(DELIVERY_STATES).bind(&key.namespace).bind(&key.name)).await?;
+        let rows = self
+            .read_all(self.backend.query(DELIVERY_STATES).bind(key.namespace.as_str()).bind(key.name.as_str()))
+            .await?;
         Ok(rows
             .iter()
             .map(|r| ServiceDeliveryState {

@@ -59,6 +59,11 @@ impl From<&String> for Value {
         Self::Text(v.clone())
     }
 }
+impl From<&vipwatch_contract::CompactString> for Value {
+    fn from(v: &vipwatch_contract::CompactString) -> Self {
+        Self::Text(v.to_string())
+    }
+}
 impl From<String> for Value {
     fn from(v: String) -> Self {
         Self::Text(v)

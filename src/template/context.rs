@@ -61,8 +61,8 @@ pub fn full_state_context(
 /// the endpoint's mode, `None` for mode `none`).
 pub fn service_value(row: &ServiceRow, backends: Option<&Backends>) -> Json {
     let s = WebhookService {
-        namespace: row.key.namespace.clone(),
-        name: row.key.name.clone(),
+        namespace: row.key.namespace.to_string(),
+        name: row.key.name.to_string(),
         uid: row.uid.clone(),
         resource_version: row.resource_version.clone(),
         vips: row.view.vips(),

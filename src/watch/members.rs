@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use vipwatch_contract::BackendMode;
+use vipwatch_contract::{BackendMode, CompactString};
 
 use super::stream::{Change, ScopeSpec};
 use crate::config::Config;
@@ -236,7 +236,7 @@ pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) 
         }
     }
     if let Err(value) = annotated(&e.view) {
-        let was = before.and_then(|t| t.view.annotations.get(MODE_ANNOTATION)).map(String::as_str);
+        let was = before.and_then(|t| t.view.annotations.get(MODE_ANNOTATION)).map(CompactString::as_str);
         if was != Some(value) {
             let note =
                 format!("{MODE_ANNOTATION}: `{value}` is not nodePort, pod or none; the configured mode applies");

@@ -273,10 +273,10 @@ pub fn node_port_members(
                     sorted
                         .iter()
                         .map(|(ip, n)| Member {
-                            address: ip.to_string(),
+                            address: ip.to_string().into(),
                             port: np,
                             state: MemberState::Active,
-                            node_name: Some((*n).to_owned()),
+                            node_name: Some((*n).into()),
                             zone: None,
                         })
                         .collect()

@@ -248,7 +248,8 @@ async fn a_leader_paused_past_its_lease_commits_and_sends_nothing_when_it_resume
     assert_eq!(rx_a.hits().len(), sent_by_a, "a sent nothing after it resumed");
     let store = h.store().await;
     let events = store.events(&vipwatch::store::EventFilter::default()).await.unwrap();
-    let added: Vec<String> = events.iter().filter(|e| e.event_type == "ADDED").map(|e| e.key.name.clone()).collect();
+    let added: Vec<String> =
+        events.iter().filter(|e| e.event_type == "ADDED").map(|e| e.key.name.to_string()).collect();
     let expected: Vec<String> = (0..21).map(|i| format!("web-{i}")).collect();
     assert_eq!(added, expected, "each Service recorded once: a committed nothing after it resumed");
     let status = b.leader().await.unwrap();

@@ -2,6 +2,7 @@
 //! changed since the previous revision (`data.backendsDiff`). Rules in the README ("Backends") and
 //! `shared/reference/pool-members.md`.
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 /// How a Service's members are chosen.
@@ -53,16 +54,19 @@ pub enum MemberState {
 #[serde(rename_all = "camelCase")]
 pub struct Member {
     /// IPv4 or IPv6 address: the Node's (mode `nodePort`) or the Pod's (mode `pod`).
-    pub address: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub address: CompactString,
     /// Where to connect on `address`: the `nodePort`, or the Pod's target port (from its
     /// EndpointSlice, so a named `targetPort` can differ from Pod to Pod).
     pub port: i32,
     /// `active` or `draining`.
     pub state: MemberState,
     /// The Node it runs on, when known.
-    pub node_name: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub node_name: Option<CompactString>,
     /// Its zone (`topology.kubernetes.io/zone` of the Node, or the endpoint's `zone`), when known.
-    pub zone: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub zone: Option<CompactString>,
 }
 
 /// The members behind one Service port.
@@ -71,9 +75,11 @@ pub struct Member {
 #[serde(rename_all = "camelCase")]
 pub struct BackendPort {
     /// The Service port's name (`None` for a single unnamed port).
-    pub name: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub name: Option<CompactString>,
     /// `TCP`, `UDP` or `SCTP`.
-    pub protocol: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub protocol: CompactString,
     /// The Service port (what the VIP listens on).
     pub port: i32,
     /// The members, in canonical order: by address (IPv4 before IPv6, numerically), then port.
@@ -143,9 +149,11 @@ pub struct MemberChange {
     /// The Service port it is behind.
     pub service_port: i32,
     /// That port's protocol.
-    pub protocol: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub protocol: CompactString,
     /// The member's address.
-    pub address: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub address: CompactString,
     /// The member's port.
     pub port: i32,
     /// Its state now (for `removed`: the state it had).

@@ -4,6 +4,8 @@
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use compact_str::{CompactString, ToCompactString};
+
 use crate::view::{IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap, string_map};
 
 impl ServiceView {
@@ -21,21 +23,21 @@ impl ServiceView {
         let meta = svc.metadata;
         let annotations = string_map(meta.annotations.unwrap_or_default());
         let mut view = Self {
-            service_type: spec.type_.unwrap_or_else(|| "ClusterIP".to_owned()),
-            load_balancer_class: spec.load_balancer_class,
+            service_type: spec.type_.map_or_else(|| "ClusterIP".into(), CompactString::from),
+            load_balancer_class: spec.load_balancer_class.map(CompactString::from),
             ports: spec.ports.unwrap_or_default().iter().map(port_view).collect(),
             selector: string_map(spec.selector.unwrap_or_default()),
-            external_traffic_policy: spec.external_traffic_policy,
+            external_traffic_policy: spec.external_traffic_policy.map(CompactString::from),
             health_check_node_port: spec.health_check_node_port,
-            session_affinity: spec.session_affinity.unwrap_or_else(|| "None".to_owned()),
+            session_affinity: spec.session_affinity.map_or_else(|| "None".into(), CompactString::from),
             session_affinity_timeout_seconds: spec
                 .session_affinity_config
                 .and_then(|c| c.client_ip)
                 .and_then(|c| c.timeout_seconds),
             load_balancer_source_ranges: spec.load_balancer_source_ranges.unwrap_or_default(),
             external_ips: spec.external_ips.unwrap_or_default(),
-            ip_families: spec.ip_families.unwrap_or_default(),
-            ip_family_policy: spec.ip_family_policy,
+            ip_families: compact(spec.ip_families.unwrap_or_default()),
+            ip_family_policy: spec.ip_family_policy.map(CompactString::from),
             allocate_load_balancer_node_ports: spec.allocate_load_balancer_node_ports,
             load_balancer_ip: spec.load_balancer_ip.filter(|ip| is_ip(ip)),
             requested_ips: requested_ips(&annotations),
@@ -43,7 +45,7 @@ impl ServiceView {
             labels: string_map(meta.labels.unwrap_or_default()),
             annotations,
             allocation: None,
-            finalizers: meta.finalizers.unwrap_or_default(),
+            finalizers: compact(meta.finalizers.unwrap_or_default()),
             deleting: meta.deletion_timestamp.is_some(),
         };
         // The object's own vectors (finalizers, ipFamilies, ...) were read from JSON with room to spare.
@@ -54,18 +56,23 @@ impl ServiceView {
 
 fn port_view(p: &ServicePort) -> PortView {
     let target_port = match &p.target_port {
-        Some(IntOrString::Int(n)) => n.to_string(),
-        Some(IntOrString::String(s)) => s.clone(),
-        None => p.port.to_string(),
+        Some(IntOrString::Int(n)) => n.to_compact_string(),
+        Some(IntOrString::String(s)) => s.into(),
+        None => p.port.to_compact_string(),
     };
     PortView {
-        name: p.name.clone().filter(|n| !n.is_empty()),
-        protocol: p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()),
+        name: p.name.as_deref().filter(|n| !n.is_empty()).map(CompactString::from),
+        protocol: p.protocol.as_deref().unwrap_or("TCP").into(),
         port: p.port,
         target_port,
         node_port: p.node_port,
-        app_protocol: p.app_protocol.clone(),
+        app_protocol: p.app_protocol.as_deref().map(CompactString::from),
     }
+}
+
+/// `strings` as [`CompactString`]s: the short ones inline, the long ones keeping their buffer.
+fn compact(strings: Vec<String>) -> Vec<CompactString> {
+    strings.into_iter().map(CompactString::from).collect()
 }
 
 fn requested_ips(annotations: &StringMap) -> Vec<String> {

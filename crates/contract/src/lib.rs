@@ -20,6 +20,9 @@ mod view;
 pub use backends::{
     BackendMode, BackendPort, Backends, BackendsDiff, HealthCheck, HealthCheckScope, Member, MemberChange, MemberState,
 };
+/// A string of up to 24 bytes stored inline (no allocation), longer ones on the heap: the type of the
+/// short, repetitive strings of a [`ServiceView`] and its [`Backends`]. Serialized as a JSON string.
+pub use compact_str::{CompactString, ToCompactString};
 pub use payload::{Cause, EventKind, PayloadType, SyncMarker, WebhookPayload, WebhookPayloadData, WebhookService};
 pub use view::{
     Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap, VipSource, compact_map,

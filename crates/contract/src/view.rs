@@ -2,6 +2,7 @@
 //! with Kubernetes defaults filled in so that equal Services compare equal. Serialized in camelCase,
 //! as Kubernetes spells the fields.
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 /// Annotations read as requested VIPs, in precedence order: the first one present wins. `vipwatch.io/`
@@ -20,17 +21,21 @@ pub const REQUESTED_IP_ANNOTATIONS: [&str; 4] = [
 #[serde(rename_all = "camelCase")]
 pub struct PortView {
     /// Port name; required by Kubernetes only when a Service has several ports.
-    pub name: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub name: Option<CompactString>,
     /// `TCP`, `UDP` or `SCTP`; Kubernetes' default `TCP` when absent.
-    pub protocol: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub protocol: CompactString,
     /// The Service port the VIP listens on.
     pub port: i32,
     /// Target port on the Pods, as a string (a number or a named port); defaults to `port`.
-    pub target_port: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub target_port: CompactString,
     /// NodePort on every Node, when allocated.
     pub node_port: Option<i32>,
     /// `appProtocol` hint (e.g. `http`, `kubernetes.io/h2c`).
-    pub app_protocol: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub app_protocol: Option<CompactString>,
 }
 
 /// One `status.loadBalancer.ingress[]` entry.
@@ -109,14 +114,14 @@ impl Allocation {
 /// `BTreeMap` allocates a node with room for 11 (10,000 Services' labels and selectors took 11 MB
 /// that way; issue 13). Serialized as a JSON object with its keys in order, as the `BTreeMap` was.
 /// Written with [`object`]: litemap itself writes an empty map as `[]` to human-readable formats.
-pub type StringMap = litemap::LiteMap<String, String>;
+pub type StringMap = litemap::LiteMap<CompactString, CompactString>;
 
 /// A [`StringMap`] from a `BTreeMap` (k8s-openapi's type for labels, annotations and selectors), in
 /// one allocation of exactly its entries: collecting would start its vector at room for 4 (48 bytes
 /// an entry), and a Service's two labels and one-entry selector then took 384 bytes where 144 do.
 pub fn string_map(map: std::collections::BTreeMap<String, String>) -> StringMap {
     let mut entries = Vec::with_capacity(map.len());
-    entries.extend(map);
+    entries.extend(map.into_iter().map(|(k, v)| (CompactString::from(k), CompactString::from(v))));
     // A BTreeMap iterates in key order without repeats: what LiteMap's store requires.
     litemap::LiteMap::from_sorted_store_unchecked(entries)
 }
@@ -153,9 +158,11 @@ where
 pub struct ServiceView {
     /// `spec.type`; Kubernetes' default `ClusterIP` when absent.
     #[serde(rename = "type")]
-    pub service_type: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub service_type: CompactString,
     /// `spec.loadBalancerClass`.
-    pub load_balancer_class: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub load_balancer_class: Option<CompactString>,
     /// `spec.ports`, in the order given.
     pub ports: Vec<PortView>,
     /// `spec.selector` (empty for Services without a selector).
@@ -163,11 +170,13 @@ pub struct ServiceView {
     #[serde(serialize_with = "object")]
     pub selector: StringMap,
     /// `spec.externalTrafficPolicy` (`Cluster` or `Local`).
-    pub external_traffic_policy: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub external_traffic_policy: Option<CompactString>,
     /// `spec.healthCheckNodePort` (only with `externalTrafficPolicy: Local`).
     pub health_check_node_port: Option<i32>,
     /// `spec.sessionAffinity`; Kubernetes' default `None` when absent.
-    pub session_affinity: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub session_affinity: CompactString,
     /// `spec.sessionAffinityConfig.clientIP.timeoutSeconds`, in seconds.
     pub session_affinity_timeout_seconds: Option<i32>,
     /// `spec.loadBalancerSourceRanges` (CIDRs allowed to reach the VIP).
@@ -177,9 +186,11 @@ pub struct ServiceView {
     #[serde(rename = "externalIPs", alias = "externalIps")]
     pub external_ips: Vec<String>,
     /// `spec.ipFamilies` (`IPv4`, `IPv6`), in order of preference.
-    pub ip_families: Vec<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
+    pub ip_families: Vec<CompactString>,
     /// `spec.ipFamilyPolicy` (`SingleStack`, `PreferDualStack`, `RequireDualStack`).
-    pub ip_family_policy: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub ip_family_policy: Option<CompactString>,
     /// `spec.allocateLoadBalancerNodePorts`.
     pub allocate_load_balancer_node_ports: Option<bool>,
     /// `spec.loadBalancerIP` (deprecated upstream, still honoured); `None` unless it is an IP address.
@@ -208,7 +219,8 @@ pub struct ServiceView {
     pub allocation: Option<Allocation>,
     /// `metadata.finalizers`. Metadata only: a change here alone is not a MODIFIED.
     #[serde(default)]
-    pub finalizers: Vec<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
+    pub finalizers: Vec<CompactString>,
     /// Whether `metadata.deletionTimestamp` is set: the object is being deleted and waits for its
     /// finalizers.
     #[serde(default)]
@@ -294,13 +306,17 @@ impl ServiceView {
     /// The IP families the Service uses, primary first: `spec.ipFamilies`, or `["IPv4"]` when the
     /// apiserver left it out (single-stack IPv4 clusters before 1.20).
     pub fn families(&self) -> Vec<&str> {
-        if self.ip_families.is_empty() { vec!["IPv4"] } else { self.ip_families.iter().map(String::as_str).collect() }
+        if self.ip_families.is_empty() {
+            vec!["IPv4"]
+        } else {
+            self.ip_families.iter().map(CompactString::as_str).collect()
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{ServiceView, StringMap};
+    use super::{CompactString, ServiceView, StringMap};
 
     /// Labels, annotations and selectors read and write as the `BTreeMap` they replaced: a JSON object
     /// (`{}` when empty) with its keys in order, whatever order a row, a payload or a user wrote them
@@ -314,7 +330,7 @@ mod tests {
             "loadBalancerIP": null, "requestedIPs": [], "ingress": [], "labels": {"env": "a", "app": "shop", "env": "b"},
             "annotations": {}}"#;
         let view: ServiceView = serde_json::from_str(row).unwrap();
-        assert_eq!((view.labels.get("env").map(String::as_str), view.labels.len()), (Some("b"), 2));
+        assert_eq!((view.labels.get("env").map(CompactString::as_str), view.labels.len()), (Some("b"), 2));
         let json = serde_json::to_value(&view).unwrap();
         assert_eq!(json["selector"].to_string(), r#"{"app":"shop","tier":"web"}"#);
         assert_eq!(json["labels"].to_string(), r#"{"app":"shop","env":"b"}"#);

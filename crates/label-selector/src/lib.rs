@@ -37,8 +37,16 @@ impl LabelSelector {
     /// [`Self::matches`] for labels held in another map (vipwatch's sorted vectors): the pairs are
     /// copied into a `BTreeMap` for kube-core only when some term needs them; an empty selector
     /// matches without looking.
-    pub fn matches_pairs<'a>(&self, labels: impl IntoIterator<Item = (&'a String, &'a String)>) -> bool {
-        self.0.selects_all() || self.0.matches(&labels.into_iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    /// Takes pairs of anything that reads as a string (`String`, `CompactString`).
+    pub fn matches_pairs<K, V>(&self, labels: impl IntoIterator<Item = (K, V)>) -> bool
+    where
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        self.0.selects_all()
+            || self
+                .0
+                .matches(&labels.into_iter().map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned())).collect())
     }
 }
 

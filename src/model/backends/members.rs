@@ -19,6 +19,7 @@ use std::net::IpAddr;
 
 use sha2::{Digest, Sha256};
 use vipwatch_contract::{BackendMode, BackendPort, Backends, HealthCheck, HealthCheckScope, Member, MemberState};
+use vipwatch_contract::{CompactString, ToCompactString};
 
 use super::index::BackendIndex;
 use crate::model::{ServiceKey, ServiceView};
@@ -91,7 +92,7 @@ fn node_ports(key: &ServiceKey, view: &ServiceView, rules: &MemberRules, index: 
         .map(|p| {
             let members = p.node_port.into_iter().flat_map(|node_port| {
                 hosts.iter().map(move |&(ip, state, name, zone)| {
-                    (ip, member(ip, node_port, state, Some(name.to_owned()), zone.cloned()))
+                    (ip, member(ip, node_port, state, Some(name.into()), zone.map(|z| z.as_str().into())))
                 })
             });
             port(p, members)
@@ -127,8 +128,8 @@ fn pod_ports(key: &ServiceKey, view: &ServiceView, index: &BackendIndex) -> Vec<
                             e.address,
                             sp.port,
                             e.state,
-                            e.node.as_deref().map(str::to_owned),
-                            e.zone.as_deref().map(str::to_owned),
+                            e.node.as_deref().map(CompactString::from),
+                            e.zone.as_deref().map(CompactString::from),
                         );
                         best.entry((e.address, sp.port))
                             .and_modify(|m| {
@@ -150,13 +151,19 @@ fn pod_ports(key: &ServiceKey, view: &ServiceView, index: &BackendIndex) -> Vec<
         .collect()
 }
 
-fn member(ip: IpAddr, port: i32, state: MemberState, node_name: Option<String>, zone: Option<String>) -> Member {
-    Member { address: ip.to_string(), port, state, node_name, zone }
+fn member(
+    ip: IpAddr,
+    port: i32,
+    state: MemberState,
+    node_name: Option<CompactString>,
+    zone: Option<CompactString>,
+) -> Member {
+    Member { address: ip.to_compact_string(), port, state, node_name, zone }
 }
 
 /// A [`BackendPort`] of the Service port `p` with `members` in canonical order.
 fn port(p: &crate::model::PortView, members: impl Iterator<Item = (IpAddr, Member)>) -> BackendPort {
-    let sorted: BTreeMap<(IpAddr, i32, String), Member> =
+    let sorted: BTreeMap<(IpAddr, i32, CompactString), Member> =
         members.map(|(ip, m)| ((ip, m.port, m.node_name.clone().unwrap_or_default()), m)).collect();
     BackendPort {
         name: p.name.clone(),

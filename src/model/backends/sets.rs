@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use vipwatch_contract::{BackendMode, Backends, BackendsDiff, MemberChange, MemberState};
+use vipwatch_contract::{BackendMode, Backends, BackendsDiff, CompactString, MemberChange, MemberState};
 
 use super::index::BackendIndex;
 use super::members::{MemberRules, compute};
@@ -103,9 +103,9 @@ pub fn diff(old: Option<&Backends>, new: &Backends) -> BackendsDiff {
 }
 
 /// `(service port, protocol, address, member port)`.
-type Key = (i32, String, String, i32);
+type Key = (i32, CompactString, CompactString, i32);
 /// `(node, zone)`.
-type Extra = (Option<String>, Option<String>);
+type Extra = (Option<CompactString>, Option<CompactString>);
 
 fn keyed(b: Option<&Backends>) -> BTreeMap<Key, (MemberState, Extra)> {
     b.into_iter()

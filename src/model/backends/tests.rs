@@ -45,7 +45,7 @@ fn ep(address: &str, node: &str, ready: bool, terminating: bool) -> Value {
 }
 
 fn addresses(b: &vipwatch_contract::Backends, port: usize) -> Vec<(String, i32, MemberState)> {
-    b.ports[port].members.iter().map(|m| (m.address.clone(), m.port, m.state)).collect()
+    b.ports[port].members.iter().map(|m| (m.address.to_string(), m.port, m.state)).collect()
 }
 
 #[test]
@@ -117,7 +117,7 @@ fn dual_stack_takes_the_primary_address_of_each_family() {
     index.replace_nodes(vec![node("w1", &["10.0.0.1", "fd00::1", "10.0.0.9"], json!({}))]);
     let dual = service(json!({"ipFamilies": ["IPv6", "IPv4"], "ports": [{"port": 80, "nodePort": 30080}]}));
     let b = compute(&key(), &dual, BackendMode::NodePort, &rules(), &index);
-    let got: Vec<String> = b.ports[0].members.iter().map(|m| m.address.clone()).collect();
+    let got: Vec<String> = b.ports[0].members.iter().map(|m| m.address.to_string()).collect();
     assert_eq!(got, vec!["10.0.0.1", "fd00::1"]);
     let v6 = service(json!({"ipFamilies": ["IPv6"], "ports": [{"port": 80, "nodePort": 30080}]}));
     let b = compute(&key(), &v6, BackendMode::NodePort, &rules(), &index);

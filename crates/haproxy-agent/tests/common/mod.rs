@@ -192,14 +192,14 @@ pub fn delivery(
         .iter()
         .enumerate()
         .map(|(i, p)| BackendPort {
-            name: Some(format!("p{p}")),
+            name: Some(format!("p{p}").into()),
             protocol: "TCP".into(),
             port: *p,
             members: members
                 .iter()
                 .filter(|(pi, _, _)| *pi == i)
                 .map(|(_, a, state)| Member {
-                    address: a.ip().to_string(),
+                    address: a.ip().to_string().into(),
                     port: a.port().into(),
                     state: *state,
                     node_name: None,
