@@ -100,7 +100,11 @@ pub async fn run(options: DemoOptions, shutdown: impl Future<Output = ()>) -> Re
     let cluster = FakeApiServer::start().await.map_err(|source| DemoError::Start { what: "fake apiserver", source })?;
     let secret = config::random_secret();
     let appliance = Appliance::start(bind_local("demo appliance").await?, &secret).await?;
-    let agent_listener = if haproxy_installed() { Some(bind_local("HAProxy agent").await?) } else { None };
+    let haproxy = haproxy_bin();
+    let agent_listener = match &haproxy {
+        Some(_) => Some(bind_local("HAProxy agent").await?),
+        None => None,
+    };
     let setup = config::DemoSetup {
         kubernetes_url: cluster.url(),
         appliance_url: appliance.url(),
@@ -115,9 +119,9 @@ pub async fn run(options: DemoOptions, shutdown: impl Future<Output = ()>) -> Re
     let config = config::write_and_load(&options.dir, &setup)?;
     let objects = samples::seed();
     let pods = Arc::new(pods::Pods::default());
-    let agent = match agent_listener {
-        Some(listener) => start_agent(&options.dir, &setup.secret, listener).await?,
-        None => None,
+    let agent = match (agent_listener, haproxy) {
+        (Some(listener), Some(bin)) => start_agent(&options.dir, &setup.secret, listener, bin).await?,
+        _ => None,
     };
     if agent.is_some() {
         for (ip, owner) in samples::pod_addresses(&objects) {
@@ -167,19 +171,25 @@ async fn supervise(
     Ok(())
 }
 
-/// Whether `haproxy` is on `PATH` (the demo then runs the agent and a real HAProxy).
-fn haproxy_installed() -> bool {
-    std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success())
+/// Where HAProxy runs from, if it is installed (the demo then runs the agent and a real HAProxy):
+/// `haproxy` on `PATH`, else Debian's and a source install's `sbin` paths, which a user other than
+/// root often does not have on `PATH`. `None` when none of them answers `haproxy -v`.
+fn haproxy_bin() -> Option<std::path::PathBuf> {
+    ["haproxy", "/usr/sbin/haproxy", "/usr/local/sbin/haproxy"]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .find(|bin| std::process::Command::new(bin).arg("-v").output().is_ok_and(|o| o.status.success()))
 }
 
-/// The HAProxy agent on `listener`, with a real HAProxy in `<dir>/haproxy`. Its state from an earlier
-/// demo is removed first, as the database is. Errors: [`DemoError::Dir`] when the old state cannot be
+/// The HAProxy agent on `listener`, with a real HAProxy (`haproxy_bin`) in `<dir>/haproxy`. Its state
+/// from an earlier demo is removed first, as the database is. Errors: [`DemoError::Dir`] when the old state cannot be
 /// removed; an agent that fails to start is reported and left out (`None`: the printing appliance
 /// alone).
 async fn start_agent(
     dir: &Path,
     secret: &str,
     listener: TcpListener,
+    haproxy_bin: std::path::PathBuf,
 ) -> Result<Option<vipwatch_haproxy::Running>, DemoError> {
     let agent_dir = dir.join("haproxy");
     let state = agent_dir.join("state.json");
@@ -194,6 +204,7 @@ async fn start_agent(
         dir: std::path::absolute(&agent_dir).unwrap_or(agent_dir),
         batch_window: Duration::from_millis(100),
         stop_haproxy_on_exit: true,
+        haproxy_bin,
         ..vipwatch_haproxy::AgentConfig::default()
     };
     match vipwatch_haproxy::start(config, listener).await {
