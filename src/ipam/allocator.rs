@@ -415,9 +415,12 @@ impl Allocator {
                 return Err(format!("{ip} is in pool `{}`, not in the requested pool `{want}`", pool.name));
             }
             if !self.available(ip, key, req) {
-                let holders: Vec<String> = self.used[ip]
-                    .iter()
-                    .filter(|h| h.key != *key)
+                // Sorted by name: the order in which they took the address is no part of the reason,
+                // and a reason that changed with it was a MODIFIED with nothing else changed.
+                let mut others: Vec<&Holder> = self.used[ip].iter().filter(|h| h.key != *key).collect();
+                others.sort_by(|x, y| x.key.cmp(&y.key));
+                let holders: Vec<String> = others
+                    .into_iter()
                     .map(|h| match h.draining {
                         Some(_) => format!("{} (given up; the appliance has not acknowledged that yet)", h.key),
                         None => h.key.to_string(),
@@ -539,6 +542,26 @@ mod tests {
         let c = al.assign(&key("c"), &shared(80), &[]);
         assert_eq!((addrs(&a), addrs(&b), addrs(&c)), (vec!["192.0.2.0"], vec!["192.0.2.0"], vec!["192.0.2.1"]));
         assert_eq!(al.usage(), vec![PoolUsage { pool: "lab".into(), in_use: 2, free: 6, reserved: 0 }]);
+    }
+
+    /// The reason names the holders by name, whichever took the address first: a reason that followed
+    /// their order changed (a `MODIFIED` with nothing else changed) when one of them gave the address
+    /// up and took it back.
+    #[test]
+    fn a_refused_request_names_the_holders_in_order_of_name() {
+        let shared = |port: i32, protocol: &str| {
+            let ann =
+                serde_json::json!({"vipwatch.io/allow-shared-ip": "k", "vipwatch.io/loadBalancerIPs": "192.0.2.5"});
+            svc(ann, serde_json::json!({"ports": [{"port": port, "protocol": protocol}]}))
+        };
+        let want = "192.0.2.5 is already used by ns/a, ns/b (share it with the same vipwatch.io/allow-shared-ip key and distinct ports)";
+        for first in ["b", "a"] {
+            let mut al = allocator(&[("lab", &["192.0.2.0/29"], true)]);
+            let second = if first == "a" { "b" } else { "a" };
+            al.assign(&key(first), &shared(53, "TCP"), &[]);
+            al.assign(&key(second), &shared(53, "UDP"), &[]);
+            assert_eq!(al.assign(&key("c"), &shared(53, "UDP"), &[]).reason.as_deref(), Some(want), "{first} first");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! SQLite checkpoints by itself at the commit that takes the WAL past `wal_autocheckpoint` pages
 //! (1,000 by default), inside that commit: during a burst the one write connection spent a quarter of
 //! its time copying pages into the database file (perf, issue 13) while the watch and the relay
-//! waited for it. vipwatch's write connection checkpoints only past [`WRITER_AUTOCHECKPOINT_PAGES`]
+//! waited for it. vipwatch's write connection checkpoints only past [`WRITER_AUTOCHECKPOINT_BYTES`]
 //! (a safety net), and [`Store::checkpoint`] runs a `PASSIVE` checkpoint on a read connection every
 //! [`CHECKPOINT_INTERVAL`]: it runs beside the writer (WAL mode lets one checkpointer, readers and the
 //! writer work at once) and never waits for a lock.
@@ -15,9 +15,11 @@ use tracing::{info, warn};
 
 use super::{Store, StoreError};
 
-/// WAL pages (4 KiB each) after which the write connection checkpoints by itself: 64 MiB, reached
-/// only when the background checkpoints fail or cannot keep up.
-pub const WRITER_AUTOCHECKPOINT_PAGES: u32 = 16_384;
+/// WAL size after which the write connection checkpoints by itself, in bytes (64 MiB): reached only
+/// when the background checkpoints fail or cannot keep up. Set as `wal_autocheckpoint`, which counts
+/// pages, so divided by the database's page size (8 KiB for a new one, 4 KiB for one an earlier
+/// version created: `store::open`).
+pub const WRITER_AUTOCHECKPOINT_BYTES: u32 = 64 << 20;
 
 /// Time between two background checkpoints. A checkpoint copies each page once (its newest version),
 /// so a longer interval copies pages rewritten by many transactions fewer times: at 1 s vipwatch

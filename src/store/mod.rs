@@ -31,7 +31,7 @@ mod state;
 mod statistics;
 mod turns;
 
-pub use checkpoint::{CHECKPOINT_INTERVAL, Checkpointed, WRITER_AUTOCHECKPOINT_PAGES};
+pub use checkpoint::{CHECKPOINT_INTERVAL, Checkpointed, WRITER_AUTOCHECKPOINT_BYTES};
 pub use db::Backend;
 pub use deliveries::{
     AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, ERROR_CLASSES, Outcome, WebhookState,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 use tracing::info;
 
@@ -22,6 +22,17 @@ use super::{Store, StoreError};
 /// issue 13). Applies when the file is created: an existing database keeps its page size until it
 /// is converted (README "The database", "Page size"), and says so in the log at start.
 pub const PAGE_SIZE: u32 = 8192;
+
+/// The page size of the SQLite file `options` open, in bytes: the file's own, or [`PAGE_SIZE`] for
+/// one this connection creates (its first write, switching to WAL, fixes the size). Errors: whatever
+/// opening the file or the pragma returns.
+async fn page_size(options: &SqliteConnectOptions) -> Result<u32, sqlx::Error> {
+    let mut probe = SqliteConnection::connect_with(options).await?;
+    let size: i64 = sqlx::query_scalar("PRAGMA page_size").fetch_one(&mut probe).await?;
+    probe.close().await?;
+    // SQLite's page sizes are powers of two from 512 to 65,536.
+    Ok(u32::try_from(size).unwrap_or(PAGE_SIZE))
+}
 
 /// Read connections per store.
 const READ_CONNECTIONS: u32 = 4;
@@ -122,9 +133,17 @@ impl Store {
             .foreign_keys(true)
             .page_size(PAGE_SIZE)
             .pragma("temp_store", "memory");
+        let page_size = page_size(&options).await?;
+        if page_size != PAGE_SIZE {
+            info!(
+                page_size,
+                preferred = PAGE_SIZE,
+                "this database keeps the page size it was created with; README \"The database\" (page size) says how to convert it"
+            );
+        }
         // The write connection leaves checkpoints to `Store::checkpoint_loop` (see store::checkpoint),
         // and cuts the WAL back to 16 MiB when it starts it over (a burst's WAL would keep its size).
-        let autocheckpoint = super::WRITER_AUTOCHECKPOINT_PAGES.to_string();
+        let autocheckpoint = (super::WRITER_AUTOCHECKPOINT_BYTES / page_size).to_string();
         let write_options = options
             .clone()
             .pragma("wal_autocheckpoint", autocheckpoint)
@@ -138,14 +157,6 @@ impl Store {
         let write =
             SqlitePoolOptions::new().max_connections(1).test_before_acquire(false).connect_with(write_options).await?;
         sqlx::migrate!("./migrations/sqlite").run(&write).await?;
-        let page_size: i64 = sqlx::query_scalar("PRAGMA page_size").fetch_one(&write).await?;
-        if page_size != i64::from(PAGE_SIZE) {
-            info!(
-                page_size,
-                preferred = PAGE_SIZE,
-                "this database keeps the page size it was created with; README \"The database\" (page size) says how to convert it"
-            );
-        }
         let read_options = options.pragma("cache_size", format!("-{READ_CACHE_KIB}"));
         let read = SqlitePoolOptions::new()
             .max_connections(READ_CONNECTIONS)
@@ -225,10 +236,12 @@ fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use sqlx::Connection as _;
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode};
 
     use super::{PAGE_SIZE, Store};
+    use crate::store::db::Pools;
 
+    /// `PRAGMA page_size` of the file at `path`.
     async fn page_size(path: &std::path::Path) -> i64 {
         let mut c = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(path)).await.unwrap();
         let size = sqlx::query_scalar("PRAGMA page_size").fetch_one(&mut c).await.unwrap();
@@ -236,22 +249,43 @@ mod tests {
         size
     }
 
-    /// A database the store creates has [`PAGE_SIZE`] pages; one created with SQLite's default
-    /// (an earlier version's) opens, is migrated and keeps its 4,096-byte pages.
+    /// `wal_autocheckpoint` (pages) of the store's write connection.
+    async fn autocheckpoint(store: &Store) -> i64 {
+        let Pools::Lite { write, .. } = &store.pools else { panic!("a SQLite store") };
+        sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(write).await.unwrap()
+    }
+
+    /// A database the store creates has [`PAGE_SIZE`] pages, and its writer checkpoints by itself past
+    /// 64 MiB of WAL (8,192 pages of 8 KiB). One an earlier version created (WAL mode, migrated, SQLite's
+    /// default 4 KiB pages) opens, keeps its page size and its records, and its writer's limit is the
+    /// same 64 MiB (16,384 pages of 4 KiB).
     #[tokio::test]
     async fn a_new_database_gets_8_kib_pages_and_an_existing_one_keeps_its_own() {
         let dir = tempfile::tempdir().unwrap();
         let new = dir.path().join("new.db");
-        Store::open(&new).await.unwrap().close().await;
-        assert_eq!((PAGE_SIZE, page_size(&new).await), (8192, 8192));
+        let store = Store::open(&new).await.unwrap();
+        assert_eq!((PAGE_SIZE, autocheckpoint(&store).await), (8192, 8192));
+        store.close().await;
+        assert_eq!(page_size(&new).await, 8192);
 
         let old = dir.path().join("old.db");
-        let options = SqliteConnectOptions::new().filename(&old).create_if_missing(true).page_size(4096);
+        let options = SqliteConnectOptions::new()
+            .filename(&old)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .page_size(4096);
         let mut c = SqliteConnection::connect_with(&options).await.unwrap();
-        sqlx::query("CREATE TABLE earlier (x INTEGER)").execute(&mut c).await.unwrap();
+        sqlx::migrate!("./migrations/sqlite").run(&mut c).await.unwrap();
+        sqlx::query(
+            "INSERT INTO events (observed_at, type, namespace, name, uid, resource_version, cause, view) \
+                     VALUES (1, 'ADDED', 'shop', 'web', 'u1', '7', 'watch', '{}')",
+        )
+        .execute(&mut c)
+        .await
+        .unwrap();
         c.close().await.unwrap();
         let store = Store::open(&old).await.unwrap();
-        assert_eq!(store.next_event_id().await.unwrap(), 1);
+        assert_eq!((store.next_event_id().await.unwrap(), autocheckpoint(&store).await), (2, 16_384));
         store.close().await;
         assert_eq!(page_size(&old).await, 4096);
     }
