@@ -100,9 +100,9 @@ pub async fn run(options: DemoOptions, shutdown: impl Future<Output = ()>) -> Re
     let cluster = FakeApiServer::start().await.map_err(|source| DemoError::Start { what: "fake apiserver", source })?;
     let secret = config::random_secret();
     let appliance = Appliance::start(bind_local("demo appliance").await?, &secret).await?;
-    let haproxy = haproxy_bin();
-    let agent_listener = match &haproxy {
-        Some(_) => Some(bind_local("HAProxy agent").await?),
+    // The agent's listener with the HAProxy it drives, when HAProxy is installed.
+    let agent_listener = match haproxy_bin() {
+        Some(bin) => Some((bind_local("HAProxy agent").await?, bin)),
         None => None,
     };
     let setup = config::DemoSetup {
@@ -113,15 +113,15 @@ pub async fn run(options: DemoOptions, shutdown: impl Future<Output = ()>) -> Re
         database,
         agent_url: agent_listener
             .as_ref()
-            .and_then(|l| l.local_addr().ok())
+            .and_then(|(l, _)| l.local_addr().ok())
             .map(|a| format!("http://{a}/hooks/vipwatch")),
     };
     let config = config::write_and_load(&options.dir, &setup)?;
     let objects = samples::seed();
     let pods = Arc::new(pods::Pods::default());
-    let agent = match (agent_listener, haproxy) {
-        (Some(listener), Some(bin)) => start_agent(&options.dir, &setup.secret, listener, bin).await?,
-        _ => None,
+    let agent = match agent_listener {
+        Some((listener, bin)) => start_agent(&options.dir, &setup.secret, listener, bin).await?,
+        None => None,
     };
     if agent.is_some() {
         for (ip, owner) in samples::pod_addresses(&objects) {
@@ -182,9 +182,9 @@ fn haproxy_bin() -> Option<std::path::PathBuf> {
 }
 
 /// The HAProxy agent on `listener`, with a real HAProxy (`haproxy_bin`) in `<dir>/haproxy`. Its state
-/// from an earlier demo is removed first, as the database is. Errors: [`DemoError::Dir`] when the old state cannot be
-/// removed; an agent that fails to start is reported and left out (`None`: the printing appliance
-/// alone).
+/// from an earlier demo is removed first, as the database is. Errors: [`DemoError::Dir`] when the old
+/// state cannot be removed; an agent that fails to start is reported and left out (`None`: the
+/// printing appliance alone).
 async fn start_agent(
     dir: &Path,
     secret: &str,

@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::IpAddr;
+
 use vipwatch_contract::CompactString;
 
 use super::pool::{Family, Pool, Pools, lowest};

@@ -2,6 +2,7 @@
 //! key, the address families (`spec.ipFamilies` / `spec.ipFamilyPolicy`) and its ports.
 
 use std::net::IpAddr;
+
 use vipwatch_contract::CompactString;
 
 use super::pool::Family;

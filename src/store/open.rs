@@ -8,7 +8,6 @@ use std::time::Duration;
 use sqlx::Connection as _;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-
 use tracing::info;
 
 use super::db::{Backend, Pools};
