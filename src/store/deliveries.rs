@@ -201,7 +201,9 @@ impl Store {
                 Some((webhook, at, lease_ms, limit)) if limit > 0 => {
                     let rows =
                         s.fetch_all(super::outbox::claim_stmt(s.backend(), webhook, at, lease_ms, limit)).await?;
-                    super::outbox::claimed(&rows)
+                    let claimed = super::outbox::claimed(&rows);
+                    self.riders.note_claim(limit, claimed.len());
+                    claimed
                 }
                 _ => Vec::new(),
             };

@@ -48,7 +48,7 @@ pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, Recorde
 pub use progress::{ProgressRow, WatchProgress};
 pub use publish::{Acks, CleanupWork, PublishWork, ReleaseWork, Reservation, StatusWork};
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};
-pub use riders::{DEFAULT_COMMIT_INTERVAL, StandingClaim, Taken};
+pub use riders::{BACKLOG_COMMIT_INTERVAL, DEFAULT_COMMIT_INTERVAL, StandingClaim, Taken};
 pub use state::{Cleanup, Prepared, ServiceRow, StateChange};
 
 /// Handle on the database. Cheap to clone. Reads use a pool of connections; every write goes

@@ -610,6 +610,9 @@ impl Store {
                 .await
             }
         };
+        if let Ok(claimed) = &result {
+            self.riders.note_claim(limit, claimed.len());
+        }
         self.settle(conn, result)
     }
 

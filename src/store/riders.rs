@@ -80,6 +80,9 @@ pub(super) struct Riders {
     tickets: AtomicU64,
     /// When the watch's writer will commit the changes it holds ([`Store::expect_write`]).
     expected: Mutex<Option<Instant>>,
+    /// Until when the relay counts as backlogged: a claim took every head it asked for
+    /// ([`Riders::note_claim`], [`Store::commit_interval`]).
+    backlogged_until: Mutex<Option<Instant>>,
 }
 
 impl Riders {
@@ -121,6 +124,22 @@ impl Riders {
         let expected = *self.expected.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         expected.filter(|at| *at <= Instant::now() + ride_wait).map(|at| at + RIDE_SLACK)
     }
+
+    /// A claim asked for `asked` heads and got `got`: when it got them all, more are likely waiting,
+    /// and the relay counts as backlogged for [`BACKLOG_HOLD`] from now ([`Store::commit_interval`]).
+    /// A claim that got fewer changes nothing: the mark runs out on its own.
+    pub(super) fn note_claim(&self, asked: usize, got: usize) {
+        if asked > 0 && got >= asked {
+            *self.backlogged_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(Instant::now() + BACKLOG_HOLD);
+        }
+    }
+
+    /// Whether a claim took every head it asked for within the last [`BACKLOG_HOLD`].
+    fn backlogged(&self) -> bool {
+        let until = *self.backlogged_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        until.is_some_and(|until| until > Instant::now())
+    }
 }
 
 /// The default group-commit interval (`database.commit_interval`): the least time between the
@@ -136,18 +155,38 @@ impl Riders {
 /// change and latency p50 / p99 5.1 / 15.6–21.5 ms; 15 ms gave 0.387–0.391 ms, 54.6–55.8 KB and
 /// 10.9–11.0 / 19.8–20.3 ms; 20 ms 0.346–0.433 ms and p99 24.2–25.9 ms (issue 13). It also bounds
 /// what one endpoint's relay delivers while every slot is busy: about `concurrency` deliveries per
-/// interval or two (README, "Benchmarks → burst").
+/// interval or two (README, "Benchmarks → burst"), which is why the interval is shorter while the
+/// relay is backlogged ([`BACKLOG_COMMIT_INTERVAL`]).
 pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(15);
+
+/// The group-commit interval while the relay is backlogged ([`Store::commit_interval`]): at most
+/// this, or `database.commit_interval` when that is shorter.
+///
+/// A delivery holds its slot from its claim until the round that records its outcome and claims
+/// the next head, and rounds ride the watch's commits, so while every slot is busy an endpoint
+/// delivers about `relay.concurrency` per interval or two. In `cargo bench --bench burst` at the
+/// independent load test's own rate (`BENCH_BURST_RATE=5000`, 1,000 busy Services) that was the
+/// bound: 1,494–1,518 deliveries/s and latency p99 0.90–0.93 s with 15 ms, 2,398–2,649/s and
+/// 0.42–0.50 s with `database.commit_interval = "5ms"`, which at a steady 500 changes/s costs 20–35 %
+/// more CPU per change (issue 13). Shortening the interval only while claims come back full keeps
+/// the steady rate's cost: there each claim finds fewer heads than free slots.
+pub const BACKLOG_COMMIT_INTERVAL: Duration = Duration::from_millis(5);
+
+/// How long one claim that took every head it asked for keeps the relay marked backlogged
+/// ([`Riders::note_claim`]): several rounds, so that the mark holds while claims keep coming back
+/// full, and runs out soon after they stop.
+const BACKLOG_HOLD: Duration = Duration::from_millis(100);
 
 /// How long after the watch's commit was due a round still waits for it: the writer prepares its
 /// rows before it asks for its turn, and a round in line first runs on its own.
 const RIDE_SLACK: Duration = Duration::from_millis(1);
 
 impl Store {
-    /// The group-commit interval (`database.commit_interval`, [`DEFAULT_COMMIT_INTERVAL`] unless
-    /// [`Store::with_commit_interval`] set another).
+    /// The group-commit interval now: `database.commit_interval` ([`DEFAULT_COMMIT_INTERVAL`] unless
+    /// [`Store::with_commit_interval`] set another), or at most [`BACKLOG_COMMIT_INTERVAL`] while the
+    /// relay is backlogged (a claim within the last 100 ms took every head it asked for).
     pub fn commit_interval(&self) -> Duration {
-        self.commit_interval
+        if self.riders.backlogged() { self.commit_interval.min(BACKLOG_COMMIT_INTERVAL) } else { self.commit_interval }
     }
 
     /// This store with group-commit interval `interval` (`database.commit_interval`), for the clones
@@ -268,11 +307,19 @@ async fn statements(s: &mut Script<'_>, rider: &Rider, now: i64) -> Result<Vec<C
 /// Tells each rider what became of it: what it claimed if the carrying transaction committed
 /// (`committed`, recording events up to `through`) and its statements ran, else
 /// [`Ride::NotCarried`].
-pub(super) fn answer(riders: Vec<Rider>, heads: Option<Vec<Option<Vec<Claimed>>>>, through: Option<i64>) {
+pub(super) fn answer(
+    waiting: &Riders,
+    riders: Vec<Rider>,
+    heads: Option<Vec<Option<Vec<Claimed>>>>,
+    through: Option<i64>,
+) {
     let mut heads = heads.unwrap_or_default().into_iter();
     for rider in riders {
         let ride = match heads.next().flatten() {
-            Some(heads) => Ride::Done(Taken { heads, through }),
+            Some(heads) => {
+                waiting.note_claim(rider.claim.as_ref().map_or(0, |c| c.2), heads.len());
+                Ride::Done(Taken { heads, through })
+            }
             None => Ride::NotCarried,
         };
         let _ = rider.reply.send(ride);
@@ -434,5 +481,32 @@ mod tests {
         assert_eq!((wrote, turns), (true, 2));
         assert_eq!(attempts(&store).await, 0);
         assert!(store.riders.take().is_empty());
+    }
+
+    /// The group-commit interval is the configured one until a claim takes every head it asked for;
+    /// then it is at most `BACKLOG_COMMIT_INTERVAL` for `BACKLOG_HOLD`, and a claim that finds
+    /// fewer heads than it asked for does not shorten it. A configured interval shorter than that
+    /// stays as it is.
+    #[tokio::test]
+    async fn a_claim_that_takes_every_head_it_asked_for_shortens_the_commit_interval_for_a_while() {
+        use super::{BACKLOG_COMMIT_INTERVAL, DEFAULT_COMMIT_INTERVAL};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
+        for name in ["a", "b", "c"] {
+            enqueue(&store, "w", name).await;
+        }
+        assert_eq!(store.commit_interval(), DEFAULT_COMMIT_INTERVAL);
+
+        assert_eq!(store.claim("other", now_ms(), 60_000, 4).await.unwrap().len(), 0);
+        assert_eq!(store.commit_interval(), DEFAULT_COMMIT_INTERVAL);
+
+        assert_eq!(store.claim("w", now_ms(), 60_000, 2).await.unwrap().len(), 2);
+        assert_eq!(store.commit_interval(), BACKLOG_COMMIT_INTERVAL);
+        let short = store.clone().with_commit_interval(Duration::from_millis(2));
+        assert_eq!(short.commit_interval(), Duration::from_millis(2));
+
+        until("the backlog mark ran out", || store.commit_interval() == DEFAULT_COMMIT_INTERVAL).await;
+        assert_eq!(store.claim("w", now_ms(), 60_000, 4).await.unwrap().len(), 1);
+        assert_eq!(store.commit_interval(), DEFAULT_COMMIT_INTERVAL);
     }
 }
