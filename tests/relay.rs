@@ -210,7 +210,7 @@ async fn per_service_order_holds_while_the_receiver_fails_every_other_request() 
         h.api.update("shop", "web", |o| o["spec"]["ports"][0]["port"] = json!(8000 + port));
     }
     assert!(h.api.delete("shop", "web"));
-    wait_events(&vw.store, 22).await;
+    let recorded = wait_events(&vw.store, 22).await;
     let accepted = wait_until("DELETED delivered", || async {
         let a = rx.accepted();
         (a.last().map(|h| h.event().0) == Some("DELETED".into())).then_some(a)
@@ -221,9 +221,21 @@ async fn per_service_order_holds_while_the_receiver_fails_every_other_request() 
     let ids: Vec<i64> = events.iter().map(|e| e.1).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "strictly in event order: {ids:?}");
 
-    // Every event was either delivered or superseded, never both, never lost.
+    // Every event was either delivered or superseded, never both, never lost. A MODIFIED that
+    // found the queue's last pending delivery an untouched MODIFIED went into that row instead of
+    // a row of its own (outbox `REWRITE`), so it is the older event that has no row: which ones do
+    // depends on how the changes fell into the watch's batches.
     let rows = wait_recorded(&vw.store).await;
-    assert_eq!(rows.len(), 22);
+    let with_rows: Vec<i64> = rows.iter().map(|r| r.event_id.unwrap()).collect();
+    for e in recorded.iter().filter(|e| !with_rows.contains(&e.id)) {
+        assert_eq!(e.event_type, "MODIFIED", "event {} has no delivery", e.id);
+        assert!(!ids.contains(&e.id), "event {} was rewritten and delivered", e.id);
+    }
+    assert_eq!(
+        with_rows.len() + recorded.iter().filter(|e| !with_rows.contains(&e.id)).count(),
+        22,
+        "one row per event at most"
+    );
     for row in &rows {
         let delivered = ids.contains(&row.event_id.unwrap());
         match row.state.as_str() {
@@ -233,7 +245,11 @@ async fn per_service_order_holds_while_the_receiver_fails_every_other_request() 
             other => panic!("delivery {} is {other}", row.id),
         }
     }
-    assert!(rows.iter().any(|r| r.state == "superseded"), "MODIFIEDs queued behind a retrying head collapse");
+    let rewritten = recorded.iter().filter(|e| !with_rows.contains(&e.id)).count();
+    assert!(
+        rewritten > 0 || rows.iter().any(|r| r.state == "superseded"),
+        "MODIFIEDs queued behind a retrying head collapse"
+    );
     assert_eq!(rx.hits().len(), accepted.len() * 2, "nothing sent after DELETED");
     vw.stop().await.unwrap();
 }

@@ -149,7 +149,7 @@ impl Store {
     ///
     /// The round may be carried by the watch's write transaction instead (`store::riders`): while
     /// it waits in line for its turn, and before that, when the watch's writer said it will commit
-    /// within one group-commit interval ([`Store::commit_interval`], [`Store::expect_write`]), until
+    /// within the configured group-commit interval (`database.commit_interval`, [`Store::expect_write`]), until
     /// 1 ms after that commit is due. Its claim then runs
     /// after that transaction's inserts, at the time it runs. Otherwise, or when that transaction
     /// fails, it runs on its own when its turn comes. Returns what the claim took. Errors: those of
@@ -202,7 +202,7 @@ impl Store {
                     let rows =
                         s.fetch_all(super::outbox::claim_stmt(s.backend(), webhook, at, lease_ms, limit)).await?;
                     let claimed = super::outbox::claimed(&rows);
-                    self.riders.note_claim(limit, claimed.len());
+                    self.riders.note_claim(limit, claimed.len(), done, self.commit_interval);
                     claimed
                 }
                 _ => Vec::new(),

@@ -610,9 +610,6 @@ impl Store {
                 .await
             }
         };
-        if let Ok(claimed) = &result {
-            self.riders.note_claim(limit, claimed.len());
-        }
         self.settle(conn, result)
     }
 

@@ -37,7 +37,7 @@ use tokio::time::Instant;
 
 use super::deliveries::record_attempts;
 use super::script::{Script, Stmt};
-use super::{Claimed, Completion, Store, StoreError, now_ms};
+use super::{Claimed, Completion, Outcome, Store, StoreError, now_ms};
 
 /// A relay round waiting for a transaction to carry it.
 #[derive(Debug)]
@@ -119,17 +119,19 @@ impl Riders {
 
     /// Until when a round waits for the watch's next commit before it asks for a turn of its own:
     /// the commit's due time plus [`RIDE_SLACK`], when that commit is due within `ride_wait` (the
-    /// group-commit interval, [`Store::commit_interval`]).
+    /// configured group-commit interval, `database.commit_interval`).
     pub(super) fn wait_until(&self, ride_wait: Duration) -> Option<Instant> {
         let expected = *self.expected.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         expected.filter(|at| *at <= Instant::now() + ride_wait).map(|at| at + RIDE_SLACK)
     }
 
-    /// A claim asked for `asked` heads and got `got`: when it got them all, more are likely waiting,
-    /// and the relay counts as backlogged for [`BACKLOG_HOLD`] from now ([`Store::commit_interval`]).
-    /// A claim that got fewer changes nothing: the mark runs out on its own.
-    pub(super) fn note_claim(&self, asked: usize, got: usize) {
-        if asked > 0 && got >= asked {
+    /// A relay round recorded the attempts `done` and then claimed: it asked for `asked` heads and
+    /// got `got`. When the interval bounds that endpoint's deliveries ([`interval_bound`], with
+    /// `interval` the configured group-commit interval), the relay counts as backlogged for
+    /// [`BACKLOG_HOLD`] from now ([`Store::commit_interval`]); any other round changes nothing, and
+    /// the mark runs out on its own.
+    pub(super) fn note_claim(&self, asked: usize, got: usize, done: &[Completion], interval: Duration) {
+        if interval_bound(asked, got, done, interval) {
             *self.backlogged_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
                 Some(Instant::now() + BACKLOG_HOLD);
         }
@@ -167,15 +169,37 @@ pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(15);
 /// delivers about `relay.concurrency` per interval or two. In `cargo bench --bench burst` at the
 /// independent load test's own rate (`BENCH_BURST_RATE=5000`, 1,000 busy Services) that was the
 /// bound: 1,494–1,518 deliveries/s and latency p99 0.90–0.93 s with 15 ms, 2,398–2,649/s and
-/// 0.42–0.50 s with `database.commit_interval = "5ms"`, which at a steady 500 changes/s costs 20–35 %
-/// more CPU per change (issue 13). Shortening the interval only while claims come back full keeps
-/// the steady rate's cost: there each claim finds fewer heads than free slots.
+/// 0.42–0.50 s with `database.commit_interval = "5ms"`. But a fixed shorter interval costs CPU at a
+/// steady rate: 20–35 % more per change at 500 changes/s with 10 or 7 ms, about 50 % with 5 ms in an
+/// earlier measurement ([`DEFAULT_COMMIT_INTERVAL`]; issue 13). So the interval is short only while
+/// the relay's rounds show that it is the bound ([`interval_bound`]): at a steady rate each claim
+/// finds fewer heads than it asks for.
 pub const BACKLOG_COMMIT_INTERVAL: Duration = Duration::from_millis(5);
 
-/// How long one claim that took every head it asked for keeps the relay marked backlogged
-/// ([`Riders::note_claim`]): several rounds, so that the mark holds while claims keep coming back
-/// full, and runs out soon after they stop.
+/// How long one round that [`interval_bound`] counts keeps the relay marked backlogged
+/// ([`Riders::note_claim`]): several rounds, so that the mark holds while such rounds keep coming,
+/// and runs out soon after they stop.
 const BACKLOG_HOLD: Duration = Duration::from_millis(100);
+
+/// The fewest heads a round must ask for, and get, to count as backlogged ([`interval_bound`]).
+/// A claim asks for a power of two of the free slots, at least half of them (the relay's
+/// dispatcher): an endpoint with `concurrency` of 8 or more asks for 8 or more when busy, while a
+/// probe of an open circuit, or an endpoint held to 1–4 in flight (an appliance API with a rate
+/// limit), asks for so few that a trickle of changes fills every claim.
+const BACKLOG_MIN_CLAIM: usize = 8;
+
+/// Whether a relay round shows that the group-commit interval bounds its endpoint's deliveries: it
+/// asked for at least [`BACKLOG_MIN_CLAIM`] heads and got them all (more are waiting), and the
+/// attempts it recorded that succeeded took less than `interval` on average (the slots turn over
+/// faster than the rounds come: a slower receiver is its own bound, and a shorter interval would
+/// only cost CPU). A round that recorded no successful attempt does not count.
+fn interval_bound(asked: usize, got: usize, done: &[Completion], interval: Duration) -> bool {
+    let quick: Vec<i64> =
+        done.iter().filter(|c| c.outcome == Outcome::Succeeded).map(|c| c.attempt.duration_ms).collect();
+    let limit = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
+    let count = i64::try_from(quick.len()).unwrap_or(i64::MAX);
+    asked >= BACKLOG_MIN_CLAIM && got >= asked && !quick.is_empty() && quick.iter().sum::<i64>() < limit * count
+}
 
 /// How long after the watch's commit was due a round still waits for it: the writer prepares its
 /// rows before it asks for its turn, and a round in line first runs on its own.
@@ -184,7 +208,8 @@ const RIDE_SLACK: Duration = Duration::from_millis(1);
 impl Store {
     /// The group-commit interval now: `database.commit_interval` ([`DEFAULT_COMMIT_INTERVAL`] unless
     /// [`Store::with_commit_interval`] set another), or at most [`BACKLOG_COMMIT_INTERVAL`] while the
-    /// relay is backlogged (a claim within the last 100 ms took every head it asked for).
+    /// relay is backlogged (a round within the last 100 ms showed the interval to be its bound:
+    /// [`interval_bound`]).
     pub fn commit_interval(&self) -> Duration {
         if self.riders.backlogged() { self.commit_interval.min(BACKLOG_COMMIT_INTERVAL) } else { self.commit_interval }
     }
@@ -309,6 +334,7 @@ async fn statements(s: &mut Script<'_>, rider: &Rider, now: i64) -> Result<Vec<C
 /// [`Ride::NotCarried`].
 pub(super) fn answer(
     waiting: &Riders,
+    interval: Duration,
     riders: Vec<Rider>,
     heads: Option<Vec<Option<Vec<Claimed>>>>,
     through: Option<i64>,
@@ -317,7 +343,8 @@ pub(super) fn answer(
     for rider in riders {
         let ride = match heads.next().flatten() {
             Some(heads) => {
-                waiting.note_claim(rider.claim.as_ref().map_or(0, |c| c.2), heads.len());
+                let asked = rider.claim.as_ref().map_or(0, |c| c.2);
+                waiting.note_claim(asked, heads.len(), &rider.done, interval);
                 Ride::Done(Taken { heads, through })
             }
             None => Ride::NotCarried,
@@ -397,7 +424,7 @@ mod tests {
             tasks.push(tokio::spawn({
                 let store = store.clone();
                 async move {
-                    let claimed = store.complete_and_claim(&done, Some((webhook, now_ms(), 60_000, 4))).await?;
+                    let claimed = store.complete_and_claim(&done, Some((webhook, now_ms(), 60_000, 8))).await?;
                     Ok(claimed.heads.iter().map(|c| c.id).collect::<Vec<_>>())
                 }
             }));
@@ -483,30 +510,72 @@ mod tests {
         assert!(store.riders.take().is_empty());
     }
 
-    /// The group-commit interval is the configured one until a claim takes every head it asked for;
-    /// then it is at most `BACKLOG_COMMIT_INTERVAL` for `BACKLOG_HOLD`, and a claim that finds
-    /// fewer heads than it asked for does not shorten it. A configured interval shorter than that
-    /// stays as it is.
-    #[tokio::test]
-    async fn a_claim_that_takes_every_head_it_asked_for_shortens_the_commit_interval_for_a_while() {
-        use super::{BACKLOG_COMMIT_INTERVAL, DEFAULT_COMMIT_INTERVAL};
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("t.db")).await.unwrap();
-        for name in ["a", "b", "c"] {
-            enqueue(&store, "w", name).await;
+    /// A round counts as backlogged only when it asked for at least 8 heads, got them all, and its
+    /// successful attempts took less than the configured interval on average.
+    #[test]
+    fn only_a_full_claim_of_eight_or_more_after_quick_attempts_counts_as_backlogged() {
+        use super::interval_bound;
+        let quick = |ms| Completion {
+            delivery_id: 1,
+            attempt: AttemptRecord { duration_ms: ms, ..AttemptRecord::default() },
+            outcome: Outcome::Succeeded,
+        };
+        let failed = Completion { outcome: Outcome::Retry(now_ms() + 1_000), ..quick(1) };
+        let interval = Duration::from_millis(15);
+        assert!(interval_bound(8, 8, &[quick(3), quick(20)], interval));
+        assert!(interval_bound(16, 16, &[quick(14)], interval));
+        assert!(!interval_bound(4, 4, &[quick(3)], interval), "a claim of 4 or fewer");
+        assert!(!interval_bound(1, 1, &[quick(0)], interval), "a probe, or concurrency 1");
+        assert!(!interval_bound(16, 15, &[quick(3)], interval), "fewer heads than asked for");
+        assert!(!interval_bound(16, 16, &[quick(15)], interval), "attempts as slow as the interval");
+        assert!(!interval_bound(16, 16, &[quick(2), quick(40)], interval), "a slow receiver on average");
+        assert!(!interval_bound(16, 16, &[], interval), "no attempt recorded");
+        assert!(!interval_bound(16, 16, &[failed], interval), "no attempt succeeded");
+    }
+
+    /// A store on a fresh SQLite file with `n` pending deliveries of endpoint `w`, one per Service,
+    /// after a first one claimed (lease over) whose id it returns.
+    async fn pending_behind_one(n: usize) -> (tempfile::TempDir, Store, i64) {
+        let (dir, store, first) = one_pending().await;
+        for i in 0..n {
+            enqueue(&store, "w", &format!("s{i}")).await;
         }
+        (dir, store, first)
+    }
+
+    /// A round on its own that records a quick attempt and claims all 8 heads it asked for shortens
+    /// the group-commit interval to `BACKLOG_COMMIT_INTERVAL` until the mark runs out; a configured
+    /// interval shorter than that stays as it is.
+    #[tokio::test]
+    async fn a_backlogged_round_on_its_own_shortens_the_commit_interval_for_a_while() {
+        use super::{BACKLOG_COMMIT_INTERVAL, DEFAULT_COMMIT_INTERVAL};
+        let (_dir, store, first) = pending_behind_one(8).await;
         assert_eq!(store.commit_interval(), DEFAULT_COMMIT_INTERVAL);
 
-        assert_eq!(store.claim("other", now_ms(), 60_000, 4).await.unwrap().len(), 0);
-        assert_eq!(store.commit_interval(), DEFAULT_COMMIT_INTERVAL);
-
-        assert_eq!(store.claim("w", now_ms(), 60_000, 2).await.unwrap().len(), 2);
-        assert_eq!(store.commit_interval(), BACKLOG_COMMIT_INTERVAL);
+        let taken = store.complete_and_claim(&[succeeded(first)], Some(("w", now_ms(), 60_000, 8))).await.unwrap();
+        assert_eq!((taken.heads.len(), taken.through), (8, None));
+        assert!(store.riders.backlogged_until.lock().unwrap().is_some(), "marked backlogged");
         let short = store.clone().with_commit_interval(Duration::from_millis(2));
         assert_eq!(short.commit_interval(), Duration::from_millis(2));
 
         until("the backlog mark ran out", || store.commit_interval() == DEFAULT_COMMIT_INTERVAL).await;
-        assert_eq!(store.claim("w", now_ms(), 60_000, 4).await.unwrap().len(), 1);
-        assert_eq!(store.commit_interval(), DEFAULT_COMMIT_INTERVAL);
+        assert!(!store.riders.backlogged());
+        *store.riders.backlogged_until.lock().unwrap() = Some(tokio::time::Instant::now() + Duration::from_secs(60));
+        assert_eq!(store.commit_interval(), BACKLOG_COMMIT_INTERVAL);
+    }
+
+    /// A round carried by the watch's write transaction marks the relay backlogged the same way; one
+    /// that finds fewer heads than it asked for does not.
+    #[tokio::test]
+    async fn a_backlogged_round_carried_by_a_write_marks_the_relay_and_a_partial_one_does_not() {
+        let (_dir, store, first) = pending_behind_one(8).await;
+        let (claimed, wrote, turns) = round_behind_a_write(&store, vec![succeeded(first)]).await;
+        assert_eq!((claimed.unwrap().len(), wrote, turns), (8, true, 1));
+        assert!(store.riders.backlogged_until.lock().unwrap().is_some(), "marked backlogged");
+
+        let (_dir, store, first) = pending_behind_one(7).await;
+        let (claimed, wrote, turns) = round_behind_a_write(&store, vec![succeeded(first)]).await;
+        assert_eq!((claimed.unwrap().len(), wrote, turns), (7, true, 1));
+        assert!(store.riders.backlogged_until.lock().unwrap().is_none(), "7 of 8: not marked");
     }
 }
