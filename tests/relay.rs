@@ -273,7 +273,18 @@ async fn a_dead_endpoint_does_not_delay_a_healthy_one() {
         vw.store.deliveries(&DeliveryFilter { webhook: Some("dead".into()), ..Default::default() }).await.unwrap();
     assert_eq!(dead.len(), 50);
     assert!(dead.iter().all(|d| d.state == "pending"));
-    let first = vw.store.attempts(dead[0].id).await.unwrap();
+    // The healthy endpoint may be done before the dead one recorded its first attempts (its rounds
+    // come every 5 ms while it is backlogged): wait for one.
+    let first = wait_until("an attempt of the dead endpoint recorded", || async {
+        for d in &dead {
+            let attempts = vw.store.attempts(d.id).await.unwrap();
+            if !attempts.is_empty() {
+                return Some(attempts);
+            }
+        }
+        None
+    })
+    .await;
     assert_eq!(first[0].error_class.as_deref(), Some("connect"));
     vw.stop().await.unwrap();
     let _ = WAIT;
