@@ -202,7 +202,7 @@ impl Store {
                     let rows =
                         s.fetch_all(super::outbox::claim_stmt(s.backend(), webhook, at, lease_ms, limit)).await?;
                     let claimed = super::outbox::claimed(&rows);
-                    self.riders.note_claim(limit, claimed.len(), done, self.commit_interval);
+                    self.note_round(limit, claimed.len(), done);
                     claimed
                 }
                 _ => Vec::new(),

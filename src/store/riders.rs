@@ -80,8 +80,7 @@ pub(super) struct Riders {
     tickets: AtomicU64,
     /// When the watch's writer will commit the changes it holds ([`Store::expect_write`]).
     expected: Mutex<Option<Instant>>,
-    /// Until when the relay counts as backlogged: a claim took every head it asked for
-    /// ([`Riders::note_claim`], [`Store::commit_interval`]).
+    /// Until when the relay counts as backlogged ([`Store::note_round`], [`Store::commit_interval`]).
     backlogged_until: Mutex<Option<Instant>>,
 }
 
@@ -125,18 +124,6 @@ impl Riders {
         expected.filter(|at| *at <= Instant::now() + ride_wait).map(|at| at + RIDE_SLACK)
     }
 
-    /// A relay round recorded the attempts `done` and then claimed: it asked for `asked` heads and
-    /// got `got`. When the interval bounds that endpoint's deliveries ([`interval_bound`], with
-    /// `interval` the configured group-commit interval), the relay counts as backlogged for
-    /// [`BACKLOG_HOLD`] from now ([`Store::commit_interval`]); any other round changes nothing, and
-    /// the mark runs out on its own.
-    pub(super) fn note_claim(&self, asked: usize, got: usize, done: &[Completion], interval: Duration) {
-        if interval_bound(asked, got, done, interval) {
-            *self.backlogged_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                Some(Instant::now() + BACKLOG_HOLD);
-        }
-    }
-
     /// Whether a claim took every head it asked for within the last [`BACKLOG_HOLD`].
     fn backlogged(&self) -> bool {
         let until = *self.backlogged_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -177,7 +164,7 @@ pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(15);
 pub const BACKLOG_COMMIT_INTERVAL: Duration = Duration::from_millis(5);
 
 /// How long one round that [`interval_bound`] counts keeps the relay marked backlogged
-/// ([`Riders::note_claim`]): several rounds, so that the mark holds while such rounds keep coming,
+/// ([`Store::note_round`]): several rounds, so that the mark holds while such rounds keep coming,
 /// and runs out soon after they stop.
 const BACKLOG_HOLD: Duration = Duration::from_millis(100);
 
@@ -194,11 +181,15 @@ const BACKLOG_MIN_CLAIM: usize = 8;
 /// faster than the rounds come: a slower receiver is its own bound, and a shorter interval would
 /// only cost CPU). A round that recorded no successful attempt does not count.
 fn interval_bound(asked: usize, got: usize, done: &[Completion], interval: Duration) -> bool {
-    let quick: Vec<i64> =
-        done.iter().filter(|c| c.outcome == Outcome::Succeeded).map(|c| c.attempt.duration_ms).collect();
+    if asked < BACKLOG_MIN_CLAIM || got < asked {
+        return false;
+    }
+    let (count, total) = done
+        .iter()
+        .filter(|c| c.outcome == Outcome::Succeeded)
+        .fold((0i64, 0i64), |(n, sum), c| (n + 1, sum.saturating_add(c.attempt.duration_ms)));
     let limit = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
-    let count = i64::try_from(quick.len()).unwrap_or(i64::MAX);
-    asked >= BACKLOG_MIN_CLAIM && got >= asked && !quick.is_empty() && quick.iter().sum::<i64>() < limit * count
+    count > 0 && total < limit.saturating_mul(count)
 }
 
 /// How long after the watch's commit was due a round still waits for it: the writer prepares its
@@ -212,6 +203,17 @@ impl Store {
     /// [`interval_bound`]).
     pub fn commit_interval(&self) -> Duration {
         if self.riders.backlogged() { self.commit_interval.min(BACKLOG_COMMIT_INTERVAL) } else { self.commit_interval }
+    }
+
+    /// A relay round recorded the attempts `done` and then claimed: it asked for `asked` heads and
+    /// got `got`. When the configured interval bounds that endpoint's deliveries ([`interval_bound`]),
+    /// the relay counts as backlogged for [`BACKLOG_HOLD`] from now ([`Store::commit_interval`]); any
+    /// other round changes nothing, and the mark runs out on its own.
+    pub(super) fn note_round(&self, asked: usize, got: usize, done: &[Completion]) {
+        if interval_bound(asked, got, done, self.commit_interval) {
+            *self.riders.backlogged_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(Instant::now() + BACKLOG_HOLD);
+        }
     }
 
     /// This store with group-commit interval `interval` (`database.commit_interval`), for the clones
@@ -331,10 +333,9 @@ async fn statements(s: &mut Script<'_>, rider: &Rider, now: i64) -> Result<Vec<C
 
 /// Tells each rider what became of it: what it claimed if the carrying transaction committed
 /// (`committed`, recording events up to `through`) and its statements ran, else
-/// [`Ride::NotCarried`].
+/// [`Ride::NotCarried`]; a carried round is noted on `store` ([`Store::note_round`]).
 pub(super) fn answer(
-    waiting: &Riders,
-    interval: Duration,
+    store: &Store,
     riders: Vec<Rider>,
     heads: Option<Vec<Option<Vec<Claimed>>>>,
     through: Option<i64>,
@@ -344,7 +345,7 @@ pub(super) fn answer(
         let ride = match heads.next().flatten() {
             Some(heads) => {
                 let asked = rider.claim.as_ref().map_or(0, |c| c.2);
-                waiting.note_claim(asked, heads.len(), &rider.done, interval);
+                store.note_round(asked, heads.len(), &rider.done);
                 Ride::Done(Taken { heads, through })
             }
             None => Ride::NotCarried,

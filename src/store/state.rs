@@ -354,7 +354,7 @@ impl Store {
             Ok((ids, heads)) => (Ok(ids), Some(heads)),
             Err(e) => (Err(e), None),
         };
-        super::riders::answer(&self.riders, self.commit_interval, riders, heads, p.ids.last().copied());
+        super::riders::answer(self, riders, heads, p.ids.last().copied());
         self.settle(conn, result)
     }
 
