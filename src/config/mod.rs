@@ -197,7 +197,7 @@ pub struct DatabaseConfig {
     /// write transaction, and the relay's rounds ride those transactions at most this often.
     /// Lower: less latency under load (and more relay throughput per endpoint while every slot is
     /// busy), more CPU per change. 0s–1s. While the relay is backlogged (a round claimed all of the 8
-    /// or more heads it asked for, after attempts quicker than this interval) it is at most 5 ms for
+    /// or more heads it asked for, after attempts quicker than this interval on average) it is at most 5 ms for
     /// the next 100 ms. See `store::DEFAULT_COMMIT_INTERVAL` and `store::BACKLOG_COMMIT_INTERVAL`.
     #[serde(with = "humantime_serde")]
     pub commit_interval: Duration,

@@ -201,9 +201,7 @@ impl Store {
                 Some((webhook, at, lease_ms, limit)) if limit > 0 => {
                     let rows =
                         s.fetch_all(super::outbox::claim_stmt(s.backend(), webhook, at, lease_ms, limit)).await?;
-                    let claimed = super::outbox::claimed(&rows);
-                    self.note_round(limit, claimed.len(), done);
-                    claimed
+                    super::outbox::claimed(&rows)
                 }
                 _ => Vec::new(),
             };
@@ -211,6 +209,10 @@ impl Store {
             Ok(claimed)
         }
         .await;
+        // Noted once committed, as a carried round is (`riders::answer`).
+        if let (Ok(claimed), Some((_, _, _, limit))) = (&result, claim) {
+            self.note_round(limit, claimed.len(), done);
+        }
         self.settle(conn, result)
     }
 

@@ -124,7 +124,8 @@ impl Riders {
         expected.filter(|at| *at <= Instant::now() + ride_wait).map(|at| at + RIDE_SLACK)
     }
 
-    /// Whether a claim took every head it asked for within the last [`BACKLOG_HOLD`].
+    /// Whether a round within the last [`BACKLOG_HOLD`] showed the interval to be its bound
+    /// ([`interval_bound`]).
     fn backlogged(&self) -> bool {
         let until = *self.backlogged_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         until.is_some_and(|until| until > Instant::now())
@@ -176,20 +177,18 @@ const BACKLOG_HOLD: Duration = Duration::from_millis(100);
 const BACKLOG_MIN_CLAIM: usize = 8;
 
 /// Whether a relay round shows that the group-commit interval bounds its endpoint's deliveries: it
-/// asked for at least [`BACKLOG_MIN_CLAIM`] heads and got them all (more are waiting), and the
-/// attempts it recorded that succeeded took less than `interval` on average (the slots turn over
-/// faster than the rounds come: a slower receiver is its own bound, and a shorter interval would
-/// only cost CPU). A round that recorded no successful attempt does not count.
+/// asked for at least [`BACKLOG_MIN_CLAIM`] heads and got them all (more are likely waiting), at
+/// least one of the attempts it recorded succeeded, and all of them, failed ones included, took
+/// less than `interval` on average (the slots turn over faster than the rounds come: a slower
+/// receiver, answering or timing out, is its own bound, and a shorter interval would only cost CPU).
 fn interval_bound(asked: usize, got: usize, done: &[Completion], interval: Duration) -> bool {
-    if asked < BACKLOG_MIN_CLAIM || got < asked {
+    if asked < BACKLOG_MIN_CLAIM || got < asked || !done.iter().any(|c| c.outcome == Outcome::Succeeded) {
         return false;
     }
-    let (count, total) = done
-        .iter()
-        .filter(|c| c.outcome == Outcome::Succeeded)
-        .fold((0i64, 0i64), |(n, sum), c| (n + 1, sum.saturating_add(c.attempt.duration_ms)));
+    let total = done.iter().fold(0i64, |sum, c| sum.saturating_add(c.attempt.duration_ms));
     let limit = i64::try_from(interval.as_millis()).unwrap_or(i64::MAX);
-    count > 0 && total < limit.saturating_mul(count)
+    let count = i64::try_from(done.len()).unwrap_or(i64::MAX);
+    total < limit.saturating_mul(count)
 }
 
 /// How long after the watch's commit was due a round still waits for it: the writer prepares its
@@ -531,7 +530,10 @@ mod tests {
         assert!(!interval_bound(16, 16, &[quick(15)], interval), "attempts as slow as the interval");
         assert!(!interval_bound(16, 16, &[quick(2), quick(40)], interval), "a slow receiver on average");
         assert!(!interval_bound(16, 16, &[], interval), "no attempt recorded");
-        assert!(!interval_bound(16, 16, &[failed], interval), "no attempt succeeded");
+        assert!(!interval_bound(16, 16, std::slice::from_ref(&failed), interval), "no attempt succeeded");
+        let timed_out =
+            Completion { attempt: AttemptRecord { duration_ms: 9_000, ..AttemptRecord::default() }, ..failed };
+        assert!(!interval_bound(16, 16, &[quick(2), timed_out], interval), "slow failures count too");
     }
 
     /// A store on a fresh SQLite file with `n` pending deliveries of endpoint `w`, one per Service,
