@@ -4,6 +4,7 @@
 //! Data flows one way: [`watch`] → [`store`] (event log, state) → relay, and [`api`] reads the store.
 //! [`model`] holds the pure conversion and decision code they share.
 
+pub mod allocator;
 pub mod api;
 pub mod app;
 pub mod cli;

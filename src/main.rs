@@ -9,8 +9,13 @@ use vipwatch::cli::{Cli, Command};
 use vipwatch::config::Config;
 use vipwatch::healthcheck::healthz_url;
 
+/// mimalloc for the Rust code, tuned by [`vipwatch::allocator::tune`], which says why.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
-    tune_malloc();
+    // SAFETY: first thing in `main`, before any other thread exists.
+    unsafe { vipwatch::allocator::tune() };
     let cli = Cli::parse();
     init_tracing(&cli.command);
     let result = match cli.command {
@@ -31,42 +36,6 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("vipwatch: {}", vipwatch::app::ErrorChain(e.as_ref()));
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// Tunes glibc's allocator for a long-running process whose peaks (a first list, a burst) are far
-/// above its steady state. Must run before any thread starts. A setting given in the environment
-/// (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, or `glibc.malloc.*` in
-/// `GLIBC_TUNABLES`) wins: glibc reads those at the first allocation, and each one set there is left
-/// alone here.
-///
-/// - One malloc arena instead of up to eight per core: every thread that allocates (tokio's workers,
-///   its blocking pool, one thread per SQLite connection) otherwise gets an arena of its own that
-///   keeps freed memory. With 10,000 Services peak RSS was ~10% higher with eight per core, and
-///   6–8 MiB higher with two than with one, at no CPU cost the burst benchmark could see (issue 13).
-/// - Fixed mmap and trim thresholds of 128 KiB (glibc's defaults, which it otherwise raises up to
-///   32 MiB as large blocks are freed): a large buffer (a page of a list, a batch's statement) then
-///   gets its own mapping that goes back to the system when freed, instead of a hole in the heap
-///   that later small allocations pin, and free memory at the heap's top goes back too. Peak RSS in
-///   the burst benchmark about 2 MiB lower in each phase, CPU per change the same (issue 13).
-fn tune_malloc() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-        let unset = |var: &str, tunable: &str| std::env::var_os(var).is_none() && !tunables.contains(tunable);
-        let settings = [
-            ("MALLOC_ARENA_MAX", "glibc.malloc.arena_max", libc::M_ARENA_MAX, 1),
-            ("MALLOC_MMAP_THRESHOLD_", "glibc.malloc.mmap_threshold", libc::M_MMAP_THRESHOLD, 128 << 10),
-            ("MALLOC_TRIM_THRESHOLD_", "glibc.malloc.trim_threshold", libc::M_TRIM_THRESHOLD, 128 << 10),
-        ];
-        for (var, tunable, param, value) in settings {
-            if unset(var, tunable) {
-                // SAFETY: mallopt only sets an allocator parameter; no other thread exists yet.
-                unsafe {
-                    libc::mallopt(param, value);
-                }
-            }
         }
     }
 }
