@@ -66,6 +66,32 @@ fn tune_mimalloc() {
     }
 }
 
+/// Logs the settings in effect at `debug`, as one line `allocator settings` with mimalloc's
+/// `purge_delay_ms`, `page_full_retain` and `generic_collect` as it now reads them, and
+/// `thp_disabled` (whether transparent huge pages are off for this process; always `false` off
+/// Linux). `MIMALLOC_VERBOSE` cannot show these: it prints the options before [`tune`] ran. Call
+/// once logging is set up.
+pub fn log_settings() {
+    // SAFETY: reads one of mimalloc's option values.
+    let get = |option| unsafe { libmimalloc_sys::mi_option_get(option) };
+    tracing::debug!(
+        purge_delay_ms = get(option::PURGE_DELAY),
+        page_full_retain = get(option::PAGE_FULL_RETAIN),
+        generic_collect = get(option::GENERIC_COLLECT),
+        thp_disabled = transparent_huge_pages_disabled(),
+        "allocator settings"
+    );
+}
+
+/// Whether transparent huge pages are off for this process (`PR_GET_THP_DISABLE`).
+fn transparent_huge_pages_disabled() -> bool {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_GET_THP_DISABLE only reads a flag of this process.
+    return unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) } == 1;
+    #[cfg(not(target_os = "linux"))]
+    false
+}
+
 /// Whether mimalloc's option `name` (e.g. `allow_thp`) is in the environment: `MIMALLOC_<name>`,
 /// in any case, as mimalloc reads it.
 fn in_environment(name: &str) -> bool {

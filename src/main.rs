@@ -18,6 +18,7 @@ fn main() -> ExitCode {
     unsafe { vipwatch::allocator::tune() };
     let cli = Cli::parse();
     init_tracing(&cli.command);
+    vipwatch::allocator::log_settings();
     let result = match cli.command {
         // The demo writes and loads its own config; these need none.
         Command::Demo { listen, interval, dir } => demo(vipwatch::demo::DemoOptions { listen, interval, dir }),

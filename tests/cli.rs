@@ -432,3 +432,21 @@ fn a_value_that_cannot_be_parsed_in_a_webhook_or_pool_names_it() {
     let o = vipwatch(&["check-config"], &[], Some("[[pools]]\nname = \"lab\"\naddresses = \"x\"\n"));
     assert_invalid(&o, "`pools.lab.addresses`: invalid type: found string \"x\", expected a sequence");
 }
+
+/// The allocator settings in effect, as the binary logs them: vipwatch's own values by default, and
+/// each `MIMALLOC_*` variable in the environment over them (`src/allocator.rs`).
+#[test]
+fn the_allocator_settings_are_vipwatchs_unless_the_environment_sets_them() {
+    let settings = |env: &[(&str, &str)]| {
+        let mut env = env.to_vec();
+        env.push(("VIPWATCH_LOG", "vipwatch::allocator=debug"));
+        let o = vipwatch(&["check-config"], &env, Some(""));
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let err = stderr(&o);
+        let line = err.lines().find(|l| l.contains("allocator settings")).unwrap_or_else(|| panic!("{err}"));
+        line.split_once("allocator settings ").unwrap().1.to_owned()
+    };
+    assert_eq!(settings(&[]), "purge_delay_ms=0 page_full_retain=0 generic_collect=1000 thp_disabled=true");
+    let env = [("MIMALLOC_PURGE_DELAY", "250"), ("mimalloc_page_full_retain", "3"), ("MIMALLOC_ALLOW_THP", "")];
+    assert_eq!(settings(&env), "purge_delay_ms=250 page_full_retain=3 generic_collect=1000 thp_disabled=false");
+}
