@@ -35,6 +35,12 @@ mod option {
     pub const GENERIC_COLLECT: i32 = 34;
     /// Full small pages kept per size class (default 2).
     pub const PAGE_FULL_RETAIN: i32 = 36;
+
+    /// The value mimalloc now reads for `option`.
+    pub fn get(option: i32) -> std::ffi::c_long {
+        // SAFETY: reads one of mimalloc's option values.
+        unsafe { libmimalloc_sys::mi_option_get(option) }
+    }
 }
 
 /// mimalloc's defaults trade memory for speed: freed memory goes back to the system a second
@@ -72,8 +78,7 @@ fn tune_mimalloc() {
 /// Linux). `MIMALLOC_VERBOSE` cannot show these: it prints the options before [`tune`] ran. Call
 /// once logging is set up.
 pub fn log_settings() {
-    // SAFETY: reads one of mimalloc's option values.
-    let get = |option| unsafe { libmimalloc_sys::mi_option_get(option) };
+    let get = option::get;
     tracing::debug!(
         purge_delay_ms = get(option::PURGE_DELAY),
         page_full_retain = get(option::PAGE_FULL_RETAIN),
@@ -147,15 +152,13 @@ fn tune_glibc() {
 
 #[cfg(test)]
 mod tests {
-    use super::option;
-    use libmimalloc_sys::mi_option_get;
+    use super::option::{self, get};
 
     /// The hard-coded option numbers are the options meant: mimalloc 3.3.2's defaults of those three
     /// are 1,000, 10,000 and 2, and of `page_max_candidates` (37) 4 (`src/options.c`); no test of
     /// this binary calls [`super::tune`].
     #[test]
     fn the_option_numbers_name_the_options_meant() {
-        let get = |option| unsafe { mi_option_get(option) };
         let vars = ["purge_delay", "reset_delay", "generic_collect", "page_full_retain", "page_max_candidates"];
         if vars.iter().any(|v| super::in_environment(v)) {
             return; // set by whoever runs the tests: the defaults are not what they say

@@ -124,6 +124,12 @@ impl Riders {
         expected.filter(|at| *at <= Instant::now() + ride_wait).map(|at| at + RIDE_SLACK)
     }
 
+    /// Marks the relay backlogged for [`BACKLOG_HOLD`] from now ([`Store::note_round`]).
+    fn mark_backlogged(&self) {
+        *self.backlogged_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(Instant::now() + BACKLOG_HOLD);
+    }
+
     /// Whether a round within the last [`BACKLOG_HOLD`] showed the interval to be its bound
     /// ([`interval_bound`]).
     fn backlogged(&self) -> bool {
@@ -210,8 +216,7 @@ impl Store {
     /// other round changes nothing, and the mark runs out on its own.
     pub(super) fn note_round(&self, asked: usize, got: usize, done: &[Completion]) {
         if interval_bound(asked, got, done, self.commit_interval) {
-            *self.riders.backlogged_until.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                Some(Instant::now() + BACKLOG_HOLD);
+            self.riders.mark_backlogged();
         }
     }
 
