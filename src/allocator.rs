@@ -12,7 +12,8 @@
 //! alternating full runs of `cargo bench --bench burst` on 6 December: vipwatch's CPU in the burst
 //! 1.43–1.67 s against 1.93–2.25 s, the burst's p99 0.79–0.98 s against 1.18–1.38 s, CPU per change
 //! at 500/s 0.32–0.38 ms against 0.38–0.45 ms; peak RSS 6–9 MiB higher with the settings of
-//! [`tune_mimalloc`] (61.9–64.5 MiB in the burst against 55.1–55.9 MiB: at issue 13's 64 MiB).
+//! [`tune_mimalloc`] (61.9–64.5 MiB in the burst against 55.1–55.9 MiB: at issue 13's 64 MiB; 60.4–62.6
+//! MiB since the watch reads at most 512 observations ahead, `watch::CHANNEL_CAPACITY`).
 //! README, "The allocator: mimalloc", has the runs.
 
 /// Sets up both allocators. Call first thing in `main`.
