@@ -310,9 +310,14 @@ pub fn seed_bulk(api: &FakeApiServer, n: usize) {
 /// Changes the port of every Service of [`seed_bulk`] twice, to 81 then 82, one round after the other.
 pub fn change_bulk_twice(api: &FakeApiServer, n: usize) {
     for round in 1..=2 {
-        for i in 0..n {
-            api.update("bulk", &format!("svc-{i:04}"), |o| o["spec"]["ports"][0]["port"] = json!(80 + round));
-        }
+        change_bulk(api, n, round);
+    }
+}
+
+/// One round of [`change_bulk_twice`]: the port of every Service of [`seed_bulk`] set to `80 + round`.
+pub fn change_bulk(api: &FakeApiServer, n: usize, round: i32) {
+    for i in 0..n {
+        api.update("bulk", &format!("svc-{i:04}"), |o| o["spec"]["ports"][0]["port"] = json!(80 + round));
     }
 }
 
