@@ -177,7 +177,8 @@ pub struct Metrics {
     /// them meanwhile; part of `in_use`).
     pub pool_reserved: Family<PoolLabels, Gauge>,
     /// `vipwatch_kubernetes_writes_total{kind,outcome}`: writes back to Kubernetes (status patches,
-    /// finalizer changes, Events).
+    /// finalizer changes, Events) by `outcome`: `ok`, `error`, or (Events only) `dropped`, never
+    /// attempted because the Event queue ([`crate::model::NOTICE_QUEUE`]) was full.
     pub kube_writes: Family<WriteLabels, Counter>,
     /// `vipwatch_deliveries_total{webhook,outcome}`: delivery attempts by result.
     pub deliveries: Family<DeliveryLabels, Counter>,
@@ -399,6 +400,13 @@ impl Metrics {
     pub fn kube_write(&self, kind: &str, ok: bool) {
         let labels = WriteLabels { kind: kind.to_owned(), outcome: if ok { "ok" } else { "error" }.to_owned() };
         self.kube_writes.get_or_create(&labels).inc();
+    }
+
+    /// Counts `n` Kubernetes Events dropped because the Event queue was full
+    /// (`vipwatch_kubernetes_writes_total{kind="event",outcome="dropped"}`).
+    pub fn kube_events_dropped(&self, n: usize) {
+        let labels = WriteLabels { kind: "event".to_owned(), outcome: "dropped".to_owned() };
+        self.kube_writes.get_or_create(&labels).inc_by(n as u64);
     }
 
     /// Counts one delivery attempt of `webhook` with `outcome`.

@@ -648,3 +648,42 @@ async fn a_batch_the_database_refuses_ends_the_run_with_an_error() {
     let chain = format!("{err}");
     assert!(chain.contains("refused"), "{chain}");
 }
+
+/// More Kubernetes Events due at once than the Event queue holds (`NOTICE_QUEUE`, 1,000), while the
+/// apiserver holds every Event write: the queue takes 1,000, the publisher may have taken one more
+/// (waiting on its write), and every other one is dropped and counted in
+/// `vipwatch_kubernetes_writes_total{kind="event",outcome="dropped"}`. Once writes go through, the
+/// kept ones are published: published and dropped add up to every Event due. Each of the 600
+/// Services cannot get its address and has no endpoints: `AllocationFailed`, `EnsuringLoadBalancer`
+/// and `UnAvailableLoadBalancer`, 1,800 Events.
+#[tokio::test]
+async fn events_past_a_full_queue_are_dropped_and_counted() {
+    const N: usize = 600;
+    let due = 3 * N;
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let outside = json!({"vipwatch.io/loadBalancerIPs": "198.51.100.1"});
+    h.api.seed((0..N).map(|i| with_annotations(lb_service("ns", &format!("s{i:03}"), 80), outside.clone())));
+    h.api.faults().hold_writes_to("events", true);
+    let running = h.start(config(&h, &rx, vec![pool("lab", &["192.0.2.0/28"])])).await;
+    let api = Api::new(&running);
+    let sample = |outcome: &str| format!("vipwatch_kubernetes_writes_total{{kind=\"event\",outcome=\"{outcome}\"}}");
+    let queue = vipwatch::model::NOTICE_QUEUE;
+    wait_until("every Event past the queue counted", || async {
+        (api.metric(&sample("dropped")).await >= (due - queue - 1) as f64).then_some(())
+    })
+    .await;
+    assert_eq!(h.api.events().len(), 0, "nothing published while Event writes are held");
+    h.api.faults().hold_writes_to("events", false);
+    let dropped = api.metric(&sample("dropped")).await as usize;
+    let kept = due - dropped;
+    assert!(kept == queue || kept == queue + 1, "the queue, and at most the one in flight: {kept}");
+    wait_until("the kept Events published", || async {
+        (api.metric(&sample("ok")).await == kept as f64).then_some(())
+    })
+    .await;
+    assert_eq!(h.api.events().len(), kept);
+    assert_eq!(api.metric(&sample("dropped")).await, dropped as f64, "nothing more dropped");
+    assert_eq!(api.metric(&sample("error")).await, 0.0);
+    running.stop().await.unwrap();
+}

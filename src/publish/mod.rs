@@ -402,6 +402,7 @@ impl Publisher {
     fn notify(&self, key: &ServiceKey, uid: &str, warning: bool, reason: &'static str, note: String) {
         let notice = Notice { key: key.clone(), uid: uid.to_owned(), warning, reason, note };
         if self.notices.try_send(notice).is_err() {
+            self.metrics.kube_events_dropped(1);
             warn!(service = %key, reason, "Kubernetes Event queue full; Event dropped");
         }
     }

@@ -489,6 +489,7 @@ impl Writer {
             dropped += usize::from(self.signals.notices.try_send(notice).is_err());
         }
         if dropped > 0 {
+            metrics.kube_events_dropped(dropped);
             warn!(dropped, "Kubernetes Event queue full; some Events were not published");
         }
         for scope in &plan.first_lists {
