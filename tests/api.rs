@@ -207,6 +207,8 @@ async fn deliveries_webhooks_and_the_write_endpoints() {
     );
     let ids = |v: Value| field(&v["items"], "id");
     assert_eq!(ids(api.ok("/api/v1/deliveries?event_id=4").await), [json!(4)]);
+    assert_problem(&api.get("/api/v1/deliveries?event_id=-1").await, 400, "invalid_query");
+    assert_eq!(ids(api.ok("/api/v1/deliveries?event_id=18446744073709551615").await), Vec::<Value>::new());
     assert_eq!(ids(api.ok("/api/v1/deliveries?name=web").await), [json!(2), json!(4)]);
     assert_eq!(ids(api.ok("/api/v1/deliveries?namespace=tools").await), [json!(3)]);
     assert_eq!(ids(api.ok("/api/v1/deliveries?webhook=lab&state=succeeded").await).len(), 4);

@@ -176,8 +176,9 @@ pub struct DeliveryQuery {
     /// Only this state.
     #[param(inline)]
     pub state: Option<DeliveryState>,
-    /// Only deliveries of this event.
-    pub event_id: Option<i64>,
+    /// Only deliveries of this event (an event id, 0 or more; a negative one is a 400, as
+    /// `after_id` of `GET /api/v1/events`).
+    pub event_id: Option<u64>,
     /// Only Services in this namespace.
     pub namespace: Option<String>,
     /// Only Services with this name.
@@ -201,7 +202,7 @@ pub async fn list_deliveries(
         after_id: pagination::after("deliveries", q.cursor.as_deref())?,
         webhook: q.webhook,
         state: q.state.map(|s| format!("{s:?}").to_lowercase()),
-        event_id: q.event_id,
+        event_id: q.event_id.map(|v| i64::try_from(v).unwrap_or(i64::MAX)),
         namespace: q.namespace,
         name: q.name,
         limit: Some(i64::try_from(limit + 1).unwrap_or(i64::MAX)),
