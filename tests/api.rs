@@ -62,6 +62,13 @@ async fn vips_list_one_item_per_vip_with_source_ports_and_filters() {
         (&json!("192.0.2.10"), &Value::Null, vec!["shop/web".to_owned()])
     );
     assert_problem(&api.get("/api/v1/vips/198.51.100.1").await, 404, "not_found");
+    // What the client sent is echoed in `detail` only up to DETAIL_MAX_CHARS characters.
+    let long = "é".repeat(5000);
+    let a = api.get(&format!("/api/v1/vips/{long}")).await;
+    assert_problem(&a, 404, "not_found");
+    let detail = a.body["detail"].as_str().unwrap();
+    let kept = vipwatch::api::error::DETAIL_MAX_CHARS - "VIP `".len();
+    assert_eq!(detail, format!("VIP `{}…", "é".repeat(kept)));
 
     h.api.update("tools", "ci", |s| {
         s["status"] = json!({"loadBalancer": {"ingress": [{"hostname": "ci.example.net"}]}})

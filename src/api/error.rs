@@ -139,7 +139,7 @@ impl ApiError {
             kind: format!("urn:vipwatch:problem:{}", self.code()),
             title: status.canonical_reason().unwrap_or("Error").to_owned(),
             status: status.as_u16(),
-            detail: self.to_string(),
+            detail: clip(self.to_string()),
             code: self.code().to_owned(),
         }
     }
@@ -155,6 +155,19 @@ impl ApiError {
             s => Self::Other(s, "the request was not accepted"),
         }
     }
+}
+
+/// Longest `detail` of a problem document, in characters. Details echo what the client sent (a
+/// path segment, a query value); a URI may be tens of KiB, and the answer need not repeat it all.
+pub const DETAIL_MAX_CHARS: usize = 512;
+
+/// `detail` cut to [`DETAIL_MAX_CHARS`] characters, the cut marked with `…`.
+fn clip(mut detail: String) -> String {
+    if let Some((at, _)) = detail.char_indices().nth(DETAIL_MAX_CHARS) {
+        detail.truncate(at);
+        detail.push('…');
+    }
+    detail
 }
 
 /// Whether `e` is a storage fault that clears by itself: the database is unavailable, not broken.
