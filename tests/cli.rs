@@ -410,7 +410,10 @@ fn string_keys_from_the_environment_are_taken_as_written() {
 /// back from the server the same way, through the first connection.)
 #[test]
 fn serve_with_an_unreachable_postgresql_names_the_reason_and_hides_the_password() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port(); // closed again
+    // Bound, never listening: refused, and no other test is given the port meanwhile.
+    let refused = tokio::net::TcpSocket::new_v4().unwrap();
+    refused.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = refused.local_addr().unwrap().port();
     let config = format!(
         "[kubernetes]\nurl = \"http://127.0.0.1:1\"\n[database]\nurl = \"postgres://vw:hunter2@127.0.0.1:{port}/vipwatch\"\n"
     );

@@ -254,9 +254,8 @@ async fn per_service_order_holds_while_the_receiver_fails_every_other_request() 
 async fn a_dead_endpoint_does_not_delay_a_healthy_one() {
     let h = Harness::new().await;
     let healthy = Receiver::ok().await;
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let dead_url = format!("http://{}/hook", closed.local_addr().unwrap());
-    drop(closed);
+    let refused = Refused::new();
+    let dead_url = format!("http://{}/hook", refused.addr);
     let vw = h.start(h.config_with(vec![webhook("dead", &dead_url), webhook("healthy", &healthy.url)])).await;
     for i in 0..50 {
         h.api.apply(lb_service("shop", &format!("svc-{i:02}"), 80));
@@ -413,9 +412,8 @@ async fn a_change_after_a_restart_never_takes_the_webhook_id_of_an_attempt_in_fl
 async fn retention_prunes_old_events_and_finished_deliveries_but_never_pending_ones() {
     let h = Harness::new().await;
     let ok = Receiver::ok().await;
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let dead_url = format!("http://{}/hook", closed.local_addr().unwrap());
-    drop(closed);
+    let refused = Refused::new();
+    let dead_url = format!("http://{}/hook", refused.addr);
     let vw = h.start(h.config_with(vec![webhook("ok", &ok.url), webhook("dead", &dead_url)])).await;
     h.api.apply(lb_service("shop", "web", 80));
     wait_accepted(&ok, 1).await;

@@ -174,7 +174,7 @@ async fn certificate_failures_are_recorded_as_class_tls() {
     assert!(r.record.error.as_deref().unwrap().contains("not valid for name"), "{:?}", r.record.error);
 
     // A closed port stays `connect`.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let r = attempt(&Sender::new(&webhook("lab", &format!("https://127.0.0.1:{closed}/hook"))).unwrap()).await;
+    let refused = common::Refused::new();
+    let r = attempt(&Sender::new(&webhook("lab", &format!("https://{}/hook", refused.addr))).unwrap()).await;
     assert_eq!(class(&r), Some("connect"), "{:?}", r.record.error);
 }

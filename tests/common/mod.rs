@@ -199,6 +199,26 @@ where
     }
 }
 
+/// An address on 127.0.0.1 that refuses every connection for as long as this lives: its port is
+/// bound but never listened on. A port bound and closed again goes back to the kernel's pool, and
+/// another test's listener may be given it meanwhile (a flake seen under load: a replica meant to
+/// reach no apiserver listed another test's simulated one); a bound port cannot be given out.
+pub struct Refused {
+    _socket: tokio::net::TcpSocket,
+    /// The address (connections to it get `ECONNREFUSED`).
+    pub addr: std::net::SocketAddr,
+}
+
+impl Refused {
+    /// Binds a port on 127.0.0.1 without listening. Panics if no port can be bound.
+    pub fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket.bind("127.0.0.1:0".parse().unwrap()).expect("a port on 127.0.0.1");
+        let addr = socket.local_addr().unwrap();
+        Self { _socket: socket, addr }
+    }
+}
+
 /// Every event in the log, with `observed_at` zeroed so rows compare whole.
 pub async fn events(store: &Store) -> Vec<EventRow> {
     let mut rows = store.events(&EventFilter::default()).await.unwrap();

@@ -36,11 +36,10 @@ impl Replica {
     /// [`Replica::start`] with `env` (`VIPWATCH_*` overrides) on top of its config file.
     async fn start_with(h: &Harness, name: &'static str, rx: &Receiver, env: &[(&str, &str)]) -> Self {
         vipwatch::relay::sender::install_crypto_provider(); // for this test's own HTTP clients
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let config_path = h.dir.path().join(format!("{name}.toml"));
         let config = format!(
             "[kubernetes]\nurl = \"{}\"\n[database]\nurl = \"{}\"\nleader_ttl = \"3s\"\nleader_renew = \"500ms\"\n\
-             replica = \"{name}\"\n[server]\nlisten = \"127.0.0.1:{port}\"\n\
+             replica = \"{name}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
              [relay]\nconcurrency = {CONCURRENCY}\npoll_interval = \"100ms\"\nlease = \"5s\"\n\
              [[pools]]\nname = \"lab\"\naddresses = [\"10.9.0.0/22\"]\n\
              [[webhooks]]\nname = \"lab\"\nurl = \"{}\"\nsecret = \"{SECRET}\"\ntimeout = \"2s\"\n\
@@ -50,18 +49,19 @@ impl Replica {
             rx.url
         );
         std::fs::write(&config_path, config).unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vipwatch"))
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_vipwatch"))
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
-            .env("VIPWATCH_LOG", "warn")
+            .env("VIPWATCH_LOG", "warn,vipwatch::app=info")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        Self { name, api: format!("http://127.0.0.1:{port}"), child }
+        let stderr = child.stderr.take().unwrap();
+        Self { name, api: api_url(name, stderr).await, child }
     }
 
     /// `GET /api/v1/status`'s `leader`, when the replica answers.
@@ -93,6 +93,30 @@ impl Replica {
         // SAFETY: sends a signal to our own child process.
         assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
     }
+}
+
+/// The API's base URL, from the replica's `API listening addr=…` log line (it listens on port 0: a
+/// port picked here and bound later by the child could be given to another test meanwhile). The
+/// child's log goes on to this process's stderr, as if inherited.
+async fn api_url(name: &str, stderr: tokio::process::ChildStderr) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let find = async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            eprintln!("{line}");
+            if let Some((_, rest)) = line.split_once("API listening addr=") {
+                return rest.split_whitespace().next().unwrap().to_owned();
+            }
+        }
+        panic!("replica {name} ended before its API listened");
+    };
+    let addr = tokio::time::timeout(DEADLINE, find).await.expect("the replica's API listens");
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("{line}");
+        }
+    });
+    format!("http://{addr}")
 }
 
 /// Waits until exactly one of `replicas` says it leads; returns its index.
@@ -524,7 +548,8 @@ async fn a_leader_that_cannot_reach_kubernetes_gives_the_lease_to_one_that_can()
     let h = Harness::new().await;
     let rx = Receiver::ok().await;
     h.api.apply(lb_service("shop", "web", 80));
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // closed again: refused
+    let refused = Refused::new();
+    let dead = refused.addr;
     let cut_off =
         [("VIPWATCH_KUBERNETES__URL", &*format!("http://{dead}")), ("VIPWATCH_DATABASE__LEADER_STEP_DOWN_AFTER", "2s")];
     let a = Replica::start_with(&h, "a", &rx, &cut_off).await;

@@ -19,7 +19,9 @@ fn agent(env: &[(&str, &str)]) -> Command {
     cmd
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, for an agent started at once. It is closed again, so another
+/// listener could be given it before the agent binds it: safe here only because this binary's one
+/// test binds nothing else until the agent is healthy (the second agent listens on port 0).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -72,8 +74,7 @@ async fn the_systemd_way_with_its_log_on_a_full_disk_keeps_applying_and_keeps_on
     assert_eq!(post(&client, &url, &modified, &fresh_id(), SECRET).await.0, 200);
 
     // A second agent on the same directory (another port) refuses to start, and says why.
-    let other = format!("127.0.0.1:{}", free_port());
-    let mut second = agent(&env).env("VIPWATCH_HAPROXY_LISTEN", &other).stderr(Stdio::piped()).spawn().unwrap();
+    let mut second = agent(&env).env("VIPWATCH_HAPROXY_LISTEN", "127.0.0.1:0").stderr(Stdio::piped()).spawn().unwrap();
     let status = second.wait().unwrap();
     let mut err = String::new();
     second.stderr.take().unwrap().read_to_string(&mut err).unwrap();
