@@ -224,6 +224,21 @@ pub struct Metrics {
     pub template_held: Family<WebhookLabels, Gauge>,
 }
 
+/// Every `(kind, outcome)` of `vipwatch_kubernetes_writes_total`, shown at 0 from the start: an
+/// alert on `increase()` or `rate()` sees the first error or dropped Event only if the series existed
+/// before it (Prometheus has no earlier sample to compare a new series with).
+pub const KUBE_WRITE_SERIES: &[(&str, &str)] = &[
+    ("status", "ok"),
+    ("status", "error"),
+    ("finalizer_add", "ok"),
+    ("finalizer_add", "error"),
+    ("finalizer_remove", "ok"),
+    ("finalizer_remove", "error"),
+    ("event", "ok"),
+    ("event", "error"),
+    ("event", "dropped"),
+];
+
 fn http_histogram() -> Histogram {
     Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0])
 }
@@ -353,6 +368,10 @@ impl Metrics {
             "1 while a full-state endpoint's removal guard holds a declaration until confirmed",
             m.template_held.clone(),
         );
+        for (kind, outcome) in KUBE_WRITE_SERIES {
+            let labels = WriteLabels { kind: (*kind).to_owned(), outcome: (*outcome).to_owned() };
+            drop(m.kube_writes.get_or_create(&labels));
+        }
         Arc::new(m)
     }
 

@@ -299,7 +299,7 @@ async fn a_second_instance_on_the_same_database_is_refused() {
 }
 
 #[tokio::test]
-async fn watch_metrics_exist_at_zero_before_the_first_error() {
+async fn watch_and_write_back_metrics_exist_at_zero_before_the_first_error() {
     let h = Harness::new().await;
     let vw = h.start(h.config()).await;
     let text = vw.metrics.render();
@@ -312,6 +312,12 @@ async fn watch_metrics_exist_at_zero_before_the_first_error() {
         ] {
             assert!(text.lines().any(|l| l == line), "missing `{line}` in:\n{text}");
         }
+    }
+    // And every write back to Kubernetes, by kind and outcome (an alert on the first error or
+    // dropped Event needs the series at 0 before it).
+    for (kind, outcome) in vipwatch::metrics::KUBE_WRITE_SERIES {
+        let line = format!("vipwatch_kubernetes_writes_total{{kind=\"{kind}\",outcome=\"{outcome}\"}} 0");
+        assert!(text.lines().any(|l| l == line), "missing `{line}` in:\n{text}");
     }
     vw.stop().await.unwrap();
 }
