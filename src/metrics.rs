@@ -369,8 +369,7 @@ impl Metrics {
             m.template_held.clone(),
         );
         for (kind, outcome) in KUBE_WRITE_SERIES {
-            let labels = WriteLabels { kind: (*kind).to_owned(), outcome: (*outcome).to_owned() };
-            drop(m.kube_writes.get_or_create(&labels));
+            m.kube_writes_of(kind, outcome);
         }
         Arc::new(m)
     }
@@ -417,15 +416,18 @@ impl Metrics {
 
     /// Counts one write back to Kubernetes.
     pub fn kube_write(&self, kind: &str, ok: bool) {
-        let labels = WriteLabels { kind: kind.to_owned(), outcome: if ok { "ok" } else { "error" }.to_owned() };
-        self.kube_writes.get_or_create(&labels).inc();
+        self.kube_writes_of(kind, if ok { "ok" } else { "error" }).inc();
     }
 
     /// Counts `n` Kubernetes Events dropped because the Event queue was full
     /// (`vipwatch_kubernetes_writes_total{kind="event",outcome="dropped"}`).
     pub fn kube_events_dropped(&self, n: usize) {
-        let labels = WriteLabels { kind: "event".to_owned(), outcome: "dropped".to_owned() };
-        self.kube_writes.get_or_create(&labels).inc_by(n as u64);
+        self.kube_writes_of("event", "dropped").inc_by(n as u64);
+    }
+
+    /// The `vipwatch_kubernetes_writes_total{kind,outcome}` counter (created at 0 if new).
+    fn kube_writes_of(&self, kind: &str, outcome: &str) -> Counter {
+        self.kube_writes.get_or_create(&WriteLabels { kind: kind.to_owned(), outcome: outcome.to_owned() }).clone()
     }
 
     /// Counts one delivery attempt of `webhook` with `outcome`.
