@@ -1,6 +1,6 @@
 //! Pool members on the recorder's side: the [`BackendIndex`] the Node and EndpointSlice watches keep
 //! up to date, which Services must have their members recomputed and when (coalescing), and the ADDEDs
-//! that wait for their first endpoints. Rules (README, "Backends"):
+//! that wait for their first endpoints. Rules (docs/how-to/backends.md):
 //!
 //! - a Service whose inputs changed is recomputed once no further change came for `backends.window`
 //!   (250 ms), and at the latest `backends.max_wait` (2 s) after the first change: one MODIFIED per

@@ -55,10 +55,9 @@ pub enum WatchError {
 /// Capacity of the observation channel between the stream tasks and the recorder (messages): how
 /// far the watch reads ahead of the recorder. Beyond it the stream tasks wait and the changes wait
 /// in the socket and the apiserver's watch buffer instead of this process's heap. 512, not 1,024:
-/// in `cargo bench --bench burst` (fat LTO, five and eight alternating runs, 6 December) the burst
-/// peaked at 60.4–61.0 MiB against 62.5–63.4 MiB, with the same p99 (0.86–1.02 s against
-/// 0.81–1.02 s) and CPU (1.53–1.72 s against 1.44–1.69 s). At 256 and below the transactions get
-/// smaller: more bytes written and more CPU per change in the burst (issue 13).
+/// a burst of changes peaks lower, at the same latency and CPU. At 256 and below the transactions
+/// get smaller: more bytes written and more CPU per change in a burst (see
+/// docs/explanation/design-decisions.md).
 const CHANNEL_CAPACITY: usize = 512;
 
 /// Runs the watch until `cancel` fires: one stream task per scope plus the recorder and its writer.

@@ -39,13 +39,12 @@ const CHUNK_CHANGES: usize = 128;
 /// subscribed the relay claims after every commit, and the writer stays at [`CHUNK_CHANGES`].
 ///
 /// Each commit has a cost of its own (the pages it touched go into the WAL once per commit;
-/// statements are bound and stepped per chunk): 40,000 changes went into SQLite at
-/// 20,156–20,801/s in chunks of 512 against 17,919–19,026/s in chunks of 128 (alternating runs of
-/// `cargo bench --bench ingest` built without LTO, issue 13). With 512 whenever the connection was
-/// free, the burst benchmark's peak RSS rose by 4 MiB (the bigger transactions' rows and payloads
-/// at once), and with 512 always its deliveries came later (p99 2.5 s against 2.0 s) as the relay's
-/// turns waited. Measured on SQLite; on PostgreSQL the same rule applies, and the turns it sees are
-/// this process's only (another replica does not write: only the leader does).
+/// statements are bound and stepped per chunk), so larger chunks store changes faster. But with 512
+/// whenever the connection is free, peak RSS in a burst is higher (the bigger transactions' rows and
+/// payloads at once), and with 512 always deliveries come later, as the relay's turns wait (see
+/// docs/explanation/design-decisions.md). Measured on SQLite; on PostgreSQL the same rule applies,
+/// and the turns it sees are this process's only (another replica does not write: only the leader
+/// does).
 const CHUNK_CHANGES_ALONE: usize = 512;
 
 /// Changes and progress planned for one transaction.
@@ -60,8 +59,9 @@ pub(super) struct Plan {
     /// [`Plan::note`]).
     pub notices: Vec<Notice>,
     /// Events not kept because the plan already held [`NOTICE_QUEUE`]: more than the Event queue
-    /// takes, so they would be dropped when sent. A first list of 10,000 Services without members
-    /// made one Warning each; holding them all until the list was stored cost about 4 MiB (issue 13).
+    /// takes, so they would be dropped when sent. A first list of many Services without members
+    /// makes one Warning each, and holding them all until the list is stored would cost memory for
+    /// nothing.
     pub notices_dropped: usize,
     pub pool_usage: Vec<PoolUsage>,
     /// Members over every in-scope Service, per (mode, state).
@@ -118,9 +118,8 @@ impl Plan {
 /// Takes the plans that arrive before `due` into `plan`, until it holds [`CHUNK_CHANGES`] changes
 /// or the recorder is gone. Receiving them while it waits, rather than only once `due` passed, keeps
 /// the recorder from blocking on the [`QUEUED_PLANS`] plans already waiting: what it held back then
-/// missed this commit and waited for the next, so a change waited up to two intervals (steady p50
-/// about 1.7 intervals in the burst benchmark: 8.7 ms with 5 ms, 25.7 ms with 15 ms; 5.1 and 11.0 ms
-/// with this, issue 13).
+/// would miss this commit and wait for the next, so a change would wait up to two intervals instead
+/// of at most one.
 async fn gather_until(rx: &mut mpsc::Receiver<Plan>, plan: &mut Plan, due: tokio::time::Instant) {
     let deadline = tokio::time::sleep_until(due);
     tokio::pin!(deadline);
@@ -141,12 +140,12 @@ async fn gather_until(rx: &mut mpsc::Receiver<Plan>, plan: &mut Plan, due: tokio
 const OFFLOAD_CHANGES: usize = 32;
 
 /// Runs `work` (preparing a chunk of `changes` changes: each event's JSON, its routed and rendered
-/// deliveries, about 10 µs a change) in place, or, from [`OFFLOAD_CHANGES`] changes on a multi-thread
-/// runtime, through [`tokio::task::block_in_place`]: this thread goes on preparing while another
-/// takes over the worker's other tasks (the watch's parsing, the recorder, the relay). With one
-/// worker (`server.worker_threads`), a sustained 5,000 changes/s otherwise queued all of that behind
-/// the writer's preparation on one core (issue 13). The few changes of a commit at a moderate rate
-/// stay in place, where handing the worker over would cost more wake-ups than it saves.
+/// deliveries) in place, or, from [`OFFLOAD_CHANGES`] changes on a multi-thread runtime, through
+/// [`tokio::task::block_in_place`]: this thread goes on preparing while another takes over the
+/// worker's other tasks (the watch's parsing, the recorder, the relay). With one worker
+/// (`server.worker_threads`), a sustained high rate of changes otherwise queues all of that behind
+/// the writer's preparation on one core. The few changes of a commit at a moderate rate stay in
+/// place, where handing the worker over would cost more wake-ups than it saves.
 fn off_the_worker<T>(changes: usize, work: impl FnOnce() -> T) -> T {
     if changes >= OFFLOAD_CHANGES && multi_thread() { tokio::task::block_in_place(work) } else { work() }
 }
@@ -342,11 +341,10 @@ impl Writer {
     /// these changes), `next` holds [`OFFLOAD_CHANGES`] changes or more and the runtime is
     /// multi-thread: the chunks of a large plan then cost the longer of the two rather than their
     /// sum. The write runs on this thread through [`tokio::task::block_in_place`], so the runtime's
-    /// workers go on with the watch and the recorder. `cargo bench --bench ingest` (builds without
-    /// LTO, six alternating pairs): 19,748 change events/s on average against 17,844, faster in five
-    /// pairs of six. Not while deliveries are enqueued: the relay's rounds then share the write
-    /// connection, whose thread is the bound, and three alternating pairs of burst benchmark runs
-    /// showed no gain in latency for 1 MiB more peak RSS (two chunks held at once; issue 13).
+    /// workers go on with the watch and the recorder; a first list is stored faster (see
+    /// docs/explanation/design-decisions.md). Not while deliveries are enqueued: the relay's rounds
+    /// then share the write connection, whose thread is the bound, so there is no gain in latency,
+    /// only more peak RSS (two chunks held at once).
     ///
     /// Returns once both are done, so the chunk's commit is signalled (`committed`) after the next
     /// chunk's preparation too, a few ms later. Returns `None` for `next` when it was not prepared
@@ -505,9 +503,9 @@ impl Writer {
                 }
             });
         }
-        // Freeing a plan's changes (each event's views, and the previous views only it still held) took
-        // about 3 % of the runtime's time in the ingest benchmark, on this writer's path between two
-        // plans: it is done on a blocking thread instead (issue 13).
+        // Freeing a plan's changes (each event's views, and the previous views only it still held) is
+        // a noticeable cost on this writer's path between two plans: it is done on a blocking thread
+        // instead.
         if plan.changes.len() >= CHUNK_CHANGES {
             tokio::task::spawn_blocking(move || drop(plan.changes));
         }

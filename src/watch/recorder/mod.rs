@@ -36,10 +36,10 @@ use crate::store::{Outbox, StateChange, Store, StoreError, WatchProgress};
 /// Most observations folded into one transaction.
 const MAX_BATCH: usize = 4096;
 
-/// Most changes a (re)list accumulates before they go to the writer as a plan of their own. A first
-/// list of 10,000 Services planned whole held every change (its boxed event, notices, the plan's
-/// vector: about 16 MB) until the last was decided; in segments the writer stores the first while
-/// the rest is decided, and at most a few segments exist at once (the writer's queue is bounded).
+/// Most changes a (re)list accumulates before they go to the writer as a plan of their own. A large
+/// list planned whole would hold every change (its boxed event, notices, the plan's vector) until the
+/// last was decided; in segments the writer stores the first while the rest is decided, and at most a
+/// few segments exist at once (the writer's queue is bounded).
 /// The list's progress and readiness go with the last segment, so a crash in between re-lists and
 /// diffs the stored part as already recorded.
 const LIST_SEGMENT: usize = 512;
