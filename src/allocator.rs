@@ -5,16 +5,12 @@
 //! whose peaks (a first list, a burst of changes) are far above its steady state. Each setting given
 //! in the environment wins over the one made here.
 //!
-//! Why mimalloc (issue 13): with glibc's allocator for everything, its slow paths (`_int_malloc`,
+//! Why mimalloc: with glibc's allocator for everything, its slow paths (`_int_malloc`,
 //! `malloc_consolidate`, `unlink_chunk`: the 1–2 KB bodies, rows and buffers of every change are
-//! beyond its per-thread cache) were about a fifth of vipwatch's CPU in the burst benchmark, and no
-//! glibc setting changed that (more per-thread cache, no fastbins, two arenas). With mimalloc,
-//! alternating full runs of `cargo bench --bench burst` on 6 December: vipwatch's CPU in the burst
-//! 1.43–1.67 s against 1.93–2.25 s, the burst's p99 0.79–0.98 s against 1.18–1.38 s, CPU per change
-//! at 500/s 0.32–0.38 ms against 0.38–0.45 ms; peak RSS 6–9 MiB higher with the settings of
-//! [`tune_mimalloc`] (61.9–64.5 MiB in the burst against 55.1–55.9 MiB: at issue 13's 64 MiB; 60.4–62.6
-//! MiB since the watch reads at most 512 observations ahead, `watch::CHANNEL_CAPACITY`).
-//! README, "The allocator: mimalloc", has the runs.
+//! beyond its per-thread cache) took a large share of vipwatch's CPU in a burst of changes, and no
+//! glibc setting changed that (more per-thread cache, no fastbins, two arenas). mimalloc lowers the
+//! CPU per change and the latency of a burst, for a few MiB more peak RSS with the settings of
+//! [`tune_mimalloc`]. The measurements are in docs/explanation/design-decisions.md.
 
 /// Sets up both allocators. Call first thing in `main`.
 ///
@@ -46,15 +42,15 @@ mod option {
 
 /// mimalloc's defaults trade memory for speed: freed memory goes back to the system a second
 /// later, and with transparent huge pages on (`madvise`, Debian's default) its arenas are backed by
-/// 2 MiB pages. In the burst benchmark that made peak RSS 121–124 MiB. So (each measured in that
-/// benchmark, 6 December):
+/// 2 MiB pages: peak RSS in a burst of changes is far higher. So (each step lowers peak RSS at the
+/// same CPU; see docs/explanation/design-decisions.md):
 /// - its arenas are never advised into huge pages (the crate's `no_thp` feature, `Cargo.toml`), and
 ///   huge pages are off for this process (`prctl(PR_SET_THP_DISABLE)`, for systems where they are
-///   `always` on) unless `MIMALLOC_ALLOW_THP` is set: 78–79 MiB;
+///   `always` on) unless `MIMALLOC_ALLOW_THP` is set;
 /// - freed memory goes back at once (`purge_delay` 0), no full pages are kept per size class (in
 ///   every thread started after `main` begins: the main thread's heap was made before, with 2), and
 ///   a thread's heap is collected every 1,000 slow-path allocations (mimalloc checks the count only
-///   that often, so smaller values act the same): 57–64 MiB, at the same CPU.
+///   that often, so smaller values act the same).
 ///
 /// The same options in the environment (`MIMALLOC_PURGE_DELAY`, `MIMALLOC_GENERIC_COLLECT`,
 /// `MIMALLOC_PAGE_FULL_RETAIN`) win: mimalloc read them when the process started, and
@@ -121,15 +117,12 @@ fn disable_transparent_huge_pages() {
 /// first allocation, and each one set there is left alone here.
 ///
 /// - One malloc arena instead of up to eight per core: every thread that allocates (one thread per
-///   SQLite connection) otherwise gets an arena of its own that keeps freed memory. With 10,000
-///   Services peak RSS was ~10% higher with eight per core, and 6–8 MiB higher with two than with
-///   one, at no CPU cost the burst benchmark could see (issue 13; measured when glibc's allocator
-///   served the Rust code too).
+///   SQLite connection) otherwise gets an arena of its own that keeps freed memory. Each arena
+///   fewer lowers peak RSS, at no CPU cost (see docs/explanation/design-decisions.md).
 /// - Fixed mmap and trim thresholds of 128 KiB (glibc's defaults, which it otherwise raises up to
 ///   32 MiB as large blocks are freed): a large buffer then gets its own mapping that goes back to
 ///   the system when freed, instead of a hole in the heap that later small allocations pin, and free
-///   memory at the heap's top goes back too. Peak RSS in the burst benchmark about 2 MiB lower in
-///   each phase, CPU per change the same (issue 13).
+///   memory at the heap's top goes back too. Peak RSS is lower, CPU per change the same.
 fn tune_glibc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
