@@ -1,10 +1,10 @@
 //! Moving the write-ahead log back into the database file off the write path.
 //!
 //! SQLite checkpoints by itself at the commit that takes the WAL past `wal_autocheckpoint` pages
-//! (1,000 by default), inside that commit: during a burst the one write connection spent a quarter of
-//! its time copying pages into the database file (perf, issue 13) while the watch and the relay
-//! waited for it. vipwatch's write connection checkpoints only past [`WRITER_AUTOCHECKPOINT_BYTES`]
-//! (a safety net), and [`Store::checkpoint`] runs a `PASSIVE` checkpoint on a read connection every
+//! (1,000 by default), inside that commit: during a burst the one write connection would spend much
+//! of its time copying pages into the database file while the watch and the relay wait for it.
+//! vipwatch's write connection checkpoints only past [`WRITER_AUTOCHECKPOINT_BYTES`] (a safety net),
+//! and [`Store::checkpoint`] runs a `PASSIVE` checkpoint on a read connection every
 //! [`CHECKPOINT_INTERVAL`]: it runs beside the writer (WAL mode lets one checkpointer, readers and the
 //! writer work at once) and never waits for a lock.
 
@@ -23,8 +23,8 @@ pub const WRITER_AUTOCHECKPOINT_BYTES: u32 = 64 << 20;
 
 /// Time between two background checkpoints. A checkpoint copies each page once (its newest version),
 /// so a longer interval copies pages rewritten by many transactions fewer times: at 1 s vipwatch
-/// wrote 6–7 % fewer bytes at 500 changes/s, but each checkpoint took longer and the steady p99 rose
-/// from 34.9–38.4 to 43.6–55.7 ms (burst bench, four alternating runs each, issue 13).
+/// writes a few per cent fewer bytes, but each checkpoint takes longer and the steady latency is
+/// worse (see docs/explanation/design-decisions.md).
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
 
 /// What one checkpoint did (the three numbers `PRAGMA wal_checkpoint` returns).

@@ -1,12 +1,12 @@
 //! One statement API over both backends: SQLite (the embedded default) and PostgreSQL (shared by
-//! replicas, issue 14). The store's modules write each statement once with `$1`-style placeholders
-//! (SQLite reads `$N` as parameter N too) and run it through [`Query`] on a [`Exec`]; where the
-//! dialects differ (`json_each` against `jsonb_to_recordset`, `INDEXED BY`, scalar `MAX`/`GREATEST`)
-//! they pick one text per backend with [`Backend::pick`].
+//! replicas). The store's modules write each statement once with `$1`-style placeholders (SQLite
+//! reads `$N` as parameter N too) and run it through [`Query`] on a [`Exec`]; where the dialects
+//! differ (`json_each` against `jsonb_to_recordset`, `INDEXED BY`, scalar `MAX`/`GREATEST`) they
+//! pick one text per backend with [`Backend::pick`].
 //!
-//! Not sqlx's `Any` driver (shared/reference/ha-postgres.md §3.1: no JSON or typed values, no
-//! `LISTEN`): values are bound and decoded with each backend's own types, so a Rust type used here
-//! must encode and decode on both (i64, strings, options of them, bool).
+//! Not sqlx's `Any` driver (it has no JSON or typed values, and no `LISTEN`): values are bound and
+//! decoded with each backend's own types, so a Rust type used here must encode and decode on both
+//! (i64, strings, options of them, bool).
 
 use futures::TryStreamExt;
 use sqlx::pool::PoolConnection;
@@ -304,10 +304,10 @@ impl<'c> Tx<'c> {
 /// `rows` cut for multi-row statements: chunks of `most` rows while that many are left, then of the
 /// largest of `most / 4`, `most / 16`, … (and 1) that fits (`most` = 128: 300 rows → 128, 128, 32, 8,
 /// 2, 2), so a table's inserts use at most `log4(most) + 2` distinct statement texts, each prepared
-/// once and kept on the connection. Halving instead kept eight per table with 128 (the largest
-/// take about 100 KB each on SQLite; heaptrack put the write connection's prepared statements at
-/// 2 MB of a 10,000-Service heap; issue 13), for at most three more statements for a tail of fewer
-/// than `most` rows (127 rows: 10 statements, where halving took 7).
+/// once and kept on the connection. Halving instead would keep eight per table with 128, and the
+/// large ones cost much memory each on SQLite (see docs/explanation/design-decisions.md); this
+/// costs at most three more statements for a tail of fewer than `most` rows (127 rows: 10
+/// statements, where halving takes 7).
 pub(super) fn row_chunks<T>(rows: &[T], most: usize) -> impl Iterator<Item = &[T]> {
     let mut rest = rows;
     std::iter::from_fn(move || {
@@ -331,8 +331,8 @@ pub(super) fn row_chunks<T>(rows: &[T], most: usize) -> impl Iterator<Item = &[T
 /// followed by `tail` (e.g. ` RETURNING id`): the text of a multi-row insert whose parameters are
 /// bound row by row. PostgreSQL numbers them (`$1, $2, …`); SQLite gets anonymous `?`, which it
 /// numbers in order itself: sqlx looks up each numbered parameter's name by a linear scan of the
-/// statement's parameter list, so `$N` made binding a 128-change chunk quadratic (about 1,300
-/// parameters; 5 % of vipwatch's CPU during a burst, issue 13).
+/// statement's parameter list, so `$N` would make binding a 128-change chunk (about 1,300
+/// parameters) quadratic.
 pub(super) fn values_sql(backend: Backend, head: &str, rows: usize, columns: usize, tail: &str) -> String {
     let mut sql = String::with_capacity(head.len() + tail.len() + rows * columns * 5 + 8);
     sql.push_str(head);

@@ -36,7 +36,7 @@ pub struct AttemptRecord {
 }
 
 /// Every attempt error class the relay records (the `attempts.error_class` CHECK constraint, migration
-/// 0009, allows exactly these; README "Delivery guarantees" documents each): `timeout`, `connect`,
+/// 0009, allows exactly these; docs/explanation/delivery.md documents each): `timeout`, `connect`,
 /// `tls`, `forbidden_address` (the host resolved only to refused addresses), `redirect` (3xx, not
 /// followed), `http` (any other non-2xx, or a failed template response check), `template` (a request
 /// template failed to render) and `held` (the full-state removal guard holds the declaration).
@@ -251,12 +251,11 @@ impl Store {
     /// No change can be recorded between the snapshot and the inserts, so each `service.synced`
     /// carries its Service's state as of every change queued before it (which it supersedes when
     /// still pending), and every later change queues after it. (Read first and inserted in a
-    /// transaction of their own, a change recorded in between was superseded by a resync that did
-    /// not carry it, or delivered before a resync that carried the state before it: found by a new
-    /// user racing a resync against a Service changed every 2 ms.) The `service.synced` of a Service
-    /// whose deliveries are held for the finalizer is held too. `build` runs while the write lock is
-    /// held: make it render, not wait. Returns how many were enqueued. Errors: [`StoreError`];
-    /// nothing is enqueued then.
+    /// transaction of their own, a change recorded in between could be superseded by a resync that
+    /// did not carry it, or delivered before a resync that carried the state before it.) The
+    /// `service.synced` of a Service whose deliveries are held for the finalizer is held too. `build`
+    /// runs while the write lock is held: make it render, not wait. Returns how many were enqueued.
+    /// Errors: [`StoreError`]; nothing is enqueued then.
     pub async fn enqueue_resync<F>(&self, build: F) -> Result<usize, StoreError>
     where
         F: FnOnce(i64, &[super::ServiceRow]) -> Vec<(NewDelivery, ServiceKey)>,

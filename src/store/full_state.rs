@@ -1,6 +1,6 @@
-//! Full-state template endpoints (issue 15): what the appliance last accepted (the removal guard's
-//! reference), a declaration the guard holds, the operator's confirmation, and enqueueing a
-//! declaration outside an event (start, periodic resend, resync).
+//! Full-state template endpoints: what the appliance last accepted (the removal guard's reference), a
+//! declaration the guard holds, the operator's confirmation, and enqueueing a declaration outside an
+//! event (start, periodic resend, resync).
 
 use super::outbox::{ENDPOINT_QUEUE, NewDelivery, insert_deliveries};
 use super::script::Script;

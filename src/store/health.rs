@@ -351,7 +351,7 @@ impl Store {
 
     /// The backoff of every writer whose write failed: 100 ms doubling, never giving up, each wait at
     /// most `database.write_retry_max_delay` (default 5 s). backon's jitter adds up to the step itself,
-    /// so the steps stop at half the maximum (a trial saw 9.9 s waits with a 5 s maximum).
+    /// so the steps stop at half the maximum (stopping at the maximum, a wait could reach twice it).
     pub fn write_backoff(&self) -> ExponentialBuilder {
         let max = *self.health.retry_max_delay.lock().unwrap_or_else(std::sync::PoisonError::into_inner) / 2;
         ExponentialBuilder::default()

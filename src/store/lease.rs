@@ -1,8 +1,9 @@
-//! The leader lease on PostgreSQL (issue 14; design in shared/reference/ha-postgres.md §2.3, as
-//! River does it): one row in `leader` with the holder, an epoch that goes up at every change of
-//! holder, and an expiry on the database's clock (so the replicas' clocks never matter). Followers
-//! take an expired lease, the leader renews its own, a stopping leader resigns, and every write
-//! transaction of the leader is fenced by its epoch ([`Fence`], see `health::WriteConn::begin`).
+//! The leader lease on PostgreSQL (as River, the Go job queue, does it; see
+//! docs/explanation/leader-election.md): one row in `leader` with the holder, an epoch that goes up
+//! at every change of holder, and an expiry on the database's clock (so the replicas' clocks never
+//! matter). Followers take an expired lease, the leader renews its own, a stopping leader resigns,
+//! and every write transaction of the leader is fenced by its epoch ([`Fence`], see
+//! `health::WriteConn::begin`).
 //!
 //! The lease statements run on a connection of their own (`Pools::Pg::lease`), never behind the
 //! writer's queue: a renewal must not wait for a long batch.
@@ -18,7 +19,7 @@ const NAME: &str = "vipwatch";
 
 /// Takes an expired lease: epoch + 1, holder $1, expiry now + $2 ms. A plain `UPDATE … WHERE`, not
 /// `INSERT … ON CONFLICT DO UPDATE … WHERE`, which locks the row even when the lease is valid, so
-/// every follower's bid would queue behind the leader's fenced transactions (ha-postgres.md §2.3).
+/// every follower's bid would queue behind the leader's fenced transactions.
 const ACQUIRE: &str = "UPDATE leader SET epoch = epoch + 1, holder = $1, elected_at = now(), renewed_at = now(), \
     expires_at = now() + $2 * interval '1 millisecond' WHERE name = 'vipwatch' AND expires_at < now() RETURNING epoch";
 
@@ -44,18 +45,18 @@ pub const LEADER_CHANNEL: &str = "vipwatch_leader";
 pub const EVENTS_CHANNEL: &str = "vipwatch_events";
 
 /// The leader's write fence: the first statement of every leader write transaction. It locks the
-/// lease row `FOR SHARE` (not `FOR KEY SHARE`: a takeover's UPDATE must wait for the leader's
-/// transactions in flight, ha-postgres.md §2.3, verified there) where holder, epoch and an unexpired
-/// lease still match; no row = deposed. It also takes the transaction-scoped advisory lock every
-/// writer of events and deliveries takes ([`ORDER_LOCK`]).
+/// lease row `FOR SHARE` (not `FOR KEY SHARE`, which does not conflict with an UPDATE that leaves
+/// the key alone: a takeover's UPDATE must wait for the leader's transactions in flight) where
+/// holder, epoch and an unexpired lease still match; no row = deposed. It also takes the
+/// transaction-scoped advisory lock every writer of events and deliveries takes ([`ORDER_LOCK`]).
 const FENCE: &str = "SELECT 1 FROM leader, pg_advisory_xact_lock($3) AS o \
     WHERE name = 'vipwatch' AND holder = $1 AND epoch = $2 AND expires_at > now() FOR SHARE OF leader";
 
 /// The advisory lock every PostgreSQL write transaction takes first (released at its commit), so
 /// transactions that insert events or deliveries commit one after another and ids become visible
-/// in order: the relay's cursor and the SSE resume read `id > last` (ha-postgres.md §3.4). Within
-/// one replica the single write connection already serializes; this orders a follower's API writes
-/// (a replay, a resync) against the leader's.
+/// in order: the relay's cursor and the SSE resume read `id > last`, and would skip an id that
+/// becomes visible after a higher one. Within one replica the single write connection already
+/// serializes; this orders a follower's API writes (a replay, a resync) against the leader's.
 pub(super) const ORDER_LOCK: i64 = 0x7669_7077_6f72_6472;
 
 /// Who holds the lease, as the API shows it.

@@ -6,9 +6,9 @@
 //!
 //! Every `LIMIT` is written into the SQL as an integer literal, never bound (`LIMIT ?`): SQLite as
 //! bundled by sqlx (3.5x) looks at a bound LIMIT while planning, so such a statement is prepared
-//! again on every execution after new bindings. perf showed that re-parse as 10% of vipwatch's CPU
-//! at 500 changes/s (issue 13). Limits are integers, so nothing can be injected; each distinct
-//! limit is its own cached statement.
+//! again on every execution after new bindings, a noticeable share of vipwatch's CPU under a steady
+//! stream of changes. Limits are integers, so nothing can be injected; each distinct limit is its
+//! own cached statement.
 
 mod checkpoint;
 mod db;
@@ -53,7 +53,7 @@ pub use state::{Cleanup, Prepared, ServiceRow, StateChange};
 
 /// Handle on the database. Cheap to clone. Reads use a pool of connections; every write goes
 /// through one dedicated connection, so writers queue in-process instead of meeting SQLite's busy
-/// handler (which sleeps in steps of up to 100 ms and made delivery latency spiky), and on PostgreSQL
+/// handler (which sleeps in steps of up to 100 ms and makes delivery latency spiky), and on PostgreSQL
 /// event and delivery ids commit in the order they were given (the relay's cursor and SSE resume
 /// read `id > last`). A failed write closes that connection and marks the database unwritable until
 /// a write succeeds again ([`Store::unwritable`], [`Store::check_writable`]).

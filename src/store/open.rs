@@ -15,11 +15,12 @@ use super::{Store, StoreError};
 
 /// Page size of a SQLite database this store creates, in bytes (SQLite's default is 4,096). A change
 /// is an event row, a state row and a delivery row with their indexes, about 4 KB of JSON in all, and
-/// every page a commit touched is written to the WAL whole: with 8 KiB pages the burst benchmark's
-/// p99 was 0.69–0.83 s against 0.96–1.04 s with 4 KiB (four alternating runs each; 16 KiB: faster
-/// bursts again, but steady p99 30–45 ms against 18 ms, each small commit writing larger pages;
-/// issue 13). Applies when the file is created: an existing database keeps its page size until it
-/// is converted (README "The database", "Page size"), and says so in the log at start.
+/// every page a commit touched is written to the WAL whole: with 8 KiB pages a burst of changes is
+/// delivered sooner than with 4 KiB; 16 KiB is faster still in a burst, but each small commit of a
+/// steady rate then writes larger pages and the steady latency is worse (see
+/// docs/explanation/design-decisions.md). Applies when the file is created: an existing database
+/// keeps its page size until it is converted (docs/explanation/recording.md says how), and says so
+/// in the log at start.
 pub const PAGE_SIZE: u32 = 8192;
 
 /// The page size of the SQLite file `options` open, in bytes: the file's own, or [`PAGE_SIZE`] for
@@ -38,16 +39,16 @@ const READ_CONNECTIONS: u32 = 4;
 
 /// Page cache of each SQLite read connection, in KiB (SQLite's default is 2,000). A reader's cache
 /// is dropped at its next transaction whenever another connection wrote meanwhile (WAL mode), which
-/// under load is nearly always, so a large one buys little and costs resident memory: with 256 KiB
-/// the burst benchmark's peak RSS was 4–7 MiB lower (three alternating runs each, issue 13). The
-/// write connection keeps the default: its cache survives its own commits.
+/// under load is nearly always, so a large one buys little and costs resident memory (see
+/// docs/explanation/design-decisions.md). The write connection keeps the default: its cache survives
+/// its own commits.
 const READ_CACHE_KIB: u32 = 256;
 
 /// Prepared statements the write connection keeps (sqlx's default is 100). Each distinct text of a
 /// transaction's script (`store::script`: the statements of a watch commit or a relay round sent as
-/// one) is one entry, and a commit's text changes with its row counts, so at 100 the cache kept about
-/// 60 more or less rare ones (about 1.5 MiB of the burst benchmark's peak RSS, issue 13); the texts
-/// of the steady state are a few dozen, and an evicted one is prepared again when it recurs.
+/// one) is one entry, and a commit's text changes with its row counts, so at 100 the cache would keep
+/// dozens of more or less rare ones, each costing resident memory; the texts of the steady state are
+/// a few dozen, and an evicted one is prepared again when it recurs.
 const WRITE_STATEMENTS: usize = 48;
 
 /// How long opening PostgreSQL waits for the server, and each pool for a connection.
@@ -74,7 +75,7 @@ impl Store {
 
     async fn open_postgres_inner(url: &str) -> Result<Self, StoreError> {
         // A session stopped inside a transaction (SIGSTOP, a partition) holds the lease row FOR SHARE:
-        // the server ends it after 5 s, so a takeover waits at most that long (ha-postgres.md §2.3).
+        // the server ends it after 5 s, so a takeover waits at most that long.
         let options = PgConnectOptions::from_str(url)?
             .application_name("vipwatch")
             .options([("idle_in_transaction_session_timeout", "5s")]);
@@ -149,10 +150,10 @@ impl Store {
             .pragma("journal_size_limit", (16 << 20).to_string())
             .statement_cache_capacity(WRITE_STATEMENTS);
         // No ping before each acquire (sqlx's default): a SQLite connection is a file handle of this
-        // process with nothing to test, and the ping was one more round trip to the connection's
-        // thread per statement or transaction (see `store::script`; issue 13). sqlx still pings a
-        // connection as it goes back to the pool (its check after a cancelled statement). A
-        // connection a failed write leaves unusable is closed by the store (`Store::settle`).
+        // process with nothing to test, and the ping is one more round trip to the connection's
+        // thread per statement or transaction (see `store::script`). sqlx still pings a connection
+        // as it goes back to the pool (its check after a cancelled statement). A connection a failed
+        // write leaves unusable is closed by the store (`Store::settle`).
         let write =
             SqlitePoolOptions::new().max_connections(1).test_before_acquire(false).connect_with(write_options).await?;
         sqlx::migrate!("./migrations/sqlite").run(&write).await?;

@@ -37,10 +37,10 @@ pub struct NewDelivery {
     pub msg_id: String,
     /// The exact JSON body.
     pub payload: String,
-    /// `Some(debounce_ms)`: a full-state delivery (request templates, issue 15). It goes on the
-    /// endpoint's own queue ([`ENDPOINT_QUEUE`]), is never held for the finalizer, and at most one such
-    /// delivery waits there outside an attempt: a newer one only pushes that one's due time to at
-    /// least `now + debounce_ms` (it renders the current state when sent anyway).
+    /// `Some(debounce_ms)`: a full-state delivery (request templates). It goes on the endpoint's own
+    /// queue ([`ENDPOINT_QUEUE`]), is never held for the finalizer, and at most one such delivery
+    /// waits there outside an attempt: a newer one only pushes that one's due time to at least
+    /// `now + debounce_ms` (it renders the current state when sent anyway).
     pub coalesce_ms: Option<i64>,
 }
 
@@ -117,13 +117,13 @@ const CHUNK: usize = 128;
 ///
 /// The newer deliveries `m` drive the join (`CROSS JOIN` fixes SQLite's loop order: a rowid range
 /// over this batch's rows, then each one's queue by index `deliveries_queue`); the planner's own
-/// choice scanned every pending delivery, 14 ms per batch with 2,000 pending during a burst.
-/// PostgreSQL has neither hint; its planner takes the same path (a plain join).
+/// choice scans every pending delivery, slow with thousands pending during a burst. PostgreSQL has
+/// neither hint; its planner takes the same path (a plain join).
 ///
-/// Superseding an untouched head (issue 13): in a burst of changes to 1,000 Services the head each
-/// Service's queue showed the relay was frozen from the moment the previous delivery finished, so
-/// every change waited for the relay to reach that stale head and then the one behind it, about two
-/// sweeps over every busy Service, and the stale one was sent for nothing.
+/// Why an untouched head is superseded too: in a burst of changes to many Services, the head each
+/// Service's queue shows the relay would hold the state frozen at the moment the previous delivery
+/// finished, so every change would wait for the relay to reach that stale head and then the one
+/// behind it, about two sweeps over every busy Service, and the stale one would be sent for nothing.
 const SUPERSEDE: Dual = superseding!(collapses!());
 
 /// When a pending MODIFIED `d` (older) collapses into the newer pending MODIFIED `m` of the same
@@ -148,8 +148,8 @@ use collapses;
 /// change it carries would have been, instead of going to the back of the line each time a newer one
 /// replaces it. Those deliveries were never attempted or are behind the head, so their
 /// `next_attempt_at` is when they were enqueued (or let go by the finalizer), never a retry's backoff.
-/// Without it a Service that keeps changing during a burst kept a fresh delivery id and waited for
-/// every other Service's turn again (issue 13).
+/// Without it a Service that keeps changing during a burst would keep a fresh delivery id and wait
+/// for every other Service's turn again.
 const INHERIT_PLACE: Dual = Dual {
     lite: concat!(
         "UPDATE deliveries AS m SET next_attempt_at = MIN(m.next_attempt_at, COALESCE(( \
@@ -285,7 +285,7 @@ pub(super) type DeliveryInsert<'a> = (NewDelivery, Option<i64>, &'a ServiceKey, 
 /// its queue ends with, when no attempt ever touched that one ([`REWRITE`]): the row keeps its id and
 /// place in line, and takes this delivery's event id, body, `msg_id` and `created_at`. That is what
 /// superseding it would have come to, for one row update instead of an insert into the table and its
-/// six indexes plus the update that supersedes the older row (issue 13).
+/// six indexes plus the update that supersedes the older row.
 ///
 /// The superseding statements are driven by this batch's rows: ids from the first one inserted. On
 /// PostgreSQL the inserts return their ids; on SQLite they join the script (no result to wait for)
@@ -534,7 +534,7 @@ macro_rules! is_head {
 /// The claim, up to its LIMIT (a literal, see the `store` module docs; one cached statement per limit,
 /// at most `relay.concurrency` of them). On PostgreSQL the candidate rows are locked `FOR UPDATE SKIP
 /// LOCKED` ([`CLAIM_LOCK`]): under read committed, two claims running at once would otherwise both
-/// read the same heads and both lease them (shared/reference/ha-postgres.md §0.6, verified there).
+/// read the same heads and both lease them.
 const CLAIM: Dual = Dual {
     lite: concat!(
         "UPDATE deliveries SET claimed_until = $3 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_ready \
@@ -552,8 +552,8 @@ const CLAIM: Dual = Dual {
 /// The end of the claim's candidate list on PostgreSQL, after its LIMIT: the row locks, and the
 /// `ARRAY(…)` that makes the candidates an InitPlan, run once. As `id IN (SELECT … LIMIT n FOR
 /// UPDATE SKIP LOCKED)` the planner may run the subquery again per outer row (a semi join), and a
-/// run after rows were updated by the same statement skips them as locked and returns the next:
-/// a claim of 2 leased 5, and an endpoint with `concurrency = 2` had 3 attempts in flight
+/// run after rows were updated by the same statement skips them as locked and returns the next: a
+/// claim of 2 could lease 5, and an endpoint with `concurrency = 2` have 3 attempts in flight
 /// (`relay::an_endpoint_with_its_own_concurrency_has_no_more_deliveries_in_flight`, on PostgreSQL).
 const CLAIM_LOCK: &str = " FOR UPDATE SKIP LOCKED))";
 

@@ -74,8 +74,8 @@ pub struct Acks {
 /// For the Services in the JSON array $1 of `[namespace, name]`, each row led by its Service and
 /// whether it is a latest (1) or a failing (0) row: per endpoint, the newest delivery of each Service
 /// that was not superseded; and the pending deliveries whose last attempt failed (they may sit behind
-/// the newest one). One read per pass for every status waiting, not two per Service (10,000
-/// Services held the initial sync's status write-backs for seconds; issue 13).
+/// the newest one). One read per pass for every status waiting, not two per Service (with many
+/// Services, reads per Service would hold the initial sync's status write-backs for seconds).
 const ACKS_OF: Dual = Dual {
     lite: "WITH k(namespace, name) AS (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j) \
      SELECT d.namespace, d.name, 1, d.webhook, d.id, d.state, d.attempts, d.last_error FROM deliveries d \
@@ -126,8 +126,8 @@ pub struct PublishWork {
 impl Store {
     /// Whether each kind of write-back work waits: one read instead of the four that list them. The
     /// write-back runs a pass after every commit and every acknowledged delivery, and in the steady
-    /// state nothing waits: the four reads were four round trips to SQLite's connection threads per
-    /// pass (issue 13).
+    /// state nothing waits: the four reads would be four round trips to SQLite's connection threads
+    /// per pass.
     pub async fn publish_work(&self) -> Result<PublishWork, StoreError> {
         let sql = "SELECT EXISTS (SELECT 1 FROM deliveries WHERE held = 1 AND state = 'pending'), \
                    EXISTS (SELECT 1 FROM services WHERE publish IS NOT NULL), \

@@ -1,11 +1,10 @@
-//! Relay rounds and claims carried by the watch's write transaction (issue 13).
+//! Relay rounds and claims carried by the watch's write transaction.
 //!
 //! A relay round ([`Store::complete_and_claim`]: record the finished attempts, claim the next heads)
-//! and a relay claim ([`Store::claim`], after a commit woke the relay) were transactions of their
-//! own on the one write connection. At 500 changes/s that made about 0.62 transactions per change
-//! (the watch's commits, then every 5 ms, and about as many of the relay's), each writing into the
-//! WAL the pages it touched: the delivery rows a round claims and completes are the ones the writer
-//! just inserted, on the same pages.
+//! and a relay claim ([`Store::claim`], after a commit woke the relay) as transactions of their own
+//! on the one write connection would about double the transactions per change (the watch's commits,
+//! and about as many of the relay's), each writing into the WAL the pages it touched: the delivery
+//! rows a round claims and completes are the ones the writer just inserted, on the same pages.
 //!
 //! So the relay's writes first wait as [`Rider`]s: the watch's writer, at the end of its transaction
 //! and before its commit ([`Store::write`]), takes every rider waiting and runs their statements in
@@ -13,7 +12,7 @@
 //! enqueued. Two kinds ride:
 //! - a round waits while it stands in line for its turn, and, when the writer said it will commit
 //!   within one group-commit interval ([`Store::expect_write`], [`Store::commit_interval`]), until
-//!   then; a round whose turn comes first withdraws its rider and runs on its own, as before;
+//!   then; a round whose turn comes first withdraws its rider and runs on its own;
 //! - a standing claim ([`Store::stand_claim`]): a relay with free slots leaves one while it waits, so
 //!   the next commit hands it its own deliveries; it is withdrawn when the relay wakes for anything
 //!   else.
@@ -23,10 +22,8 @@
 //! ([`Ride::NotCarried`]) and the round runs on its own, so it sees its own error. A rider's failed
 //! statement does not fail the writer's transaction, unless SQLite rolled the whole transaction back
 //! (a full disk, an I/O error), which the writer's own statements would have met all the same; the
-//! writer retries then, as always. Measured with `cargo bench --bench burst` at 500 changes/s:
-//! about 0.39 transactions per change instead of about 0.62 (per second about 165 of the watch's
-//! commits, carrying one rider each, and 30 rounds on their own; counters in an experimental
-//! build), and steady-state latency and bytes written per change lower (README, Benchmarks → burst).
+//! writer retries then, as always. Riding makes fewer transactions per change, and lowers the
+//! steady-state latency and the bytes written per change (see docs/explanation/design-decisions.md).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -160,14 +157,12 @@ pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(15);
 ///
 /// A delivery holds its slot from its claim until the round that records its outcome and claims
 /// the next head, and rounds ride the watch's commits, so while every slot is busy an endpoint
-/// delivers about `relay.concurrency` per interval or two. In `cargo bench --bench burst` at the
-/// independent load test's own rate (`BENCH_BURST_RATE=5000`, 1,000 busy Services) that was the
-/// bound: 1,494–1,518 deliveries/s and latency p99 0.90–0.93 s with 15 ms, 2,398–2,649/s and
-/// 0.42–0.50 s with `database.commit_interval = "5ms"`. But a fixed shorter interval costs CPU at a
-/// steady rate: 20–35 % more per change at 500 changes/s with 10 or 7 ms, about 50 % with 5 ms in an
-/// earlier measurement ([`DEFAULT_COMMIT_INTERVAL`]; issue 13). So the interval is short only while
-/// the relay's rounds show that it is the bound ([`interval_bound`]): at a steady rate each claim
-/// finds fewer heads than it asks for.
+/// delivers about `relay.concurrency` per interval or two. When many Services change at a high rate,
+/// that is the bound, and a 5 ms interval delivers far more per second, at a much lower latency,
+/// than 15 ms. But a fixed shorter interval costs CPU at a steady rate
+/// ([`DEFAULT_COMMIT_INTERVAL`]; see docs/explanation/design-decisions.md). So the interval is short
+/// only while the relay's rounds show that it is the bound ([`interval_bound`]): at a steady rate
+/// each claim finds fewer heads than it asks for.
 pub const BACKLOG_COMMIT_INTERVAL: Duration = Duration::from_millis(5);
 
 /// How long one round that [`interval_bound`] counts keeps the relay marked backlogged

@@ -2,11 +2,9 @@
 //!
 //! sqlx runs each SQLite connection on a thread of its own, and every statement is a round trip to
 //! it: the task hands the statement over, the connection's thread wakes, runs it and hands the result
-//! back, and the task's worker wakes again. On this project's 2-core machine that round trip cost
-//! about 37 µs of CPU against 4 µs for the insert itself: 20,000 single-row inserts in transactions of
-//! ten took 41 µs of CPU each one statement at a time, and 4.0 µs each with a transaction's ten sent
-//! as one multi-statement query (sqlx 0.9, WAL, `synchronous=NORMAL`; issue 13). A watch commit at
-//! 500 changes/s ran about nine statements, so those round trips were a third of vipwatch's CPU.
+//! back, and the task's worker wakes again. That round trip costs several times the CPU of a small
+//! insert itself, and a watch commit runs several statements, so the round trips would be a large
+//! share of vipwatch's CPU (see docs/explanation/design-decisions.md).
 //!
 //! A [`Script`] therefore collects a transaction's small statements on SQLite and sends them as one
 //! query when it is [`flush`](Script::flush)ed (sqlx binds a multi-statement query's anonymous `?`
@@ -14,7 +12,7 @@
 //! parameters (a chunk of 8 rows or more) is sent on its own, so a script's text stays small and the
 //! texts that recur stay in the connection's statement cache; a batch that large spends its time in
 //! SQLite, not in the round trip. On PostgreSQL, whose extended protocol takes one statement per
-//! query, each statement runs when it is added, as before.
+//! query, each statement runs when it is added.
 
 use std::sync::Arc;
 
@@ -24,8 +22,8 @@ use super::db::{Backend, Dual, Query, Row, Tx, values_sql};
 /// Most parameters of a statement that joins a script; one with more runs on its own. 32 lets the
 /// small pieces of a commit in (up to two event rows: 26; [`super::db::row_chunks`] cuts the rest of a
 /// batch into pieces of 8, 32 and 128 rows, which run alone). Each distinct script text is a prepared
-/// statement the write connection keeps; with 128 (8-row pieces joined too) the burst benchmark's
-/// peak RSS was about 1 MiB higher, for no CPU saved at 500 changes/s (issue 13).
+/// statement the write connection keeps; with 128 (8-row pieces joined too) there are more texts, so
+/// peak RSS is higher, for no CPU saved at a steady rate.
 pub(super) const JOINED_VALUES: usize = 32;
 
 /// A parameter of a [`Stmt`]: the types the store binds on both backends, typed so that a NULL keeps

@@ -170,9 +170,9 @@ const DELETE_SERVICES: Dual = Dual {
 
 /// Forgets the pool addresses of the Services in the JSON array $1 of `[namespace, name]` that the
 /// JSON array $2 of `[address, protocol, port, namespace, name]` (their rows after this batch, `NULL`
-/// = none) no longer holds. A row that stays is not touched: deleting and inserting it again wrote
-/// both of the table's B-tree pages for every state upsert, though most (a label change, a status
-/// write-back) keep their addresses (issue 13).
+/// = none) no longer holds. A row that stays is not touched: deleting and inserting it again would
+/// write both of the table's B-tree pages for every state upsert, though most (a label change, a
+/// status write-back) keep their addresses.
 const CLEAR_VIPS: Dual = Dual {
     lite: "DELETE FROM vip_addresses WHERE (namespace, name) IN \
      (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j) \
