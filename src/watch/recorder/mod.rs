@@ -182,10 +182,9 @@ impl Recorder {
 
     /// Takes the changes planned so far out of `plan` as a plan of their own (with the gauges as they
     /// stand); the rest of `plan` (notices, progress, readiness, guard reports) stays for the last
-    /// one. The notices wait for the whole list as before: sent per segment, the bounded Kubernetes
-    /// Event queue drained between segments and publishing the extra Events slowed the initial sync
-    /// of 10,000 Services by about a second (5,904 of its 10,000 Events dropped at the end, 2,256 per
-    /// segment).
+    /// one. The notices wait for the whole list: sent per segment, the bounded Kubernetes Event queue
+    /// would drain between segments, and publishing the extra Events would slow the initial sync of
+    /// many Services (see docs/explanation/design-decisions.md).
     fn segment(&self, plan: &mut Plan) -> Plan {
         let mut segment = Plan { changes: std::mem::take(&mut plan.changes), ..Plan::default() };
         self.fill_gauges(&mut segment);
@@ -385,8 +384,8 @@ impl Recorder {
             if plan.changes.len() >= LIST_SEGMENT {
                 // A writer that is gone is noticed by the next send in `run`.
                 let _ = plans.send(self.segment(plan)).await;
-                // Planning a list of 10,000 Services takes most of a second; the runtime's one worker
-                // (`server.worker_threads`) lets the writer, the relay and the API run between segments.
+                // Planning a large list keeps this task busy for long; yielding lets the runtime's one
+                // worker (`server.worker_threads`) run the writer, the relay and the API between segments.
                 tokio::task::yield_now().await;
             }
         }
