@@ -62,9 +62,8 @@ pub struct Allocator {
     hints: RefCell<HashMap<(usize, Family), IpAddr>>,
     /// Per pool (config order): its addresses held, and of those the ones only reserved (every holder
     /// draining); kept as addresses are taken and dropped, so [`Self::usage`] does not walk every held
-    /// address (the recorder reads it with every plan: with 10,000 Services holding addresses, 10,000
-    /// status write-backs walked 10,000 entries each, a seventh of vipwatch's CPU in the initial sync;
-    /// issue 13).
+    /// address (the recorder reads it with every plan: in an initial sync with a pool, every status
+    /// write-back would walk every held address, a cost quadratic in the number of Services).
     counts: Vec<Counts>,
     /// Per pool (config order): its usable addresses ([`Pool::size`]).
     sizes: Vec<u128>,
@@ -631,7 +630,8 @@ mod tests {
         );
     }
 
-    /// What [`Allocator::usage`] reported when it walked every held address (before issue 13).
+    /// [`Allocator::usage`] counted the slow way, by walking every held address: what the kept counts
+    /// must always equal.
     fn recounted(al: &Allocator) -> Vec<PoolUsage> {
         al.pools
             .iter()

@@ -1,6 +1,6 @@
 //! IP address management: the configured `[[pools]]` and the allocator that gives each owned
-//! `LoadBalancer` Service its VIPs (issue 5). Pure and synchronous; the watch recorder owns the one
-//! [`Allocator`] and persists its decisions in the Service's view, in the event's transaction.
+//! `LoadBalancer` Service its VIPs. Pure and synchronous; the watch recorder owns the one [`Allocator`]
+//! and persists its decisions in the Service's view, in the event's transaction.
 
 mod allocator;
 mod pool;

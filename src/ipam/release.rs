@@ -2,7 +2,7 @@
 //! reserved for the object that held it (see [`super::Allocator::withdraw`]) until every subscribed
 //! endpoint acknowledged that change: the store writes one `releases` row per withdrawing event, and
 //! the publisher reports it once acknowledged. So no other Service is announced with an address the
-//! appliance may still serve for the first one (issue 12).
+//! appliance may still serve for the first one.
 
 use std::net::IpAddr;
 
