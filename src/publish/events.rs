@@ -13,12 +13,12 @@ use crate::model::Notice;
 pub const CONTROLLER: &str = "vipwatch.io/controller";
 
 /// Events published through one [`Recorder`] before a fresh one replaces it. The recorder keeps every
-/// Event it published for 6 minutes (about 2.9 KiB each, in a hash map) to fold repeats into a series;
-/// during a first sync of 10,000 Services that cache reached 17.7 MB (heaptrack, issue 13). Starting
-/// over bounds it, as client-go bounds its event correlator (an LRU); a repeat of an Event published
-/// before the restart becomes a new Event instead of a series entry. At 1,024 the cache was still
-/// 2.95 MB of the heap's peak (in the burst of `cargo bench --bench burst`, heaptrack); 256 keeps
-/// the repeats that matter (one Service's flapping reason) for about 0.7 MB.
+/// Event it published for 6 minutes (in a hash map) to fold repeats into a series, so during a first
+/// sync of many Services that cache grows with their number. Starting over bounds it, as client-go
+/// bounds its event correlator (an LRU); a repeat of an Event published before the restart becomes a
+/// new Event instead of a series entry. At 1,024 the cache was still a visible part of the heap's
+/// peak in a burst; 256 keeps the repeats that matter (one Service's flapping reason) for a quarter
+/// of that (see docs/explanation/design-decisions.md).
 const RECORDER_EVENTS: usize = 256;
 
 /// Publishes every notice received until `cancel` or the channel closes. Failures are logged and

@@ -48,7 +48,7 @@ pub async fn remove_finalizer(client: &kube::Client, key: &ServiceKey) -> Result
 
 /// A strategic merge patch of the metadata, answered with the metadata only (`PartialObjectMetadata`):
 /// the answer is not used, and the whole Service would be sent, parsed and dropped on every first
-/// sync of every Service (issue 13: the initial sync is bound by these patches).
+/// sync of every Service (these patches bound the initial sync).
 async fn patch_finalizers(
     client: &kube::Client,
     key: &ServiceKey,

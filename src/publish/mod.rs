@@ -27,8 +27,9 @@ pub use events::CONTROLLER;
 /// Most finalizers added, and most statuses written, per pass.
 const BATCH: i64 = 512;
 
-/// Most Services whose status waits read per pass: a pass over all 10,000 of an initial sync read
-/// them and their deliveries again every few tens of milliseconds (issue 13).
+/// Most Services whose status waits read per pass: a pass over all of them would, in the initial sync
+/// of many Services, read them and their deliveries again at every pass, one after every commit and
+/// every acknowledged delivery.
 const STATUS_WINDOW: i64 = 2048;
 
 /// Finalizer (and status) patches in flight at once.
@@ -217,9 +218,9 @@ impl Publisher {
     /// [`BATCH`]), and the relay starts on the first Services of a large first list while the later
     /// ones are patched. The patches and the writes that let deliveries go run side by side: each
     /// write takes every patch finished since the last one, and the next patches start while it
-    /// waits for the write connection (when the write came between them, every such wait left the
-    /// patches idle; issue 13). A Service that is gone or being deleted gets none (its DELETED
-    /// follows), and its deliveries go too. A Service whose patch failed stays held for the next pass.
+    /// waits for the write connection (were the write between them, every such wait would leave the
+    /// patches idle). A Service that is gone or being deleted gets none (its DELETED follows), and its
+    /// deliveries go too. A Service whose patch failed stays held for the next pass.
     async fn finalizers(&mut self) -> Result<bool, PublishError> {
         let held = self.store.held_services(BATCH).await?;
         let full = held.len() as i64 == BATCH;
@@ -269,8 +270,8 @@ impl Publisher {
     /// written yet. Each pass reads the next [`STATUS_WINDOW`] waiting Services (after the last one
     /// the pass before read, from the first again after the end), their acknowledgements in one
     /// read, and patches up to [`BATCH`] of them, [`CONCURRENCY`] at once. One patch at a time, after
-    /// two reads each, held the initial sync of 10,000 Services with a pool at about one status per
-    /// millisecond, and the finalizers of the next Services waited behind it (issue 13).
+    /// two reads each, would hold the initial sync of many Services with a pool to the pace of one
+    /// round trip per status, and the finalizers of the next Services would wait behind it.
     async fn statuses(&mut self) -> Result<(), PublishError> {
         let work = self.store.status_work(self.status_cursor.as_ref(), STATUS_WINDOW).await?;
         let wrapped = (work.len() as i64) < STATUS_WINDOW;
