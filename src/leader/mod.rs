@@ -1,13 +1,14 @@
-//! Leader election over the PostgreSQL lease row (issue 14): which replica watches, allocates,
-//! delivers and writes to Kubernetes, and for how long it may trust that it still does.
+//! Leader election over the PostgreSQL lease row: which replica watches, allocates, delivers and
+//! writes to Kubernetes, and for how long it may trust that it still does (see
+//! docs/explanation/leader-election.md).
 //!
 //! - [`Elector::campaign`] waits until this replica holds the lease: it bids every
 //!   `database.leader_renew`, and at once when a leader resigns (`NOTIFY vipwatch_leader`).
 //! - A [`Term`] renews the lease every `leader_renew` and keeps its [`Trust`]: the local monotonic
 //!   deadline up to which this replica may act, the start of its last successful renewal plus
-//!   `leader_ttl` minus a margin (the larger of 1 s and `leader_renew`; River measures it the same way,
-//!   ha-postgres.md §1.5). The lease itself expires on the database's clock `leader_ttl` after that
-//!   renewal, so this replica stops acting before any other may start.
+//!   `leader_ttl` minus a margin (the larger of 1 s and `leader_renew`; River, the Go job queue,
+//!   measures it the same way). The lease itself expires on the database's clock `leader_ttl` after
+//!   that renewal, so this replica stops acting before any other may start.
 //! - The term ends ([`Term::lost`]) when a renewal finds the lease gone, or the trust deadline passes
 //!   without a successful renewal (the database unreachable, the process paused). Its writes are
 //!   fenced by the database independently ([`crate::store::Fence`]).
@@ -155,9 +156,9 @@ impl Elector {
 
     /// Waits until this replica holds the lease and returns its term; `None` when `cancel` fires
     /// first. A database that fails is retried every `leader_renew` (logged once per outage). A bid
-    /// may take up to `leader_ttl`, connecting included: cutting it at `leader_renew` (as first
-    /// written) dropped every new connection half-made over a slow link, and nobody was ever
-    /// elected. The server still ends the bid's statement within 400 ms (`Store::open_postgres`).
+    /// may take up to `leader_ttl`, connecting included: cut at `leader_renew`, it would drop every
+    /// new connection half-made over a slow link, and nobody would ever be elected. The server still
+    /// ends the bid's statement within 400 ms (`Store::open_postgres`).
     pub async fn campaign(&self, cancel: &CancellationToken) -> Option<Term> {
         let mut listener = None;
         let mut failing = false;
