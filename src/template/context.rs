@@ -1,6 +1,6 @@
-//! The data model templates see (README "Request templates: the data model"). Event mode: the
-//! default payload's fields lifted to the top (`service`, `previous`, `changed`, `backends`, `vips`,
-//! ...); full-state mode: `services`, every in-scope Service in the same shape as `service`.
+//! The data model templates see (docs/reference/templates.md). Event mode: the default payload's
+//! fields lifted to the top (`service`, `previous`, `changed`, `backends`, `vips`, ...); full-state
+//! mode: `services`, every in-scope Service in the same shape as `service`.
 
 use minijinja::Value;
 use minijinja::value::Serde;

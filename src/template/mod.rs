@@ -1,6 +1,6 @@
-//! Request templates (issue 15): compiling an endpoint's `[webhooks.template]` with minijinja, the
-//! data model templates see, rendering requests, and judging the appliance's answers. Pure code: no
-//! I/O but reading `body_file`s at compile time; the relay sends what this renders.
+//! Request templates: compiling an endpoint's `[webhooks.template]` with minijinja, the data model
+//! templates see, rendering requests, and judging the appliance's answers. Pure code: no I/O but
+//! reading `body_file`s at compile time; the relay sends what this renders.
 //!
 //! Safety by construction: bodies render with minijinja's JSON auto-escape (every printed value is
 //! serialized as JSON, so an annotation cannot break out of its string), `safe` and `autoescape`

@@ -8,8 +8,8 @@ use serde_json::{Map, Value, json};
 use super::{Compiled, TemplateError, event_context, full_state_context};
 use crate::config::{Config, ConfigError, TEMPLATE_EVENTS, TemplateMode, WebhookConfig};
 
-/// The sample payload templates are checked against (the default payload of a MODIFIED; the README's
-/// data model lists the same fields).
+/// The sample payload templates are checked against (the default payload of a MODIFIED; the data
+/// model in docs/reference/templates.md lists the same fields).
 pub const SAMPLE_PAYLOAD: &str = include_str!("sample.json");
 
 /// The sample's Service, and a second one (`shop/api`, no VIP yet), as full-state `services`.
