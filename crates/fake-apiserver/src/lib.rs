@@ -3,7 +3,8 @@
 //! (cluster-scoped) and discovery.k8s.io/v1 `endpointslices` — stored as `serde_json::Value` objects
 //! exactly as given (unknown fields kept), plus `events` (core/v1 and events.k8s.io/v1).
 //!
-//! What it speaks (see `shared/reference/kubernetes-list-watch.md`); `{prefix}` is `/api/v1` for
+//! What it speaks (the Kubernetes API's list and watch semantics, as in
+//! <https://kubernetes.io/docs/reference/using-api/api-concepts/>); `{prefix}` is `/api/v1` for
 //! Services and Nodes and `/apis/discovery.k8s.io/v1` for EndpointSlices, and `[namespaces/{ns}/]` is
 //! absent for Nodes:
 //! - One global resourceVersion counter across all three resources (like etcd's revision) and one

@@ -164,8 +164,8 @@ impl Store {
         assert_eq!(kind, res.kind(), "an object of kind {kind:?} cannot be stored as {}", res.plural());
         let (ns, name) = res.normalise(&mut obj);
         assert!(!name.is_empty(), "a {} needs a non-empty string metadata.name", res.kind());
-        // Only the two kept fields of the stored object are read: cloning it whole was most of the
-        // cost of an update in the benchmarks that drive this server (issue 13).
+        // Only the two kept fields of the stored object are read: cloning it whole would be most of
+        // the cost of an update in the benchmarks that drive this server.
         let kept = self
             .get(res, &ns, &name)
             .map(|p| (p.pointer("/metadata/uid").cloned(), p.pointer("/metadata/creationTimestamp").cloned()));
