@@ -3,7 +3,8 @@
 //! through the master CLI and the reload confirmed with `show proc` (HAProxy 2.6 answers `reload`
 //! with nothing: the master line's reload counter goes up, and its `failed` count is 0 after a good
 //! reload); changed at run time through the admin socket, with `severity-output number` so an error
-//! (`[0-3]:`) is told from a notice. Measured semantics: shared/reference/appliances.md §1.2–1.3.
+//! (`[0-3]:`) is told from a notice. These are HAProxy 2.6's answers as observed, not only as
+//! documented.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! against every configured secret, duplicate `webhook-id`s answered without applying twice);
 //! `GET /healthz`, `GET /state` and `GET /metrics`.
 //!
-//! Answers (README, "The HAProxy agent"): 200 once the change is live (or when it is a duplicate or
+//! Answers (docs/reference/agent-api.md): 200 once the change is live (or when it is a duplicate or
 //! stale, with the reason); 401 for a bad or old signature; 400 for a signed body that is not a
 //! vipwatch delivery; 422 (problem+json, with the reason) for a Service HAProxy can never serve;
 //! 503 with `Retry-After` for transient trouble. Never 410, which would make vipwatch disable the

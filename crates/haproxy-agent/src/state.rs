@@ -2,7 +2,7 @@
 //! and which server slot of each backend holds which member. Kept in `state.json` (written
 //! atomically), so a restarted agent renders the very same `haproxy.cfg` without asking anyone.
 //!
-//! Rules for a delivery (README, "The HAProxy agent"):
+//! Rules for a delivery (docs/how-to/haproxy-agent.md):
 //! - a delivery older than what was accepted for the same uid is stale and ignored (resourceVersions
 //!   compared as numbers, then event ids: [`Version::older_than`]);
 //! - a DELETED removes the Service and leaves a tombstone, so a late delivery for that uid is stale;
@@ -35,8 +35,8 @@ pub struct Version {
 
 impl Version {
     /// Whether `self` is strictly older than `other` (both of the same uid). The resourceVersions
-    /// decide when both are numbers and differ (etcd revisions are; the issue's rule: "an older
-    /// resourceVersion of the same uid"); on a tie — a members-only change keeps the Service's
+    /// decide when both are numbers and differ (etcd revisions are; the rule: a delivery with an older
+    /// resourceVersion of the same uid is stale); on a tie — a members-only change keeps the Service's
     /// resourceVersion — vipwatch's event ids decide when both have one from the same event log
     /// (`log_id`). A replaced vipwatch database counts its event ids from 1 again under a new
     /// `log_id`, so its deliveries are not mistaken for old ones.
