@@ -36,7 +36,7 @@ pub struct AttemptRecord {
 }
 
 /// Every attempt error class the relay records (the `attempts.error_class` CHECK constraint, migration
-/// 0009, allows exactly these; docs/explanation/delivery.md documents each): `timeout`, `connect`,
+/// 0009, allows exactly these; docs/reference/errors.md documents each): `timeout`, `connect`,
 /// `tls`, `forbidden_address` (the host resolved only to refused addresses), `redirect` (3xx, not
 /// followed), `http` (any other non-2xx, or a failed template response check), `template` (a request
 /// template failed to render) and `held` (the full-state removal guard holds the declaration).

@@ -19,7 +19,7 @@ use super::{Store, StoreError};
 /// delivered sooner than with 4 KiB; 16 KiB is faster still in a burst, but each small commit of a
 /// steady rate then writes larger pages and the steady latency is worse (see
 /// docs/explanation/design-decisions.md). Applies when the file is created: an existing database
-/// keeps its page size until it is converted (docs/explanation/recording.md says how), and says so
+/// keeps its page size until it is converted (docs/how-to/upgrades.md says how), and says so
 /// in the log at start.
 pub const PAGE_SIZE: u32 = 8192;
 

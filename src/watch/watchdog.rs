@@ -2,9 +2,9 @@
 //! the watch scopes in time and reports what it sees to [`WatchHealth`].
 //!
 //! - watch (`GET <collection>?watch=true`): the response head and then each byte of the body must
-//!   come within `watch_timeout + 5 s` (the bound documented for `kubernetes.watch_timeout` in
-//!   docs/reference/configuration.md; the server ends the stream after `watch_timeout` and sends
-//!   BOOKMARKs, which vipwatch asks for, so a healthy stream is never that quiet);
+//!   come within `watch_timeout + 5 s` (the bound docs/explanation/recording.md promises under
+//!   "Watch health"; the server ends the stream after `watch_timeout` and sends BOOKMARKs, which
+//!   vipwatch asks for, so a healthy stream is never that quiet);
 //! - list (`GET <collection>`): the head, each chunk and the whole body within `kubernetes.list_timeout`.
 //!
 //! On expiry the request fails with [`Stalled`] (the connection is dropped), which kube-runtime's

@@ -2,7 +2,7 @@
 //! and which server slot of each backend holds which member. Kept in `state.json` (written
 //! atomically), so a restarted agent renders the very same `haproxy.cfg` without asking anyone.
 //!
-//! Rules for a delivery (docs/how-to/haproxy-agent.md):
+//! Rules for a delivery (docs/reference/agent-api.md):
 //! - a delivery older than what was accepted for the same uid is stale and ignored (resourceVersions
 //!   compared as numbers, then event ids: [`Version::older_than`]);
 //! - a DELETED removes the Service and leaves a tombstone, so a late delivery for that uid is stale;
