@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod model;
 pub mod publish;
 pub mod relay;
+pub mod route;
 pub mod store;
 pub mod template;
 pub mod watch;

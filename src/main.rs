@@ -143,7 +143,7 @@ fn serve(config: Config) -> anyhow::Result<()> {
 #[tokio::main]
 async fn resync(config: Config, webhook: Option<String>) -> anyhow::Result<()> {
     let store = vipwatch::store::Store::connect(&config.database).await?;
-    for (name, n) in vipwatch::relay::resync(&store, &config, webhook.as_deref()).await? {
+    for (name, n) in vipwatch::route::resync(&store, &config, webhook.as_deref()).await? {
         println!("{name}: enqueued service.synced for {n} Services");
     }
     store.close().await;

@@ -460,7 +460,7 @@ async fn a_restart_with_another_backend_mode_resyncs_that_endpoint_only() {
     // The modes are recorded: the same configuration again switches nothing.
     let mut again = config;
     again.webhooks[0].backend_mode = Some(vipwatch::model::backends::ModeSetting::Pod);
-    assert_eq!(vipwatch::relay::resync_switched_modes(&vw.store, &again).await.unwrap(), Vec::<String>::new());
+    assert_eq!(vipwatch::route::resync_switched_modes(&vw.store, &again).await.unwrap(), Vec::<String>::new());
     vw.stop().await.unwrap();
 }
 

@@ -294,7 +294,7 @@ async fn resync_enqueues_one_synced_delivery_per_service() {
     let config = h.config_with(vec![webhook("lab", &rx.url)]);
     let vw = h.start(config.clone()).await;
     wait_accepted(&rx, 2).await;
-    let counts = vipwatch::relay::resync(&vw.store, &config, Some("lab")).await.unwrap();
+    let counts = vipwatch::route::resync(&vw.store, &config, Some("lab")).await.unwrap();
     assert_eq!(counts, vec![("lab".to_owned(), 2)]);
     let hits = wait_accepted(&rx, 5).await;
     // (type, cause, name, sync index, sync total), plus one sync.completed with the same id.
@@ -325,7 +325,7 @@ async fn resync_enqueues_one_synced_delivery_per_service() {
         hits[2..].iter().map(|h| s(h.json()["data"]["sync"]["id"].as_str().unwrap())).collect();
     assert_eq!(ids.len(), 1, "one resync, one id: {ids:?}");
     assert!(ids.iter().all(|id| id.starts_with("sync_") && id.len() == 37), "{ids:?}");
-    let err = vipwatch::relay::resync(&vw.store, &config, Some("nope")).await.unwrap_err();
+    let err = vipwatch::route::resync(&vw.store, &config, Some("nope")).await.unwrap_err();
     assert_eq!(err.to_string(), "no enabled webhook named `nope` in the configuration");
     vw.stop().await.unwrap();
 }
@@ -627,7 +627,7 @@ async fn a_resync_is_not_held_back_by_a_delivery_the_receiver_refuses() {
     let vw = h.start(config.clone()).await;
     h.api.apply(lb_service("shop", "web", 80));
     wait_hits(&rx, 2).await;
-    vipwatch::relay::resync(&vw.store, &config, Some("lab")).await.unwrap();
+    vipwatch::route::resync(&vw.store, &config, Some("lab")).await.unwrap();
     wait_until("the resync delivered", || async {
         let kinds: Vec<String> = rx.accepted().iter().map(|hit| s(hit.json()["type"].as_str().unwrap())).collect();
         (kinds.contains(&s("service.synced")) && kinds.contains(&s("sync.completed"))).then_some(())
@@ -704,7 +704,7 @@ async fn a_change_made_while_a_resync_runs_is_neither_lost_nor_overtaken() {
     };
     for round in 0..8u64 {
         let (store, cfg) = (vw.store.clone(), config.clone());
-        let resync = tokio::spawn(async move { vipwatch::relay::resync(&store, &cfg, None).await.unwrap() });
+        let resync = tokio::spawn(async move { vipwatch::route::resync(&store, &cfg, None).await.unwrap() });
         // ok: not a synchronisation; it puts the change at a different point of the resync each round.
         tokio::time::sleep(Duration::from_millis(1 + (round % 4) * 3)).await;
         let want = 1000 + round as i64;
@@ -739,7 +739,7 @@ async fn a_resync_does_not_send_a_service_before_its_finalizer_is_on() {
     h.api.apply(lb_service("shop", "gated", 81));
     wait_delivery(&vw.store, "gated", "ADDED", 1).await;
 
-    vipwatch::relay::resync(&vw.store, &config, None).await.unwrap();
+    vipwatch::route::resync(&vw.store, &config, None).await.unwrap();
     let synced = |name: &str| {
         rx.accepted()
             .iter()

@@ -256,7 +256,7 @@ pub async fn retry(
     State(state): State<ApiState>,
     Path(id): Path<i64>,
 ) -> Result<(StatusCode, Json<Replayed>), ApiError> {
-    let new_id = state.store.replay(id, &crate::relay::new_msg_id()).await?;
+    let new_id = state.store.replay(id, &crate::store::new_msg_id()).await?;
     let new_id = new_id.ok_or_else(|| ApiError::NotFound(format!("delivery {id}")))?;
     Ok((StatusCode::ACCEPTED, Json(Replayed { replayed: id, delivery_id: new_id })))
 }

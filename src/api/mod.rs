@@ -65,7 +65,7 @@ pub struct ApiState {
     /// The VIP index behind `/api/v1/vips`.
     pub vips: Arc<VipIndex>,
     /// Each endpoint's circuit breaker, as its dispatcher publishes it (all closed when none runs).
-    pub circuits: crate::relay::Circuits,
+    pub circuits: crate::store::Circuits,
     /// The OpenAPI document as served (set by [`router`]).
     pub openapi: Bytes,
     /// To the recorder: `POST /api/v1/deletions/held/release` ([`ApiState::with_feedback`]; `None`
@@ -91,7 +91,7 @@ impl ApiState {
     ) -> Self {
         let vips = VipIndex::new(store.clone());
         let watch = crate::watch::WatchHealth::new(metrics.clone(), config.kubernetes.stale_after);
-        let circuits = crate::relay::Circuits::default();
+        let circuits = crate::store::Circuits::default();
         Self {
             store,
             metrics,
@@ -122,7 +122,7 @@ impl ApiState {
 
     /// This state showing the relay's circuit breakers (`circuits`, shared with the dispatchers) instead of
     /// an empty set.
-    pub fn with_circuits(self, circuits: crate::relay::Circuits) -> Self {
+    pub fn with_circuits(self, circuits: crate::store::Circuits) -> Self {
         Self { circuits, ..self }
     }
 

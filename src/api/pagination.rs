@@ -96,10 +96,7 @@ pub fn parse_time(name: &str, value: &str) -> Result<i64, ApiError> {
     Ok(ts.as_millisecond())
 }
 
-/// Unix milliseconds as RFC 3339 UTC with milliseconds (`2026-11-29T23:05:00.123Z`).
-pub fn rfc3339(ms: i64) -> String {
-    crate::relay::payload::rfc3339(ms)
-}
+pub use crate::model::rfc3339;
 
 /// Declares a page type `{"items": [...], "next_cursor": ...}` of `$item` with an OpenAPI schema.
 macro_rules! page {

@@ -11,7 +11,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::ApiState;
-use crate::watch::{ScopeStatus, WatchHealth, rfc3339};
+use crate::model::rfc3339;
+use crate::watch::{ScopeStatus, WatchHealth};
 
 /// The header on every API response: the oldest `synced_at` over every watch scope (RFC 3339, UTC,
 /// ms). Absent until every scope has synced once.

@@ -15,7 +15,8 @@ use super::error::{ApiError, Problem};
 use super::extract::{Path, Query};
 use super::pagination::{self, page, rfc3339};
 use crate::config::{WebhookConfig, redact_url};
-use crate::relay::{self, CircuitState, RelayError};
+use crate::route::{self, RouteError};
+use crate::store::CircuitState;
 use crate::store::now_ms;
 
 /// What replaces every secret value.
@@ -196,10 +197,10 @@ pub async fn resync(
     if !configured(&state, &name)?.enabled {
         return Err(ApiError::WebhookDisabled(name));
     }
-    let done = relay::resync(&state.store, &state.config, Some(&name)).await.map_err(|e| match e {
-        RelayError::Store(e) => ApiError::Store(e),
-        RelayError::UnknownWebhook(n) => ApiError::NotFound(format!("webhook `{n}`")),
-        RelayError::Endpoint { name, .. } => ApiError::WebhookDisabled(name),
+    let done = route::resync(&state.store, &state.config, Some(&name)).await.map_err(|e| match e {
+        RouteError::Store(e) => ApiError::Store(e),
+        RouteError::UnknownWebhook(n) => ApiError::NotFound(format!("webhook `{n}`")),
+        RouteError::Endpoint { name, .. } => ApiError::WebhookDisabled(name),
     })?;
     let enqueued = done.into_iter().map(|(_, n)| n as u64).sum();
     Ok((StatusCode::ACCEPTED, Json(Resynced { webhook: name, enqueued })))

@@ -15,7 +15,8 @@ use crate::leader::{Elector, Role, Trust};
 use crate::metrics::Metrics;
 use crate::model::Feedback;
 use crate::publish::{self, Publisher};
-use crate::relay::{self, Router};
+use crate::relay;
+use crate::route::Router;
 use crate::store::{Outbox, Store, now_ms};
 use crate::watch;
 
@@ -31,7 +32,7 @@ pub(super) struct Shared {
     pub ready: signal::Sender<bool>,
     /// The highest committed event id.
     pub committed: signal::Sender<i64>,
-    pub circuits: relay::Circuits,
+    pub circuits: crate::store::Circuits,
     /// Where feedback for the current term's recorder goes; `None` between terms.
     pub route: signal::Sender<Option<mpsc::Sender<Feedback>>>,
     /// The watch's per-scope health (what `/readyz` checks).
@@ -303,7 +304,7 @@ fn raise(committed: &signal::Sender<i64>, id: i64) {
 }
 
 /// Once the first lists are stored, resyncs the endpoints whose backend mode changed since the last
-/// start ([`relay::resync_switched_modes`]).
+/// start ([`crate::route::resync_switched_modes`]).
 async fn resync_switched_modes(
     store: Store,
     config: Config,
@@ -314,7 +315,7 @@ async fn resync_switched_modes(
         _ = cancel.cancelled() => return Ok(()),
         r = ready.wait_for(|r| *r) => if r.is_err() { return Ok(()) },
     }
-    relay::resync_switched_modes(&store, &config).await?;
+    crate::route::resync_switched_modes(&store, &config).await?;
     // Full-state template endpoints: a declaration now (converges after a restart), then periodically.
     relay::full_state::resend_loop(store, &config, cancel).await;
     Ok(())

@@ -37,6 +37,9 @@ pub enum AppError {
     /// A webhook endpoint could not be set up.
     #[error(transparent)]
     Relay(#[from] RelayError),
+    /// An endpoint's routing rules could not be built, or a resync failed.
+    #[error(transparent)]
+    Route(#[from] crate::route::RouteError),
     /// The API listener failed.
     #[error("API server: {0}")]
     Io(#[from] std::io::Error),
@@ -135,7 +138,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
         client,
         ready: ready_tx,
         committed: committed_tx.clone(),
-        circuits: relay::Circuits::default(),
+        circuits: crate::store::Circuits::default(),
         route: route_tx,
         watch_health: watch_health.clone(),
     };

@@ -75,6 +75,24 @@ pub enum ConfigError {
     },
 }
 
+/// The default group-commit interval (`database.commit_interval`): the least time between the
+/// starts of two commits of the watch's writer, and between two relay rounds
+/// (each endpoint's dispatcher); a relay round waits for the watch's next commit to carry it when that is
+/// due within it. Changes that come faster than this share a commit; a change after a quiet spell
+/// commits at once, and a plan of a full transaction's worth of changes (128) does not wait.
+///
+/// Each commit writes every page it touched into the WAL once (the event, its delivery and the
+/// claims and completions riding with it, and their indexes), so this trades latency under load for
+/// CPU: a shorter interval costs more CPU and more bytes written per change at a steady rate, a
+/// longer one more latency (see docs/explanation/design-decisions.md). It also bounds what one
+/// endpoint's relay delivers while every slot is busy: about `concurrency` deliveries per interval or
+/// two, which is why the interval is shorter while the relay is backlogged
+/// (`store::BACKLOG_COMMIT_INTERVAL`).
+pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(15);
+
+/// The default period of the safety-net full relist (`kubernetes.relist_interval`).
+pub const DEFAULT_RELIST_INTERVAL: Duration = Duration::from_secs(30 * 60);
+
 /// The whole configuration. Unknown keys are errors.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -155,7 +173,7 @@ impl Default for KubernetesConfig {
             load_balancer_class: "vipwatch.io/lb".to_owned(),
             manage_classless: true,
             watch_timeout: Duration::from_secs(290),
-            relist_interval: crate::watch::DEFAULT_RELIST_INTERVAL,
+            relist_interval: DEFAULT_RELIST_INTERVAL,
             list_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
             stale_after: Duration::from_secs(30),
@@ -198,7 +216,7 @@ pub struct DatabaseConfig {
     /// Lower: less latency under load (and more relay throughput per endpoint while every slot is
     /// busy), more CPU per change. 0s–1s. While the relay is backlogged (a round claimed all of the 8
     /// or more heads it asked for, after attempts quicker than this interval on average) it is at most 5 ms for
-    /// the next 100 ms. See `store::DEFAULT_COMMIT_INTERVAL` and `store::BACKLOG_COMMIT_INTERVAL`.
+    /// the next 100 ms. See [`DEFAULT_COMMIT_INTERVAL`] and `store::BACKLOG_COMMIT_INTERVAL`.
     #[serde(with = "humantime_serde")]
     pub commit_interval: Duration,
     /// PostgreSQL only: how long a leader's lease lasts without renewal, e.g. `"15s"`. A replica that
@@ -232,7 +250,7 @@ impl Default for DatabaseConfig {
             url: None,
             event_retention: Duration::from_secs(30 * 86_400),
             write_retry_max_delay: Duration::from_secs(5),
-            commit_interval: crate::store::DEFAULT_COMMIT_INTERVAL,
+            commit_interval: DEFAULT_COMMIT_INTERVAL,
             leader_ttl: Duration::from_secs(15),
             leader_renew: Duration::from_secs(2),
             leader_step_down_after: Duration::from_secs(60),

@@ -128,7 +128,7 @@ mod tests {
 
     use super::*;
     use crate::model::ServiceKey;
-    use crate::relay::payload::{PayloadInput, payload};
+    use crate::route::payload::{PayloadInput, payload};
 
     fn delivery(event: EventKind, cause: Cause, ports: serde_json::Value, changed: &[&str]) -> WebhookPayload {
         let svc = serde_json::json!({"metadata": {"name": "web"}, "spec": {"type": "LoadBalancer", "ports": ports},

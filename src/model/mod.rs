@@ -5,11 +5,13 @@ pub mod backends;
 mod change;
 mod notice;
 mod scope;
+mod time;
 mod view;
 
 pub use change::{Cause, ChangeKind, Decision, Observed, Recorded, Tracked, decide_apply, decide_delete};
 pub use notice::{Assignment, FINALIZER, Feedback, NOTICE_QUEUE, Notice};
 pub use scope::Scope;
+pub use time::rfc3339;
 pub use view::{
     Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceKey, ServiceView, VipSource, changed_fields,
 };

@@ -23,14 +23,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::assign::assignment;
-use super::circuit::{Circuit, Circuits, Transition, endpoint_down};
+use super::circuit::{Circuit, Transition, endpoint_down};
 use super::policy::{Verdict, after_failure, already_gone};
 use super::sender::AttemptResult;
 use super::templated::Transport;
 use crate::config::{RelayConfig, RetryConfig};
 use crate::metrics::Metrics;
 use crate::model::Feedback;
-use crate::store::{Claimed, Completion, Outcome, StandingClaim, Store, StoreError, Taken, now_ms};
+use crate::store::{Circuits, Claimed, Completion, Outcome, StandingClaim, Store, StoreError, Taken, now_ms};
 
 /// Everything one endpoint's loop needs.
 pub(super) struct Dispatcher {

@@ -5,19 +5,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Map, json};
+use serde_json::Map;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::router::Route;
+use super::RelayError;
 use super::sender::failure;
 use super::templated::{Log, TemplateSender, template_failure};
-use super::{RelayError, new_msg_id};
 use crate::config::{Config, TemplateMode, WebhookConfig};
 use crate::metrics::Metrics;
 use crate::model::backends::ModePlan;
-use crate::store::{Claimed, NewDelivery, Store};
+use crate::route::{Route, declaration};
+use crate::store::{Claimed, Store};
 use crate::template::{TemplateError, full_state_context, service_value};
 
 /// What a full-state endpoint reads at send time.
@@ -36,7 +36,8 @@ impl FullState {
     /// not parse (already refused by config validation).
     pub fn new(config: &Config, w: &WebhookConfig, store: Store, metrics: Arc<Metrics>) -> Result<Self, RelayError> {
         let max_removal = w.template.as_ref().map_or(1.0, |t| t.max_removal);
-        Ok(Self { name: w.name.clone(), route: Route::new(w)?, modes: config.mode_plan(), store, max_removal, metrics })
+        let route = Route::new(w).map_err(|e| RelayError::Endpoint { name: w.name.clone(), reason: e.to_string() })?;
+        Ok(Self { name: w.name.clone(), route, modes: config.mode_plan(), store, max_removal, metrics })
     }
 
     /// One attempt: reads the Services, applies the removal guard, renders and sends the declaration,
@@ -90,7 +91,7 @@ impl FullState {
                 .iter()
                 .map(|r| service_value(r, crate::model::backends::in_mode(&r.backends, modes.mode_for(&r.view, &name))))
                 .collect();
-            let now = super::payload::rfc3339(crate::store::now_ms());
+            let now = crate::model::rfc3339(crate::store::now_ms());
             full_state_context(services, &now, &name, &secrets, &Map::new())
         };
         tokio::task::spawn_blocking(build).await.map_err(|e| super::templated::not_finished(&e))
@@ -125,24 +126,6 @@ fn with_captured(ctx: &minijinja::Value, captured: &Map<String, serde_json::Valu
 /// sha256 (hex) of a sorted Service set.
 fn digest(keys: &[String]) -> String {
     format!("{:x}", Sha256::digest(keys.join("\n").as_bytes()))
-}
-
-/// A full-state delivery of `webhook` (`kind` `MODIFIED` or `SYNCED`) due in `debounce`; `why` is
-/// logged in its payload (`event`, `start`, `resend`, `resync`).
-pub fn declaration(
-    webhook: &str,
-    kind: &'static str,
-    debounce: Duration,
-    why: &str,
-    event_id: Option<i64>,
-) -> NewDelivery {
-    NewDelivery {
-        webhook: webhook.to_owned(),
-        kind,
-        msg_id: new_msg_id(),
-        payload: json!({"full_state": true, "reason": why, "event_id": event_id}).to_string(),
-        coalesce_ms: Some(i64::try_from(debounce.as_millis()).unwrap_or(i64::MAX)),
-    }
 }
 
 /// Enqueues a declaration of every enabled full-state endpoint now, then every `resend_interval`

@@ -525,7 +525,7 @@ mod tests {
             let d = NewDelivery {
                 webhook: "w".into(),
                 kind: "SYNCED",
-                msg_id: crate::relay::new_msg_id(),
+                msg_id: crate::store::new_msg_id(),
                 payload: "{}".into(),
                 coalesce_ms: None,
             };

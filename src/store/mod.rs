@@ -11,6 +11,7 @@
 //! own cached statement.
 
 mod checkpoint;
+mod circuits;
 mod db;
 mod deliveries;
 mod error;
@@ -32,6 +33,7 @@ mod statistics;
 mod turns;
 
 pub use checkpoint::{CHECKPOINT_INTERVAL, Checkpointed, WRITER_AUTOCHECKPOINT_BYTES};
+pub use circuits::{CircuitState, CircuitView, Circuits};
 pub use db::Backend;
 pub use deliveries::{
     AttemptRecord, AttemptRow, Completion, DeliveryFilter, DeliveryRow, ERROR_CLASSES, Outcome, WebhookState,
@@ -44,7 +46,7 @@ pub use held::HeldDeletion;
 pub use lease::{EVENTS_CHANNEL, Fence, LEADER_CHANNEL, LeaseRow};
 pub use nodes::NodeRow;
 pub use open::WriterLock;
-pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, RecordedEvent};
+pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, RecordedEvent, new_msg_id};
 pub use progress::{ProgressRow, WatchProgress};
 pub use publish::{Acks, CleanupWork, PublishWork, ReleaseWork, Reservation, StatusWork};
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};

@@ -135,22 +135,7 @@ impl Riders {
     }
 }
 
-/// The default group-commit interval (`database.commit_interval`): the least time between the
-/// starts of two commits of the watch's writer (`watch::writer`), and between two relay rounds
-/// (`relay::dispatcher`); a relay round waits for the watch's next commit to carry it when that is
-/// due within it. Changes that come faster than this share a commit; a change after a quiet spell
-/// commits at once, and a plan of a full transaction's worth of changes (128) does not wait.
-///
-/// Each commit writes every page it touched into the WAL once (the event, its delivery and the
-/// claims and completions riding with it, and their indexes), so this trades latency under load for
-/// CPU: at 500 changes/s in `cargo bench --bench burst` (two alternating runs each, one runtime
-/// worker, builds without LTO), 5 ms gave 0.594–0.604 ms of CPU per change, 67.6–68.0 KB written per
-/// change and latency p50 / p99 5.1 / 15.6–21.5 ms; 15 ms gave 0.387–0.391 ms, 54.6–55.8 KB and
-/// 10.9–11.0 / 19.8–20.3 ms; 20 ms 0.346–0.433 ms and p99 24.2–25.9 ms (issue 13). It also bounds
-/// what one endpoint's relay delivers while every slot is busy: about `concurrency` deliveries per
-/// interval or two (README, "Benchmarks → burst"), which is why the interval is shorter while the
-/// relay is backlogged ([`BACKLOG_COMMIT_INTERVAL`]).
-pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(15);
+pub use crate::config::DEFAULT_COMMIT_INTERVAL;
 
 /// The group-commit interval while the relay is backlogged ([`Store::commit_interval`]): at most
 /// this, or `database.commit_interval` when that is shorter.
@@ -365,7 +350,7 @@ mod tests {
         let d = NewDelivery {
             webhook: webhook.into(),
             kind: "SYNCED",
-            msg_id: crate::relay::new_msg_id(),
+            msg_id: crate::store::new_msg_id(),
             payload: "{}".into(),
             coalesce_ms: None,
         };

@@ -15,7 +15,7 @@ mod watchdog;
 mod writer;
 
 pub use client::{connect, connect_watched};
-pub use health::{AUTH_FAILURES_NOT_READY, ScopeState, ScopeStatus, Verb, WatchHealth, rfc3339};
+pub use health::{AUTH_FAILURES_NOT_READY, ScopeState, ScopeStatus, Verb, WatchHealth};
 pub use ownership::Ownership;
 pub use recorder::Recorder;
 pub use stream::{Change, Observation, Resource, ScopeSpec};
@@ -23,7 +23,6 @@ pub use watchdog::{Stalled, WATCH_SLACK, Watchdog, is_stall};
 pub use writer::Signals;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::runtime::watcher;
 use tokio::sync::mpsc;
@@ -159,6 +158,3 @@ impl Spawn<'_> {
         }
     }
 }
-
-/// Default period of the safety-net relist, see `kubernetes.relist_interval`.
-pub const DEFAULT_RELIST_INTERVAL: Duration = Duration::from_secs(30 * 60);

@@ -13,14 +13,15 @@ use std::time::Duration;
 use vipwatch_contract::{BackendMode, Cause, EventKind, SyncMarker};
 
 use super::payload::{PayloadInput, render};
-use super::{RelayError, new_msg_id};
+use super::{RouteError, declaration};
 use crate::config::{Config, TemplateMode, WebhookConfig};
 use crate::model::backends::{self, ModePlan};
 use crate::model::{ChangeKind, LabelSelector};
-use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow};
+use crate::store::{NewDelivery, Outbox, RecordedEvent, ServiceRow, new_msg_id};
 
 /// One enabled endpoint's routing rules.
-pub(super) struct Route {
+pub struct Route {
+    /// Endpoint name.
     pub name: String,
     assigns_vip: bool,
     events: HashSet<String>,
@@ -34,11 +35,11 @@ pub(super) struct Route {
 }
 
 impl Route {
-    /// The routing rules of endpoint `w`. Errors: [`RelayError::Endpoint`] for a label selector that
+    /// The routing rules of endpoint `w`. Errors: [`RouteError::Endpoint`] for a label selector that
     /// does not parse (already rejected by config validation).
-    pub fn new(w: &WebhookConfig) -> Result<Self, RelayError> {
+    pub fn new(w: &WebhookConfig) -> Result<Self, RouteError> {
         let selector = LabelSelector::parse(&w.label_selector)
-            .map_err(|e| RelayError::Endpoint { name: w.name.clone(), reason: e.to_string() })?;
+            .map_err(|e| RouteError::Endpoint { name: w.name.clone(), reason: e.to_string() })?;
         let full_state = w.template.as_ref().filter(|t| t.mode == TemplateMode::FullState).map(|t| t.debounce);
         Ok(Route {
             name: w.name.clone(),
@@ -81,10 +82,10 @@ pub struct Router {
 
 impl Router {
     /// Builds the routes of every enabled endpoint of `config`, for the event log `log_id`. Errors:
-    /// [`RelayError::Endpoint`] for a label selector that does not parse (already rejected by config
+    /// [`RouteError::Endpoint`] for a label selector that does not parse (already rejected by config
     /// validation).
-    pub fn new(config: &Config, log_id: &str) -> Result<Self, RelayError> {
-        let routes = config.webhooks.iter().filter(|w| w.enabled).map(Route::new).collect::<Result<_, RelayError>>()?;
+    pub fn new(config: &Config, log_id: &str) -> Result<Self, RouteError> {
+        let routes = config.webhooks.iter().filter(|w| w.enabled).map(Route::new).collect::<Result<_, RouteError>>()?;
         Ok(Self { routes, modes: config.mode_plan(), log_id: log_id.to_owned() })
     }
 
@@ -157,7 +158,7 @@ impl Outbox for Router {
         let mut out = Vec::new();
         for r in self.routes.iter().filter(|r| r.accepts(&e)) {
             if let Some(debounce) = r.full_state {
-                out.push(super::full_state::declaration(&r.name, "MODIFIED", debounce, "event", Some(e.id)));
+                out.push(declaration(&r.name, "MODIFIED", debounce, "event", Some(e.id)));
                 continue;
             }
             let mode = self.modes.mode_for(&e.event.view, &r.name);

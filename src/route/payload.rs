@@ -9,7 +9,7 @@ use vipwatch_contract::{
     WebhookService,
 };
 
-use crate::model::{ServiceKey, ServiceView};
+use crate::model::{ServiceKey, ServiceView, rfc3339};
 
 /// Everything a payload is built from.
 pub struct PayloadInput<'a> {
@@ -94,10 +94,4 @@ pub fn render_completed(observed_at: i64, log_id: &str, sync: SyncMarker) -> Str
         },
     };
     serde_json::to_string(&payload).expect("payload serializes")
-}
-
-/// Unix ms → RFC 3339 UTC with milliseconds (`2026-11-29T23:05:00.123Z`).
-pub fn rfc3339(ms: i64) -> String {
-    let ts = jiff::Timestamp::from_millisecond(ms).unwrap_or(jiff::Timestamp::UNIX_EPOCH);
-    format!("{ts:.3}")
 }
