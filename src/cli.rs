@@ -8,7 +8,8 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "vipwatch", version, about)]
 pub struct Cli {
-    /// Config file (TOML). Default: `vipwatch.toml` in the working directory when it exists.
+    /// Config file (TOML). Default: `vipwatch.toml` in the working directory when it exists. Every
+    /// subcommand reads it but `demo` and `demo-receiver`.
     #[arg(long, short = 'c', global = true, env = "VIPWATCH_CONFIG")]
     pub config: Option<PathBuf>,
     /// What to do.
@@ -21,7 +22,9 @@ pub struct Cli {
 pub enum Command {
     /// Watch Services, record changes, serve the API (runs until SIGTERM / Ctrl-C).
     Serve,
-    /// Validate the configuration and print the effective config, secrets redacted. Exit 2 if invalid.
+    /// Validate the configuration (and render every request template against a sample Service) and
+    /// print the effective config, secrets redacted. Exit 2 if invalid: every subcommand exits 2 with
+    /// one message naming the key when the configuration is invalid.
     CheckConfig,
     /// Enqueue a `service.synced` delivery with the current view of every in-scope Service, for
     /// appliances that drifted or were rebuilt. A running `vipwatch serve` sends them.

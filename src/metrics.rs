@@ -11,7 +11,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Labels of `vipwatch_events_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabels {
     /// `ADDED`, `MODIFIED`, `DELETED`.
     pub r#type: String,
@@ -20,7 +20,7 @@ pub struct EventLabels {
 }
 
 /// Labels carrying one watch scope: the resource and `*` or a namespace.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ScopeLabels {
     /// `services`, `nodes` or `endpointslices`.
     pub resource: String,
@@ -29,7 +29,7 @@ pub struct ScopeLabels {
 }
 
 /// Labels of `vipwatch_watch_errors_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WatchErrorLabels {
     /// `services`, `nodes` or `endpointslices`.
     pub resource: String,
@@ -41,14 +41,14 @@ pub struct WatchErrorLabels {
 }
 
 /// Labels of `vipwatch_store_write_errors_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StoreErrorLabels {
     /// `full`, `io`, `busy`, `locked`, `readonly`, `timeout` or `other` (see `store::FaultKind`).
     pub kind: String,
 }
 
 /// Labels of `vipwatch_deliveries_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeliveryLabels {
     /// Endpoint name.
     pub webhook: String,
@@ -57,14 +57,14 @@ pub struct DeliveryLabels {
 }
 
 /// Labels carrying one endpoint.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WebhookLabels {
     /// Endpoint name.
     pub webhook: String,
 }
 
 /// Labels of `vipwatch_webhook_circuit_transitions_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CircuitLabels {
     /// Endpoint name.
     pub webhook: String,
@@ -73,7 +73,7 @@ pub struct CircuitLabels {
 }
 
 /// Labels of `vipwatch_http_requests_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
     /// The matched route template (e.g. `/api/v1/events/{id}`), or `unmatched`.
     pub route: String,
@@ -84,7 +84,7 @@ pub struct HttpLabels {
 }
 
 /// Labels of `vipwatch_http_request_duration_seconds`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     /// The matched route template, or `unmatched`.
     pub route: String,
@@ -93,14 +93,14 @@ pub struct RouteLabels {
 }
 
 /// Labels of the per-pool gauges.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     /// `[[pools]]` name.
     pub pool: String,
 }
 
 /// Labels of `vipwatch_kubernetes_writes_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     /// `status`, `finalizer_add`, `finalizer_remove`, `event`.
     pub kind: String,
@@ -109,7 +109,7 @@ pub struct WriteLabels {
 }
 
 /// Labels of `vipwatch_backend_members`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MemberLabels {
     /// `nodePort` or `pod`.
     pub mode: String,
@@ -118,21 +118,21 @@ pub struct MemberLabels {
 }
 
 /// Labels of `vipwatch_nodes`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabels {
     /// `true` when the Node may carry load-balancer traffic.
     pub eligible: String,
 }
 
 /// Labels of `vipwatch_deletion_guard_trips_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GuardTripLabels {
     /// `startup` (the first list, or namespaces no longer watched) or `relist`.
     pub cause: String,
 }
 
 /// Labels of `vipwatch_held_deletions_released_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HeldReleaseLabels {
     /// `api` (released by request: DELETED recorded), `confirmed` (a later list confirmed them:
     /// DELETED recorded) or `reappeared` (listed again: no DELETED).
@@ -285,89 +285,89 @@ impl Metrics {
             template_held: Family::default(),
         };
         let registry = &mut m.registry;
-        registry.register("events", "Events recorded in the event log", m.events.clone());
-        registry.register("watch_errors", "Errors from the Kubernetes watch (never fatal)", m.watch_errors.clone());
-        registry.register("watch_relists", "Full lists after the first one", m.relists.clone());
-        registry.register("watch_restarts", "Watch restarts forced by vipwatch", m.watch_restarts.clone());
-        registry.register("watch_gone", "410 Gone answers (expired resourceVersion)", m.watch_gone.clone());
-        registry.register("backend_members", "Pool members over every in-scope Service", m.backend_members.clone());
+        registry.register("events", "Events recorded in the event log, by `type` (`ADDED`, `MODIFIED`, `DELETED`) and `cause` (`watch`, `relist`, `startup`, `allocation`, `appliance`, `backends`)", m.events.clone());
+        registry.register("watch_errors", "Errors of the Kubernetes watch (never fatal), by `resource` (`services`, `nodes`, `endpointslices`), `scope` (`*` or a namespace) and `kind`: `list`, `watch_start`, `gone` (410), `status`, `stream`, `decode`, `no_resource_version`, `stalled` (a list or watch got no byte within its deadline and was dropped)", m.watch_errors.clone());
         registry.register(
-            "backend_changes_coalesced",
-            "EndpointSlice and Node changes folded into an already pending member update",
-            m.backend_coalesced.clone(),
+            "watch_relists",
+            "Full lists after the first one, by `resource` and `scope`",
+            m.relists.clone(),
         );
-        registry.register("backend_noop", "Member recomputations that changed nothing", m.backend_noop.clone());
-        registry.register("nodes", "Nodes known, by eligibility for load-balancer traffic", m.nodes.clone());
+        registry.register(
+            "watch_restarts",
+            "Watch restarts forced by vipwatch (a malformed line, the periodic relist), by `resource` and `scope`",
+            m.watch_restarts.clone(),
+        );
+        registry.register(
+            "watch_gone",
+            "`410 Gone` answers (an expired resourceVersion), by `resource` and `scope`",
+            m.watch_gone.clone(),
+        );
+        registry.register("backend_members", "Pool members over every in-scope Service, by `mode` (`nodePort`, `pod`) and `state` (`active`, `draining`)", m.backend_members.clone());
+        registry.register("backend_changes_coalesced", "EndpointSlice and Node changes folded into a member update already pending for a Service (one MODIFIED instead of several)", m.backend_coalesced.clone());
+        registry.register("backend_noop", "Member recomputations after an input changed that changed nothing (a slice write that moved, relabelled or duplicated endpoints; a Node update that leaves its addresses and eligibility as they were)", m.backend_noop.clone());
+        registry.register(
+            "nodes",
+            "Nodes known, by `eligible` (`true` when the Node may carry load-balancer traffic)",
+            m.nodes.clone(),
+        );
         registry.register("services_in_scope", "Services in the current-state table", m.services_in_scope.clone());
         registry.register("vips_in_use", "Distinct VIP addresses of in-scope Services", m.vips_in_use.clone());
-        registry.register("pool_addresses_in_use", "Addresses of the pool held by Services", m.pool_in_use.clone());
-        registry.register("pool_addresses_free", "Usable addresses of the pool nobody holds", m.pool_free.clone());
         registry.register(
-            "pool_addresses_reserved",
-            "Addresses of the pool kept until the appliance acknowledged their withdrawal",
-            m.pool_reserved.clone(),
+            "pool_addresses_in_use",
+            "Distinct addresses of the `pool` held by Services (reserved ones included)",
+            m.pool_in_use.clone(),
         );
-        registry.register("kubernetes_writes", "Writes back to Kubernetes by kind and outcome", m.kube_writes.clone());
-        registry.register("deliveries", "Delivery attempts by endpoint and outcome", m.deliveries.clone());
+        registry.register(
+            "pool_addresses_free",
+            "Usable addresses of the `pool` that nobody holds (saturates at 2^63-1)",
+            m.pool_free.clone(),
+        );
+        registry.register("pool_addresses_reserved", "Addresses of the `pool` held only for a DELETED or an address-withdrawing MODIFIED that the appliance has not acknowledged yet: no other Service may take them meanwhile (part of in use)", m.pool_reserved.clone());
+        registry.register("kubernetes_writes", "Writes back to Kubernetes by `kind` (`status`, `finalizer_add`, `finalizer_remove`, `event`) and `outcome`: `ok`, `error`, or (Events only) `dropped`, never attempted because the Event queue was full. Every series exists at 0 from the start", m.kube_writes.clone());
+        registry.register("deliveries", "Delivery attempts by `webhook` and `outcome`: `succeeded`, `retrying` (the attempt failed and will be retried), `failed` (given up)", m.deliveries.clone());
         registry.register(
             "delivery_latency_seconds",
-            "Time from event observed to 2xx from the endpoint",
+            "Time from a change observed to the endpoint's 2xx, by `webhook`",
             m.delivery_latency.clone(),
         );
-        registry.register("outbox_depth", "Pending deliveries per endpoint", m.outbox_depth.clone());
+        registry.register(
+            "outbox_depth",
+            "Pending deliveries per `webhook`, refreshed on every scrape",
+            m.outbox_depth.clone(),
+        );
         registry.register(
             "outbox_oldest_pending_age_seconds",
-            "Age of the oldest pending delivery per endpoint",
+            "Age of the oldest pending delivery per `webhook` (0 when none), refreshed on every scrape",
             m.outbox_oldest_age.clone(),
         );
         registry.register(
             "deletions_held",
-            "Service deletions the mass-deletion guard holds",
+            "Service deletions the mass-deletion guard holds now",
             m.deletions_held.clone(),
         );
-        registry.register("deletion_guard_trips", "Lists whose deletions the guard held", m.guard_trips.clone());
-        registry.register("held_deletions_released", "Held deletions no longer held, by how", m.held_released.clone());
-        registry.register("http_requests", "API requests by route, method and status", m.http_requests.clone());
+        registry.register("deletion_guard_trips", "Lists whose deletions the mass-deletion guard held, by `cause`: `startup` (the first list, or namespaces no longer watched) or `relist`", m.guard_trips.clone());
+        registry.register("held_deletions_released", "Held deletions no longer held, by `how`: `api` (released by request: DELETED recorded), `confirmed` (a later list confirmed them: DELETED recorded) or `reappeared` (listed again: no DELETED)", m.held_released.clone());
+        registry.register("http_requests", "API requests answered, by `route` (the matched route template, e.g. `/api/v1/events/{id}`, or `unmatched`), `method` and `status`", m.http_requests.clone());
         registry.register(
             "http_request_duration_seconds",
-            "API request latency to the response head",
+            "API request latency to the response head, by `route` and `method`",
             m.http_latency.clone(),
         );
         registry.register(
             "webhook_circuit_open",
-            "1 while the endpoint's circuit breaker is open or half-open",
+            "1 while the `webhook`'s circuit breaker is open or half-open (one probe at a time), 0 while closed",
             m.circuit_open.clone(),
         );
-        registry.register(
-            "webhook_circuit_transitions",
-            "Circuit breaker state changes by endpoint and state entered",
-            m.circuit_transitions.clone(),
-        );
-        registry.register(
-            "store_write_errors",
-            "Database writes that failed with a storage fault, by kind (each retry counts)",
-            m.store_write_errors.clone(),
-        );
+        registry.register("webhook_circuit_transitions", "Circuit breaker state changes by `webhook` and the state entered, `to`: `open` (the first opening and each failed probe), `half_open` (a probe went out), `closed`", m.circuit_transitions.clone());
+        registry.register("store_write_errors", "Database writes (and `/readyz` write probes) that failed with a storage fault, by `kind`: `full`, `io`, `busy`, `locked`, `readonly`, `timeout`, `fenced` (a deposed leader's write) or `other`; every retry counts again", m.store_write_errors.clone());
         registry.register(
             "store_writable",
-            "1 while the database can be written, 0 while writes fail",
+            "1 while the last database write (or probe) succeeded, 0 while writes fail",
             m.store_writable.clone(),
         );
-        registry.register(
-            "leader",
-            "1 while this replica leads (always on SQLite), 0 while it follows",
-            m.leader.clone(),
-        );
-        registry.register(
-            "watch_synced_timestamp_seconds",
-            "Up to when each watch scope's data is known current (Unix seconds), refreshed on every scrape",
-            m.watch_synced.clone(),
-        );
-        registry.register(
-            "template_removal_held",
-            "1 while a full-state endpoint's removal guard holds a declaration until confirmed",
-            m.template_held.clone(),
-        );
+        registry.register("leader", "1 while this replica leads (always on SQLite, the only instance), 0 while it follows (PostgreSQL). Summed over every replica: 0 means nobody leads", m.leader.clone());
+        registry.register("watch_synced_timestamp_seconds", "Up to when each watch scope's data is known current (Unix seconds; now while its watch is healthy), by `resource` and `scope`, refreshed on every scrape", m.watch_synced.clone());
+        registry.register("template_removal_held", "1 while a full-state `webhook`'s removal guard holds a declaration (confirm it with `POST /api/v1/webhooks/{name}/confirm-removal`), else 0", m.template_held.clone());
         for (kind, outcome) in KUBE_WRITE_SERIES {
             m.kube_writes_of(kind, outcome);
         }
@@ -467,6 +467,38 @@ impl Metrics {
         let labels =
             WatchErrorLabels { resource: "services".to_owned(), scope: scope.to_owned(), kind: kind.to_owned() };
         self.watch_errors.get(&labels).map(|c| c.get()).unwrap_or(0)
+    }
+
+    /// Every metric as a scrape shows it once each family has a series (its labels empty): `# HELP`
+    /// and `# TYPE` lines and at least one sample per metric, which names its labels. The metrics
+    /// reference (docs/reference/metrics.md) is generated from it.
+    pub fn reference_exposition() -> String {
+        let m = Self::new();
+        let _ = m.events.get_or_create(&Default::default());
+        let _ = m.watch_errors.get_or_create(&Default::default());
+        let _ = m.relists.get_or_create(&Default::default());
+        let _ = m.watch_restarts.get_or_create(&Default::default());
+        let _ = m.watch_gone.get_or_create(&Default::default());
+        let _ = m.backend_members.get_or_create(&Default::default());
+        let _ = m.nodes.get_or_create(&Default::default());
+        let _ = m.pool_in_use.get_or_create(&Default::default());
+        let _ = m.pool_free.get_or_create(&Default::default());
+        let _ = m.pool_reserved.get_or_create(&Default::default());
+        let _ = m.kube_writes.get_or_create(&Default::default());
+        let _ = m.deliveries.get_or_create(&Default::default());
+        let _ = m.delivery_latency.get_or_create(&Default::default());
+        let _ = m.outbox_depth.get_or_create(&Default::default());
+        let _ = m.outbox_oldest_age.get_or_create(&Default::default());
+        let _ = m.guard_trips.get_or_create(&Default::default());
+        let _ = m.held_released.get_or_create(&Default::default());
+        let _ = m.http_requests.get_or_create(&Default::default());
+        let _ = m.http_latency.get_or_create(&Default::default());
+        let _ = m.circuit_open.get_or_create(&Default::default());
+        let _ = m.circuit_transitions.get_or_create(&Default::default());
+        let _ = m.store_write_errors.get_or_create(&Default::default());
+        let _ = m.watch_synced.get_or_create(&Default::default());
+        let _ = m.template_held.get_or_create(&Default::default());
+        m.render()
     }
 
     /// The OpenMetrics text exposition (`application/openmetrics-text; version=1.0.0`), which

@@ -8,28 +8,31 @@ use super::ConfigError;
 use crate::model::backends::{ADDRESS_TYPES, MemberRules, ModeSetting};
 
 /// `[backends]` table.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackendsConfig {
-    /// `nodePort` (default: Nodes × nodePorts), `pod` (EndpointSlice endpoints) or `none`. Overridden
-    /// per webhook endpoint (`backend_mode`) and per Service (annotation `vipwatch.io/backend-mode`).
+    /// How pool members are chosen: `nodePort` (every eligible Node × each port's `nodePort`), `pod` (the endpoints
+    /// of the Service's EndpointSlices) or `none` (no members; Nodes and EndpointSlices are not watched).
+    /// Overridden per endpoint (`webhooks.backend_mode`) and per Service (annotation `vipwatch.io/backend-mode`).
     pub mode: ModeSetting,
-    /// Member changes of one Service within this window (after the last one) become one MODIFIED,
-    /// e.g. `"250ms"`; a new Service's ADDED waits at most this long for its first endpoints.
+    /// Member changes of one Service within this window (after the last one) become one `MODIFIED`; a new Service
+    /// in mode `pod` waits at most this long for its first endpoints.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub window: Duration,
-    /// Under continuous churn, a pending member change goes out at the latest this long after the first
-    /// one, e.g. `"2s"`.
+    /// Under continuous churn, a pending member change goes out at the latest this long after the first one. At
+    /// least `window`, at most `1m`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub max_wait: Duration,
-    /// Node address types by preference, for the primary address of each family (`InternalIP`,
-    /// `ExternalIP`).
+    /// Node address types by preference (`InternalIP`, `ExternalIP`), for the primary address of each family the
+    /// Service uses.
     pub address_types: Vec<String>,
-    /// With `externalTrafficPolicy: Local` in mode `nodePort`: list only the Nodes hosting a ready
-    /// endpoint of the Service (for appliances that cannot run the `healthCheckNodePort` check).
+    /// With `externalTrafficPolicy: Local` in mode `nodePort`: list only the Nodes hosting a ready endpoint (a Node
+    /// with only draining ones is `draining`), for appliances that cannot run the `healthCheckNodePort` health
+    /// check.
     pub local_endpoints_only: bool,
-    /// kube-proxy's health port, hinted as the health check for `externalTrafficPolicy: Cluster`; 0 = no
-    /// hint.
+    /// The health check hinted for `externalTrafficPolicy: Cluster` (kube-proxy's `/healthz`); `0`: no hint.
     pub kube_proxy_health_port: u16,
 }
 

@@ -9,20 +9,20 @@ use serde::{Deserialize, Serialize};
 use super::ConfigError;
 
 /// `[guard]` table.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GuardConfig {
-    /// Hold bulk disappearances at all; `false` records every deletion as before.
+    /// Hold bulk disappearances (the mass-deletion guard); `false` records every deletion at once.
     pub enabled: bool,
-    /// Share of the known in-scope Services (0 < share <= 1) one list may delete before its deletions
-    /// are held: held when `deletions > max_share × known`. `0.5` = more than half.
+    /// One list may delete at most this share of the tracked, not yet held Services it covers; more is held
+    /// (`deletions > max_share × tracked`). Above 0, at most 1.
     pub max_share: f64,
-    /// Deletions one list may always make: held only when `deletions > min_deletions` (a small
-    /// namespace losing 3 of its 4 Services is normal churn).
+    /// A list may always delete this many: held only when `deletions > min_deletions` (small namespaces churn).
     pub min_deletions: usize,
-    /// Held deletions are recorded by themselves once a list at least this long after they were held
-    /// still misses every one of them, e.g. `"10m"`.
+    /// Held deletions are recorded by themselves once a list at least this long after they were held still misses
+    /// them. At least `1s`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub confirm_after: Duration,
 }
 

@@ -17,6 +17,7 @@ pub mod env;
 mod guard;
 mod pool;
 mod relay;
+pub mod schema;
 mod template;
 
 pub use backends::BackendsConfig;
@@ -94,7 +95,7 @@ pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_millis(15);
 pub const DEFAULT_RELIST_INTERVAL: Duration = Duration::from_secs(30 * 60);
 
 /// The whole configuration. Unknown keys are errors.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// `[kubernetes]`: where and what to watch.
@@ -116,49 +117,64 @@ pub struct Config {
 }
 
 /// `[kubernetes]` table.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct KubernetesConfig {
-    /// API base URL (e.g. `http://127.0.0.1:8001` for `kubectl proxy`); no credentials are added. When
-    /// absent: `KUBECONFIG` / `~/.kube/config` (with `context`), else the in-cluster service account.
+    /// API base URL, e.g. `http://127.0.0.1:8001` for `kubectl proxy`; no credentials are added to requests. `http`
+    /// or `https` only. Unset: the kubeconfig (`KUBECONFIG` or `~/.kube/config`, with `context`), else the
+    /// in-cluster service account.
     pub url: Option<Url>,
-    /// kubeconfig context to use when `url` is absent; default: the current context.
+    /// The kubeconfig context to use when `url` is unset; unset: the kubeconfig's current context.
     pub context: Option<String>,
-    /// Namespaces to watch; empty = all namespaces (one cluster-wide watch).
+    /// Namespaces to watch; empty: all namespaces (one cluster-wide watch), else one watch per namespace.
     pub namespaces: Vec<String>,
-    /// Label selector applied server-side to list and watch (Kubernetes syntax); empty = none.
+    /// Label selector applied server-side to the list and the watch (Kubernetes syntax, e.g.
+    /// `team=edge,tier!=dev`); empty: none.
     pub label_selector: String,
-    /// Service types in scope; `["*"]` = every type.
+    /// Service types in scope: any of `ClusterIP`, `NodePort`, `LoadBalancer`, `ExternalName`; `["*"]`: every type.
+    /// Only a `LoadBalancer` has VIPs: a Service of another type in scope is recorded and sent with `vips: []`.
     pub service_types: Vec<String>,
-    /// `spec.loadBalancerClass` value that marks a Service as ours.
+    /// A `LoadBalancer` Service whose `spec.loadBalancerClass` equals this is ours.
     pub load_balancer_class: String,
-    /// Also manage `LoadBalancer` Services with no class.
+    /// Also take `LoadBalancer` Services with no `spec.loadBalancerClass`. A class naming another controller is
+    /// never ours. Set `false` on a cluster where MetalLB or a cloud controller serves classless Services, and give
+    /// vipwatch's Services the class `load_balancer_class`.
     pub manage_classless: bool,
-    /// Server-side watch timeout (`timeoutSeconds`), e.g. `"290s"`; the client gives up on a silent
-    /// stream 5 s after it.
+    /// Server-side watch timeout (`timeoutSeconds`). A watch whose response head or next byte does not come within
+    /// 5 s longer is dropped as stalled (logged, `vipwatch_watch_errors_total{kind="stalled"}`) and resumed from
+    /// the last `resourceVersion`. vipwatch asks for BOOKMARKs, so a healthy stream is never that quiet.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub watch_timeout: Duration,
-    /// Period of a safety-net full re-list, e.g. `"30m"`: whatever a watch lost silently (a line the
-    /// client dropped, a proxy that swallowed an event) is found and recorded with cause `relist`.
+    /// Period of a safety-net full relist: whatever a watch lost silently (a line the client dropped, a proxy that
+    /// swallowed an event) is found and recorded with cause `relist`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub relist_interval: Duration,
-    /// Longest wait for a list response, e.g. `"60s"`: for its head, between two of its chunks and for
-    /// the whole body. Past it the list is dropped as stalled and retried with backoff.
+    /// Longest wait for a list response: for its head, between two of its chunks, and for the whole body. Past it
+    /// the list is dropped as stalled and retried with backoff. At least `1s`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub list_timeout: Duration,
-    /// TCP connect timeout towards the apiserver, e.g. `"10s"`.
+    /// TCP connect timeout towards the apiserver. At least `1s`. Connections also carry TCP keepalive (first probe
+    /// after 30 s idle, then every 10 s, dropped after 3 unanswered: a dead peer is noticed in about a minute); a
+    /// proxy that keeps answering TCP but stops forwarding is caught by `watch_timeout` and `list_timeout` instead.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub connect_timeout: Duration,
-    /// `/readyz` answers 503 once a scope has not been in sync for this long, e.g. `"30s"`: counted from
-    /// the end of its last healthy watch (or the last byte of a stalled one) while it is not watching.
-    /// A healthy open watch is never stale, however quiet (the stall deadline covers it).
+    /// `/readyz` answers 503 once a watch scope has been out of sync this long: counted from the end of its last
+    /// healthy watch (or the last byte of a stalled one) while it is not watching. A healthy open watch is never
+    /// stale however quiet, so this may be shorter than `watch_timeout`. At least `1s`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub stale_after: Duration,
-    /// Write `status.loadBalancer.ingress` of the Services whose VIPs vipwatch assigns, once every
-    /// subscribed endpoint acknowledged the change carrying them.
+    /// Write `status.loadBalancer.ingress` of the Services whose VIPs vipwatch assigns (a pool, or an appliance
+    /// with `assigns_vip`), once every subscribed endpoint acknowledged the change carrying them; clear it once
+    /// they acknowledged its withdrawal.
     pub write_status: bool,
-    /// Put the `vipwatch.io/cleanup` finalizer on in-scope Services before their first delivery, so a
-    /// deleted Service stays until every endpoint acknowledged its DELETED.
+    /// Put the `vipwatch.io/cleanup` finalizer on in-scope Services before their first delivery, so a deleted
+    /// Service stays until every subscribed endpoint acknowledged its `DELETED` (a `404` or `410` answer counts).
+    /// Remove it from every Service with `vipwatch release-finalizers` when uninstalling.
     pub finalizer: bool,
 }
 
@@ -195,51 +211,59 @@ impl KubernetesConfig {
 }
 
 /// `[database]` table.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
-    /// SQLite file, created if missing (WAL mode); ignored when `url` is set.
+    /// The SQLite file, created if missing (WAL mode, 8 KiB pages). Ignored when `url` is set.
     pub path: PathBuf,
-    /// PostgreSQL database, `postgres://user:password@host:5432/vipwatch` (or a unix socket:
-    /// `postgres://user@localhost/vipwatch?host=/run/postgresql`): selects PostgreSQL instead of the
-    /// SQLite file, for two or more replicas. Also `VIPWATCH_DATABASE__URL`. Unset: SQLite.
+    /// PostgreSQL instead of the SQLite file, for two or more replicas sharing it:
+    /// `postgres://user:password@host:5432/vipwatch`; a unix socket:
+    /// `postgres://user@localhost/vipwatch?host=/run/postgresql`; TLS:
+    /// `?sslmode=verify-full&sslrootcert=/etc/vipwatch/pg-ca.pem` (rustls with the system's roots or that CA).
+    /// Redacted in `check-config` and logs. Also `VIPWATCH_DATABASE__URL`.
     pub url: Option<Secret>,
-    /// How long events are kept, e.g. `"30d"` (humantime syntax).
+    /// Events older than this, and finished deliveries (succeeded, superseded, failed) with their attempts, are
+    /// pruned at start and then hourly; pending deliveries never are.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub event_retention: Duration,
-    /// Longest wait between retries of a write that failed with a storage fault (disk full, I/O
-    /// error, database locked), e.g. `"5s"`; retries start at 100 ms and double up to it. 100ms–5m.
+    /// Longest wait between retries of a write the database refused (disk full, I/O error, locked by another
+    /// process); retries start at 100 ms and double up to it, with jitter. 100ms–5m.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub write_retry_max_delay: Duration,
-    /// The group-commit interval, e.g. `"15ms"`: changes that come faster than this share one
-    /// write transaction, and the relay's rounds ride those transactions at most this often.
-    /// Lower: less latency under load (and more relay throughput per endpoint while every slot is
-    /// busy), more CPU per change. 0s–1s. While the relay is backlogged (a round claimed all of the 8
-    /// or more heads it asked for, after attempts quicker than this interval on average) it is at most 5 ms for
-    /// the next 100 ms. See [`DEFAULT_COMMIT_INTERVAL`] and `store::BACKLOG_COMMIT_INTERVAL`.
+    /// The group commit: changes that come faster than this share one write transaction, and each endpoint's relay
+    /// records its finished attempts and claims the next at most this often, riding those transactions. Lower: less
+    /// latency under a sustained load and more deliveries per second per endpoint (about `concurrency` per interval
+    /// or two while every slot is busy), more CPU per change. 0s–1s; `"0s"` commits each batch of changes as soon
+    /// as the writer has it (no group commit).
+    ///
+    /// While an endpoint is backlogged (a round claimed every one of the 8 or more heads it asked for, after
+    /// attempts that took less than this interval on average, one of them successful) the interval is at most 5 ms
+    /// for the next 100 ms.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub commit_interval: Duration,
-    /// PostgreSQL only: how long a leader's lease lasts without renewal, e.g. `"15s"`. A replica that
-    /// stops renewing (crashed, paused, cut off) is replaced this long after its last renewal; it
-    /// stops acting itself a second or a renewal interval before that (whichever is longer). 3s–5m,
-    /// at least three renewal intervals. The upstream cloud-controller-manager's default.
+    /// PostgreSQL: how long the leader's lease lasts without renewal. A crashed, paused or cut-off leader is
+    /// replaced this long after its last renewal; it stops acting itself `max(1s, leader_renew)` before that.
+    /// 3s–5m, at least three `leader_renew`. The upstream cloud-controller-manager's default.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub leader_ttl: Duration,
-    /// PostgreSQL only: how often the leader renews its lease and a follower tries to take an expired
-    /// one, e.g. `"2s"`. 100ms–1m.
+    /// PostgreSQL: how often the leader renews its lease and followers bid for an expired one. 100ms–1m.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub leader_renew: Duration,
-    /// PostgreSQL only: a leader whose watch fails this long without a break — before its first
-    /// lists are stored, a scope whose requests fail or stall (a first list still being read is
-    /// progress, however large the cluster); after, `/readyz`'s watch check (the apiserver
-    /// unreachable past `kubernetes.stale_after`, 401/403 in a row) — gives its lease up and waits `leader_ttl` before bidding again, so a replica that can reach Kubernetes
-    /// takes over, e.g. `"60s"`. 1s–1h. (With the lease in Kubernetes, as upstream controllers
-    /// keep it, a leader cut off from the apiserver loses it by itself; ours is in PostgreSQL.)
+    /// PostgreSQL: a leader whose watch fails this long without a break gives the lease up and waits `leader_ttl`
+    /// before bidding again, so a replica that can reach Kubernetes leads. Before its first lists are stored that
+    /// is a scope's requests failing or stalling (a first list still being read counts as progress); after,
+    /// `/readyz`'s watch check. 1s–1h.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub leader_step_down_after: Duration,
-    /// PostgreSQL only: this replica's name in the lease and the API (`leader` of `/api/v1/status`).
-    /// Unset: the host name plus a random suffix, new at every start (a restarted replica is a new
-    /// holder). Also `VIPWATCH_DATABASE__REPLICA`; in Kubernetes the pod name.
+    /// PostgreSQL: this replica's name in the lease and in `GET /api/v1/status`. Unset: the host name plus a random
+    /// suffix, new at every start. In Kubernetes: the pod name (`VIPWATCH_DATABASE__REPLICA` from the downward
+    /// API).
     pub replica: Option<String>,
 }
 
@@ -260,33 +284,31 @@ impl Default for DatabaseConfig {
 }
 
 /// `[server]` table.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    /// Listen address of the REST API, `host:port`.
+    /// Address of the REST API, `host:port`.
     pub listen: SocketAddr,
-    /// Bearer token required by every POST (and by reads when `require_auth_for_reads`), compared in
-    /// constant time. Also `VIPWATCH_API_TOKEN`. Unset: every POST is refused with 403.
+    /// Bearer token required by every POST (and by reads with `require_auth_for_reads`), compared in constant time.
+    /// Also `VIPWATCH_API_TOKEN`. Unset: every POST is refused with 403.
     pub api_token: Option<Secret>,
-    /// Require the token for reads too (`/api/v1/**` GETs and `/metrics`); `/healthz`, `/readyz`,
-    /// `/openapi.json` and `/docs` stay open.
+    /// Require the token for `/api/v1/**` GETs and `/metrics` too; `/healthz`, `/readyz`, `/openapi.json` and
+    /// `/docs` stay open.
     pub require_auth_for_reads: bool,
-    /// Browser origins allowed by CORS (e.g. `["https://ops.example.net"]`); empty = CORS off.
+    /// Browser origins allowed by CORS, e.g. `["https://ops.example.net"]`; empty: CORS off.
     pub cors_origins: Vec<Url>,
-    /// Longest time a request may take before a 408, e.g. `"30s"`; `"0s"` = no limit. The SSE stream
-    /// is not cut by it once it has started.
+    /// Longest time a request may take (408 after); `"0s"`: no limit. The SSE stream is exempt once started.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub request_timeout: Duration,
-    /// Largest request body accepted, in bytes (larger: 413).
+    /// Largest request body accepted, in bytes (413 above).
     pub body_limit: usize,
-    /// Threads of `vipwatch serve`'s async runtime (tokio's workers), which run the watch, the relay
-    /// and this API; 1–64. One by default: the work is mostly waiting on sockets and on the database
-    /// connections' own threads, and with a worker per core (two here) the wake-ups between them cost
-    /// about 17 % more CPU per change at 500 changes/s with no latency gained (README, "Benchmarks").
-    /// What would hold a worker for long runs elsewhere: a full-state declaration's context and
-    /// render and freeing a large batch on the blocking pool, the watch's preparation of 32 changes
-    /// or more through `block_in_place`. A sustained load of thousands of changes per second is
-    /// delivered sooner with 2 (and a shorter `database.commit_interval`), at more CPU per change.
+    /// Threads of the async runtime that runs the watch, the relay and the API (tokio's workers), 1–64. One is
+    /// enough and costs least: the work mostly waits on sockets and on the database connections' own threads, and a
+    /// worker per core costs more CPU per change in wake-ups with no latency gained. What would hold the thread for
+    /// long (rendering a full-state declaration) runs on tokio's blocking pool. A sustained load of thousands of
+    /// changes per second is delivered sooner with 2 (and a shorter `database.commit_interval`), at more CPU per
+    /// change.
     pub worker_threads: usize,
 }
 

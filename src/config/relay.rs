@@ -59,27 +59,32 @@ impl Serialize for Secret {
 }
 
 /// `[relay]`: dispatcher settings shared by every endpoint.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
-    /// Deliveries in flight at once per endpoint (each to a different Service).
+    /// Deliveries in flight at once per endpoint, each for a different Service. Per endpoint:
+    /// `webhooks.concurrency`.
     pub concurrency: usize,
-    /// How long a claimed delivery is reserved for its attempt before another worker may take it.
-    /// 1 s to 24 h ([`super::MIN_LEASE`], [`super::MAX_LEASE`]). Nine tenths of it must exceed
-    /// every endpoint `timeout`; leases are also cleared at start (crash recovery). An attempt still
-    /// running at nine tenths of it after its claim is cut off and retried
-    /// ([`RelayConfig::attempt_limit`]).
+    /// How long a claimed delivery is reserved for its attempt, 1s–24h. Nine tenths of it must exceed every webhook
+    /// `timeout` (and a poll's `deadline` plus two timeouts): an attempt still running at nine tenths of it after
+    /// its claim (a request template's chain of requests, each within its `timeout`, or a claim that waited for a
+    /// busy machine) is cut off, recorded as a `timeout` and retried, so no attempt outlives its lease. Leases are
+    /// cleared at start: after a crash, what was in flight is sent again.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub lease: Duration,
-    /// On SIGTERM / Ctrl-C: how long in-flight attempts may finish before the process exits anyway.
+    /// On SIGTERM or Ctrl-C: how long in-flight attempts may finish; the rest stay pending.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub shutdown_grace: Duration,
-    /// Fallback poll period for work enqueued by another process (`vipwatch resync`).
+    /// Fallback poll for work enqueued by another process (`vipwatch resync`), and the period at which status
+    /// write-back and finalizer removal look at delivery outcomes.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub poll_interval: Duration,
-    /// Consecutive attempts that find an endpoint down (no answer, redirect, 5xx, 401, 403, 408,
-    /// 429) after which its circuit opens: one probe at a time on the retry schedule until it
-    /// answers. 0 disables the breaker. Per endpoint: `webhooks.circuit_failures`.
+    /// Consecutive attempts that find an endpoint down (no answer, redirect, 5xx, 401, 403, 408, 429) after which
+    /// its circuit opens: one probe at a time on the retry schedule until it answers. `0` disables the breaker. Per
+    /// endpoint: `webhooks.circuit_failures`.
     pub circuit_failures: u32,
 }
 
@@ -110,19 +115,22 @@ impl Default for RelayConfig {
 }
 
 /// `retry = { ... }` of a webhook: exponential backoff with jitter between attempts.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetryConfig {
-    /// Give up (state `failed`) after this many attempts.
+    /// Give up (delivery `failed`: kept, replayable) after this many attempts.
     pub max_attempts: u32,
-    /// Give up once the delivery is this old (since enqueued) and its last attempt failed.
+    /// Give up once a delivery is this old (since enqueued) and its last attempt failed.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub max_age: Duration,
-    /// Delay after the first failure; doubles per attempt.
+    /// Delay after the first failure; doubles per attempt, with jitter.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub initial_delay: Duration,
-    /// Ceiling of the delay between attempts (also the clamp for `Retry-After`).
+    /// Ceiling of the delay between attempts; also the clamp for a receiver's `Retry-After`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub max_delay: Duration,
 }
 
@@ -138,83 +146,94 @@ impl Default for RetryConfig {
 }
 
 /// `tls = { ... }` of a webhook: private CA and client certificate (mTLS), as appliances need.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
-    /// PEM file of CA certificates trusted in addition to the system roots.
+    /// PEM bundle of CA certificates trusted in addition to the system roots (a self-signed appliance).
     pub ca_file: Option<PathBuf>,
-    /// PEM client certificate chain (with `client_key_file`).
+    /// PEM client certificate chain, for mTLS (with `client_key_file`).
     pub client_cert_file: Option<PathBuf>,
-    /// PEM private key of the client certificate.
+    /// PEM private key of the client certificate (with `client_cert_file`).
     pub client_key_file: Option<PathBuf>,
 }
 
 /// One `[[webhooks]]` table: an outbound endpoint.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
-    /// Unique name, used in the API, metrics and the delivery log.
+    /// Unique endpoint name, used in the API, metrics and the delivery log: non-empty, no `/`, `.` or spaces.
     pub name: String,
-    /// Where to POST.
+    /// The `http` or `https` URL that receives a POST per delivery (with a `template`: the base that relative
+    /// request URLs are appended to). A link-local or cloud-metadata address is refused unless `allow_link_local`.
     pub url: Url,
-    /// Standard Webhooks secret (`whsec_` + base64 key).
+    /// The Standard Webhooks secret: `whsec_` + base64 of 24 to 64 random bytes (e.g. `echo whsec_$(head -c 32
+    /// /dev/urandom | base64)`). Exactly one of `secret`, `secret_file`, `secret_env` is required (a template
+    /// endpoint needs one only with `sign = true`). Never printed.
     #[serde(default)]
     pub secret: Option<Secret>,
-    /// File holding the secret (trailing whitespace ignored).
+    /// A file holding the secret (trailing whitespace ignored), instead of `secret`.
     #[serde(default)]
     pub secret_file: Option<PathBuf>,
-    /// Environment variable holding the secret.
+    /// An environment variable holding the secret (trailing whitespace ignored), instead of `secret`.
     #[serde(default)]
     pub secret_env: Option<String>,
-    /// Event types sent: `ADDED`, `MODIFIED`, `DELETED` (default all). `service.synced` is always sent.
+    /// Which event types this endpoint receives: `ADDED`, `MODIFIED`, `DELETED`. `service.synced` (a resync) is
+    /// always sent. An endpoint without `MODIFIED` never hears of an address assigned after the `ADDED` (vipwatch
+    /// warns at start).
     #[serde(default = "all_events")]
     pub events: Vec<String>,
-    /// Only Services in these namespaces (default: all in scope).
+    /// Only Services in these namespaces; empty: every namespace in scope.
     #[serde(default)]
     pub namespaces: Vec<String>,
-    /// Only Services whose labels match (before or after the change).
+    /// Only Services whose labels match (before or after the change); empty: all.
     #[serde(default)]
     pub label_selector: String,
-    /// Whole-attempt timeout (connect, request, response body).
+    /// Limit of one attempt: connect, request and the whole response body. An answer not complete within it is a
+    /// `timeout`, retried.
     #[serde(default = "default_timeout", with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub timeout: Duration,
-    /// TCP + TLS connect timeout.
+    /// TCP and TLS connect limit.
     #[serde(default = "default_connect_timeout", with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub connect_timeout: Duration,
-    /// Static extra headers (values are secrets: never logged or printed).
+    /// Static extra headers, e.g. `{ Authorization = "Bearer ..." }` (an appliance API token). Values are secrets:
+    /// never logged or printed.
     #[serde(default)]
     pub headers: BTreeMap<String, Secret>,
-    /// TLS settings.
+    /// TLS settings: a private CA, a client certificate.
     #[serde(default)]
     pub tls: TlsConfig,
-    /// Retry policy.
+    /// Retry policy: exponential backoff with jitter between attempts, and when to give up.
     #[serde(default)]
     pub retry: RetryConfig,
     /// `false`: nothing is enqueued for or sent to this endpoint.
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// The appliance chooses the VIP: the `{"vips": ["…"]}` or `{"hostname": "…"}` in its 2xx response
-    /// body becomes the Service's address (`source = "appliance"`), replacing a pool allocation.
+    /// The appliance chooses the VIP: the `{"vips": ["…"]}` or `{"hostname": "…"}` in its 2xx response body becomes
+    /// the Service's address (`source = "appliance"`), instead of a pool allocation. An empty body keeps what it
+    /// had.
     #[serde(default)]
     pub assigns_vip: bool,
-    /// This endpoint's backend mode (`nodePort`, `pod` or `none`) instead of `[backends] mode`; a
-    /// Service's `vipwatch.io/backend-mode` annotation still wins.
+    /// This endpoint's backend mode (`nodePort`, `pod` or `none`) instead of `[backends] mode`; a Service's
+    /// `vipwatch.io/backend-mode` annotation still wins.
     #[serde(default)]
     pub backend_mode: Option<crate::model::backends::ModeSetting>,
-    /// Deliveries in flight at once to this endpoint (each for a different Service) instead of
-    /// `relay.concurrency`: e.g. 256 for an agent that batches many Services into one reload, fewer
-    /// for an appliance API with a rate limit. 1 to 4096.
+    /// Deliveries in flight at once to this endpoint (each for a different Service) instead of `relay.concurrency`,
+    /// 1–4096: more for a receiver that batches many Services into one change (the HAProxy agent applies a first
+    /// sync of many Services several times faster with 256 than with 32), fewer for an appliance API with a rate
+    /// limit.
     #[serde(default)]
     pub concurrency: Option<usize>,
-    /// This endpoint's `relay.circuit_failures` (0 disables its breaker).
+    /// This endpoint's circuit breaker threshold instead of `relay.circuit_failures`; `0` disables its breaker.
     #[serde(default)]
     pub circuit_failures: Option<u32>,
-    /// Allow a URL or a resolved address in the link-local / cloud-metadata ranges (see
-    /// [`forbidden_address`]); refused by default.
+    /// Allow a `url`, or an address its host name resolves to, in the link-local or cloud-metadata ranges
+    /// (`169.254.0.0/16`, `fe80::/10`, `fd00:ec2::254`, `100.100.100.200`); refused by default.
     #[serde(default)]
     pub allow_link_local: bool,
-    /// `[webhooks.template]`: requests in the appliance's own API instead of the default webhook
-    /// (README "Request templates"); `url` is then the base that relative request URLs join.
+    /// Requests in the appliance's own API (F5 AS3, NetScaler NITRO, a REST portal) instead of the default signed
+    /// POST; see `[webhooks.template]`.
     #[serde(default)]
     pub template: Option<super::TemplateConfig>,
 }

@@ -15,63 +15,70 @@ use super::Secret;
 pub const TEMPLATE_EVENTS: [&str; 4] = ["ADDED", "MODIFIED", "DELETED", "SYNCED"];
 
 /// `[webhooks.template]` of one endpoint.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateConfig {
-    /// `event`: requests per event; `full_state`: one declaration of every Service.
+    /// `event`: requests per event, rendered from that event's payload; `full_state`: one declaration of every
+    /// Service, debounced and re-sent periodically.
     pub mode: TemplateMode,
-    /// Add the Standard Webhooks headers (`webhook-id`, `-timestamp`, `-signature`) over each request
-    /// body; needs the endpoint's `secret`. Default `false` (appliance APIs do not verify them).
+    /// Add the Standard Webhooks headers (`webhook-id`, `webhook-timestamp`, `webhook-signature`) over each request
+    /// body; the endpoint's `secret` is then required (otherwise it is not).
     #[serde(default)]
     pub sign: bool,
-    /// `Authorization` header from a secret: bearer token or basic credentials.
+    /// `Authorization` from a secret: `{ bearer = { secret_env = "LB_TOKEN" } }` or `{ basic = { username =
+    /// "admin", secret_file = "/run/secrets/f5" } }`; the secret is given as `secret`, `secret_file` or
+    /// `secret_env`, like the endpoint's own.
     #[serde(default)]
     pub auth: Option<AuthConfig>,
-    /// Named secrets templates may use as `secrets.<name>` (e.g. NITRO's `X-NITRO-PASS` header); only
-    /// declared ones, never the whole environment. Their values are redacted from the delivery log.
+    /// Named secrets templates may use as `secrets.<name>` (e.g. NITRO's `X-NITRO-PASS` header), each a `{ secret |
+    /// secret_file | secret_env }`; only these, never the whole environment. Their values are redacted from the
+    /// delivery log.
     #[serde(default)]
     pub secrets: BTreeMap<String, SecretRef>,
     /// Header templates sent with every request (a request's own `headers` win).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-    /// Statuses that count as success when a request lists none (default: any 2xx).
+    /// Statuses that count as success for requests that list none; empty: any 2xx.
     #[serde(default)]
     pub success: Vec<u16>,
-    /// Statuses that fail the delivery at once, without retries (e.g. `[400, 422]`), when a request
-    /// lists none.
+    /// Statuses that fail the delivery at once, without retries (e.g. `[400, 422]`), for requests that list none.
     #[serde(default)]
     pub permanent: Vec<u16>,
-    /// `mode = "event"`: the requests per event type (`ADDED`, `MODIFIED`, `DELETED`, `SYNCED`), sent
-    /// in order; the delivery succeeds when all did.
+    /// `mode = "event"`: the ordered requests per event type (`ADDED`, `MODIFIED`, `DELETED`, `SYNCED`); the
+    /// delivery succeeds when all did. Every event type the endpoint takes (`events`) and `SYNCED` need requests,
+    /// their own or through `like`.
     #[serde(default)]
     pub on: BTreeMap<String, Vec<RequestTemplate>>,
-    /// `mode = "event"`: event types that reuse another's requests, e.g. `{ MODIFIED = "ADDED" }`.
+    /// `mode = "event"`: event types that reuse another's requests, e.g. `{ MODIFIED = "ADDED" }`. An event type
+    /// with requests of its own cannot also have a `like` (a `DELETED` sending the `ADDED`'s PUT would leave the
+    /// VIP up).
     #[serde(default)]
     pub like: BTreeMap<String, String>,
-    /// `mode = "full_state"`: the one request whose body renders `services`.
+    /// `mode = "full_state"`: the one request (same keys as a request of `on`) whose body renders `services`.
     #[serde(default)]
     pub full_state: Option<RequestTemplate>,
-    /// `full_state`: how long changes must be quiet before the declaration goes out (a newer change
-    /// pushes it back by this much). Default 2 s.
+    /// `full_state`: a change is declared once changes were quiet this long (each change pushes it back).
     #[serde(default = "default_debounce", with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub debounce: Duration,
-    /// `full_state`: re-send the declaration this often even without changes (repairs drift on the
-    /// appliance). Default 10 min; at least 1 s.
+    /// `full_state`: declare again this often even without changes (repairs drift on the appliance); also once at
+    /// start, after the first full lists. At least `1s`.
     #[serde(default = "default_resend", with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub resend_interval: Duration,
-    /// `full_state`: the removal guard. A declaration that removes more than this share (0 to 1) of
-    /// the Services the appliance was last told is held until confirmed
-    /// (`POST /api/v1/webhooks/{name}/confirm-removal`). Default 0.5; 1 disables the guard.
+    /// `full_state`: the removal guard. A declaration that removes more than this share (0 to 1) of the Services
+    /// the appliance was last told is held until confirmed (`POST /api/v1/webhooks/{name}/confirm-removal`); `1`
+    /// disables the guard.
     #[serde(default = "default_max_removal")]
     pub max_removal: f64,
-    /// Instruction budget of one render (minijinja fuel): a runaway loop fails instead of spinning.
-    /// Default 50,000,000 (the shipped AS3 tenant of 10,000 Services fits; README "Request templates").
+    /// Instruction budget of one render (minijinja fuel): a runaway loop fails instead of spinning. The default
+    /// fits the shipped AS3 tenant example at 10,000 Services.
     #[serde(default = "default_fuel")]
     pub fuel: u64,
 }
 
 /// `mode` of a template.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TemplateMode {
     /// Requests per event, rendered from that event's payload.
@@ -81,7 +88,7 @@ pub enum TemplateMode {
 }
 
 /// `auth`: an `Authorization` header built from a secret (never logged).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum AuthConfig {
     /// `auth = { bearer = { secret_env = "LB_TOKEN" } }`: `Authorization: Bearer <token>`.
@@ -91,7 +98,7 @@ pub enum AuthConfig {
 }
 
 /// Basic credentials: a user name and the password from a secret.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct BasicAuth {
     /// User name (not secret).
     pub username: String,
@@ -102,7 +109,7 @@ pub struct BasicAuth {
 
 /// A secret given inline (`secret`), in a file (`secret_file`, trailing whitespace ignored) or in an
 /// environment variable (`secret_env`): exactly one, as for the endpoint's own `secret`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SecretRef {
     /// The value itself.
@@ -124,55 +131,58 @@ impl SecretRef {
 }
 
 /// One templated request.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RequestTemplate {
-    /// HTTP method (`GET`, `POST`, `PUT`, `PATCH`, `DELETE`). Default `POST`.
+    /// HTTP method: `GET`, `POST`, `PUT`, `PATCH` or `DELETE`.
     #[serde(default = "default_method")]
     pub method: String,
-    /// URL template: relative (joined to the endpoint's `url`, e.g. `/vips/{{ service.name|path_segment }}`)
-    /// or absolute. Text output: use `path_segment` / `urlencode` on values; CR and LF are refused.
+    /// URL template: relative (appended to the endpoint's `url`, e.g. `/vips/{{ service.name|path_segment }}`) or
+    /// absolute; link-local targets are refused as for `url`. Text output: use `path_segment` or `urlencode` on
+    /// values; CR and LF are refused.
     pub url: String,
     /// Header templates (text; CR and LF refused), over `template.headers`.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-    /// Send this request once per element of a list: a minijinja expression (e.g. `service.ports`)
-    /// evaluated in the request's context; each send sees the element as `item` (and `loop_index`,
-    /// 0-based). An empty list sends nothing.
+    /// Send this request once per element of a list: a minijinja expression (e.g. `service.ports`) evaluated in the
+    /// request's context; each send sees the element as `item` (and `loop_index`, 0-based). An empty list sends
+    /// nothing.
     #[serde(default)]
     pub each: Option<String>,
-    /// Body template, rendered with JSON auto-escape: every `{{ value }}` prints as JSON (a string
-    /// with its quotes), so never quote it yourself. The result must parse as JSON.
+    /// Body template, rendered with JSON auto-escape: every `{{ value }}` prints as JSON (a string with its
+    /// quotes), so never quote it yourself. The result must parse as JSON. `Content-Type: application/json` unless
+    /// a header sets it.
     #[serde(default)]
     pub body: Option<String>,
-    /// The body template in a file instead (relative: to the config file's directory).
+    /// The body template in a file instead of `body` (relative: to the config file's directory).
     #[serde(default)]
     pub body_file: Option<PathBuf>,
-    /// Statuses that count as success (default: `template.success`, else any 2xx).
+    /// Statuses that count as success; empty: `template.success`, else any 2xx.
     #[serde(default)]
     pub success: Vec<u16>,
-    /// Statuses that fail the delivery at once (default: `template.permanent`).
+    /// Statuses that fail the delivery at once; empty: `template.permanent`.
     #[serde(default)]
     pub permanent: Vec<u16>,
-    /// A condition on the JSON response body of a successful status (e.g. AS3 `results[].code`).
+    /// A condition on the JSON response body of a successful status (e.g. AS3's `results[].code`); a failed check
+    /// is an `http` failure, retried.
     #[serde(default)]
     pub check: Option<Check>,
-    /// Values captured from the JSON response: name → JSON pointer; later requests and `poll` see
-    /// them as `captured.<name>`.
+    /// Values captured from the JSON response: name → JSON pointer; later requests and `poll` see them as
+    /// `captured.<name>`.
     #[serde(default)]
     pub capture: BTreeMap<String, String>,
-    /// JSON pointer to the VIP (a string, or an array of strings) in the response: it becomes the
-    /// Service's address, as `assigns_vip` (which must be `true`) does for plain webhooks.
+    /// JSON pointer to the VIP (a string, or an array of strings) in the response: it becomes the Service's
+    /// address, as `assigns_vip` (which must be `true`) does for plain webhooks.
     #[serde(default)]
     pub capture_vip: Option<String>,
-    /// Asynchronous APIs (AS3 `202` + task id): poll until done.
+    /// Asynchronous APIs (AS3's `202` and a task id): poll until done.
     #[serde(default)]
     pub poll: Option<Poll>,
 }
 
 /// A condition on a JSON response body: the values at `pointer` (RFC 6901; a `*` segment stands for
 /// every element of an array, as in `/results/*/code`) must exist and each satisfy the test.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Check {
     /// Where to look.
@@ -189,7 +199,7 @@ pub struct Check {
 }
 
 /// Polling after an accepted-but-not-done answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Poll {
     /// Statuses that start polling. Default `[202]`.
@@ -199,13 +209,14 @@ pub struct Poll {
     pub url: String,
     /// Poll until the response (with a success status) satisfies this; then `check` applies to it.
     pub until: Check,
-    /// Between polls. Default 1 s.
+    /// Between polls.
     #[serde(default = "default_poll_every", with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub every: Duration,
-    /// Give up (the attempt fails and is retried) after this long. Default 30 s; plus twice the
-    /// endpoint's `timeout`, must stay below nine tenths of `relay.lease` (with the defaults, 30 s +
-    /// 2 × 10 s < 54 s; the default was 60 s, which no default lease accepted).
+    /// Give up (the attempt fails and is retried) after this long. Plus twice the endpoint's `timeout`, it must
+    /// stay below nine tenths of `relay.lease`.
     #[serde(default = "default_poll_deadline", with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub deadline: Duration,
 }
 

@@ -8,11 +8,7 @@ use vipwatch_contract::CompactString;
 use super::pool::Family;
 use crate::model::{REQUESTED_IP_ANNOTATIONS, ServiceView};
 
-/// Annotation naming the pool to allocate from.
-pub const POOL_ANNOTATION: &str = "vipwatch.io/address-pool";
-/// Annotation carrying the sharing key: Services with the same key and no overlapping port+protocol
-/// may share one address.
-pub const SHARED_IP_ANNOTATION: &str = "vipwatch.io/allow-shared-ip";
+pub use crate::model::annotations::{POOL_ANNOTATION, SHARED_IP_ANNOTATION};
 
 /// Which families to allocate, primary first.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! Pure data: the normalized Service view a load balancer cares about, the in-scope rule, and the
 //! LB-relevant diff that decides ADDED / MODIFIED / DELETED. No I/O in here.
 
+pub mod annotations;
 pub mod backends;
 mod change;
 mod notice;
@@ -9,7 +10,7 @@ mod time;
 mod view;
 
 pub use change::{Cause, ChangeKind, Decision, Observed, Recorded, Tracked, decide_apply, decide_delete};
-pub use notice::{Assignment, FINALIZER, Feedback, NOTICE_QUEUE, Notice};
+pub use notice::{Assignment, FINALIZER, Feedback, NOTICE_QUEUE, Notice, Reason};
 pub use scope::Scope;
 pub use time::rfc3339;
 pub use view::{

@@ -54,10 +54,10 @@ pub async fn run(
 
 async fn publish(recorder: &Recorder, n: &Notice) -> bool {
     let event = Event {
-        type_: if n.warning { EventType::Warning } else { EventType::Normal },
-        reason: n.reason.into(),
+        type_: if n.reason.warning() { EventType::Warning } else { EventType::Normal },
+        reason: n.reason.as_str().into(),
         note: Some(n.note.clone()),
-        action: action(n.reason).into(),
+        action: n.reason.action().into(),
         secondary: None,
     };
     let reference = ObjectReference {
@@ -70,22 +70,12 @@ async fn publish(recorder: &Recorder, n: &Notice) -> bool {
     };
     match recorder.publish(&event, &reference).await {
         Ok(()) => {
-            debug!(service = %n.key, reason = n.reason, "published Event");
+            debug!(service = %n.key, reason = %n.reason, "published Event");
             true
         }
         Err(e) => {
-            warn!(service = %n.key, reason = n.reason, error = %e, "cannot publish Kubernetes Event");
+            warn!(service = %n.key, reason = %n.reason, error = %e, "cannot publish Kubernetes Event");
             false
         }
-    }
-}
-
-/// The `action` of an Event (what vipwatch was doing).
-fn action(reason: &str) -> &'static str {
-    match reason {
-        "IPAllocated" | "AllocationFailed" => "Allocate",
-        "DeletedLoadBalancer" => "Delete",
-        "DeletionHeld" => "Hold",
-        _ => "Sync",
     }
 }

@@ -4,7 +4,7 @@
 //! and removes the finalizer. Also publishes Kubernetes Events. Reads its work from the store (see
 //! `migrations/0003_allocation.sql`), so nothing is lost across restarts.
 
-mod events;
+pub mod events;
 pub mod kube_ops;
 
 use std::collections::{HashMap, HashSet};
@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::model::{Feedback, IngressView, Notice, ServiceKey};
+use crate::model::{Feedback, IngressView, Notice, Reason, ServiceKey};
 use crate::store::{Acks, CleanupWork, StatusWork, Store, StoreError};
 use kube_ops::Written;
 
@@ -324,13 +324,8 @@ impl Publisher {
                     w.ingress.iter().filter_map(|i| i.ip.as_deref().or(i.hostname.as_deref())).collect();
                 info!(service = %w.key, ingress = ?shown, "status.loadBalancer written");
                 if !shown.is_empty() {
-                    self.notify(
-                        &w.key,
-                        &w.uid,
-                        false,
-                        "EnsuredLoadBalancer",
-                        format!("Ensured load balancer: {}", shown.join(", ")),
-                    );
+                    let note = format!("Ensured load balancer: {}", shown.join(", "));
+                    self.notify(&w.key, &w.uid, Reason::EnsuredLoadBalancer, note);
                 }
             }
             Written::Gone => {}
@@ -383,7 +378,7 @@ impl Publisher {
             written?;
             info!(service = %c.key, "DELETED acknowledged by every endpoint; finalizer removed");
         }
-        self.notify(&c.key, &c.uid, false, "DeletedLoadBalancer", "Deleted load balancer".into());
+        self.notify(&c.key, &c.uid, Reason::DeletedLoadBalancer, "Deleted load balancer".into());
         Ok(())
     }
 
@@ -395,16 +390,16 @@ impl Publisher {
         for (webhook, id, error) in &acks.failing {
             if self.reported.insert(*id) {
                 let note = format!("Error syncing load balancer: webhook `{webhook}` delivery {id}: {error}");
-                self.notify(key, uid, true, "SyncLoadBalancerFailed", note);
+                self.notify(key, uid, Reason::SyncLoadBalancerFailed, note);
             }
         }
     }
 
-    fn notify(&self, key: &ServiceKey, uid: &str, warning: bool, reason: &'static str, note: String) {
-        let notice = Notice { key: key.clone(), uid: uid.to_owned(), warning, reason, note };
+    fn notify(&self, key: &ServiceKey, uid: &str, reason: Reason, note: String) {
+        let notice = Notice { key: key.clone(), uid: uid.to_owned(), reason, note };
         if self.notices.try_send(notice).is_err() {
             self.metrics.kube_events_dropped(1);
-            warn!(service = %key, reason, "Kubernetes Event queue full; Event dropped");
+            warn!(service = %key, %reason, "Kubernetes Event queue full; Event dropped");
         }
     }
 }

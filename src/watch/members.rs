@@ -24,7 +24,7 @@ use crate::model::backends::{
     BackendIndex, BackendSets, MODE_ANNOTATION, MemberRules, ModePlan, ObservedNode, ObservedSlice, annotated,
     compute_sets,
 };
-use crate::model::{ChangeKind, Notice, Observed, Recorded, ServiceKey, ServiceView, Tracked};
+use crate::model::{ChangeKind, Notice, Observed, Reason, Recorded, ServiceKey, ServiceView, Tracked};
 
 /// When a Service with changed inputs is due.
 #[derive(Debug, Clone, Copy)]
@@ -222,7 +222,7 @@ pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) 
     if e.kind == ChangeKind::Deleted {
         return Vec::new();
     }
-    let notice = |reason, note| Notice { key: key.clone(), uid: e.uid.clone(), warning: true, reason, note };
+    let notice = |reason, note| Notice { key: key.clone(), uid: e.uid.clone(), reason, note };
     let mut out = Vec::new();
     for (mode, b) in e.backends.iter() {
         let was_empty = before.and_then(|t| t.backends.get(mode)).is_some_and(|o| o.members().next().is_none());
@@ -232,7 +232,7 @@ pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) 
                 BackendMode::Pod => "no ready or draining endpoint".to_owned(),
             });
             let note = format!("There are no available members for the load balancer (mode {}): {why}", mode.as_str());
-            out.push(notice("UnAvailableLoadBalancer", note));
+            out.push(notice(Reason::UnAvailableLoadBalancer, note));
         }
     }
     if let Err(value) = annotated(&e.view) {
@@ -240,7 +240,7 @@ pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) 
         if was != Some(value) {
             let note =
                 format!("{MODE_ANNOTATION}: `{value}` is not nodePort, pod or none; the configured mode applies");
-            out.push(notice("InvalidBackendMode", note));
+            out.push(notice(Reason::InvalidBackendMode, note));
         }
     }
     out

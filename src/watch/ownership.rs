@@ -6,8 +6,8 @@ use std::net::IpAddr;
 
 use crate::ipam::Allocator;
 use crate::model::{
-    Allocation, Assignment, ChangeKind, FINALIZER, Notice, Observed, Recorded, ServiceKey, ServiceView, Tracked,
-    VipSource,
+    Allocation, Assignment, ChangeKind, FINALIZER, Notice, Observed, Reason, Recorded, ServiceKey, ServiceView,
+    Tracked, VipSource,
 };
 use crate::store::Cleanup;
 
@@ -115,20 +115,20 @@ impl Ownership {
             return Vec::new();
         };
         let was = before.and_then(|v| v.allocation.as_ref());
-        let notice = |warning, reason, note| Notice { key: key.clone(), uid: e.uid.clone(), warning, reason, note };
+        let notice = |reason, note| Notice { key: key.clone(), uid: e.uid.clone(), reason, note };
         let mut out = Vec::new();
         if let Some(reason) = &now.reason {
             if was.and_then(|a| a.reason.as_ref()) != Some(reason) {
-                out.push(notice(true, "AllocationFailed", reason.clone()));
+                out.push(notice(Reason::AllocationFailed, reason.clone()));
             }
         } else if was.map(|a| (&a.addresses, &a.hostname)) != Some((&now.addresses, &now.hostname)) {
             let what: Vec<&str> = now.addresses.iter().chain(&now.hostname).map(String::as_str).collect();
             let from =
                 now.pool.as_ref().map(|p| format!(" from pool {p}")).unwrap_or_else(|| " by the appliance".into());
-            out.push(notice(false, "IPAllocated", format!("Assigned {}{from}", what.join(", "))));
+            out.push(notice(Reason::IPAllocated, format!("Assigned {}{from}", what.join(", "))));
         }
         if ensures(e.kind, &e.changed) {
-            out.push(notice(false, "EnsuringLoadBalancer", "Ensuring load balancer".into()));
+            out.push(notice(Reason::EnsuringLoadBalancer, "Ensuring load balancer".into()));
         }
         out
     }

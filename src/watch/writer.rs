@@ -566,8 +566,7 @@ mod tests {
         let notice = |i: usize| Notice {
             key: ServiceKey::new("default", format!("svc-{i}")),
             uid: format!("uid-{i}"),
-            warning: true,
-            reason: "UnAvailableLoadBalancer",
+            reason: crate::model::Reason::UnAvailableLoadBalancer,
             note: "There are no available members for the load balancer".into(),
         };
         (0..n).map(notice).collect()

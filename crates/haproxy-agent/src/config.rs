@@ -1,6 +1,6 @@
 //! The agent's one typed configuration: a TOML file (`--config`, default `vipwatch-haproxy.toml` when
-//! it exists) merged with `VIPWATCH_HAPROXY_<KEY>` environment overrides (figment). Every key is in the
-//! README ("The HAProxy agent").
+//! it exists) merged with `VIPWATCH_HAPROXY_<KEY>` environment overrides (figment). Every key is in
+//! docs/reference/agent-configuration.md, generated from these doc comments.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -47,45 +47,51 @@ pub enum ConfigError {
 }
 
 /// The whole configuration. Unknown keys are errors.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct AgentConfig {
-    /// Where vipwatch delivers (`POST` on any path), and where `/healthz`, `/state` and `/metrics` are.
+    /// Where vipwatch delivers (`POST` on any path), and where `/healthz`, `/state` and `/metrics` are served.
     pub listen: SocketAddr,
-    /// Standard Webhooks secrets (`whsec_...`): a delivery signed with any of them is accepted, so a
-    /// secret can be rotated without downtime. Never printed.
+    /// Standard Webhooks secrets (`whsec_` + base64 of 24 to 64 bytes, as vipwatch requires): a delivery signed
+    /// with any of them is accepted, so a secret can be rotated without downtime. `secrets` and `secret_files`
+    /// together must name at least one. Never printed.
     #[serde(serialize_with = "redacted")]
     pub secrets: Vec<String>,
     /// Files holding one more secret each (trailing whitespace ignored).
     pub secret_files: Vec<PathBuf>,
-    /// The agent's directory: `haproxy.cfg`, `state.json`, the master and admin sockets, the pid file.
+    /// The agent's directory: `haproxy.cfg`, `state.json`, `master.sock`, `admin.sock`, `haproxy.pid`,
+    /// `agent.lock`.
     pub dir: PathBuf,
     /// The HAProxy binary (a name is looked up on `PATH`).
     pub haproxy_bin: PathBuf,
-    /// Server slots per backend come in multiples of this: member changes inside the slots are applied
+    /// Server slots per backend come in multiples of this (1–1000): member changes inside the slots are applied
     /// through the Runtime API without a reload.
     pub server_slots: usize,
-    /// Deliveries arriving within this window of one that needs a reload share one render and one
-    /// reload, e.g. `"200ms"`; a members-only change does not wait for it.
+    /// Deliveries arriving within this window of one that needs a reload share one render and one reload (at most
+    /// `10s`); a members-only change does not wait for it.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub batch_window: Duration,
     /// How long a reload may take to be confirmed (`show proc`) before the delivery gets a 503.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub reload_timeout: Duration,
-    /// How long a delivery waits for its change to be live before it is answered 503 (`Retry-After:
-    /// 1`; the change still completes, and vipwatch's retry is then answered 200). Keep it below the
-    /// vipwatch endpoint's `timeout` (default 10 s), so vipwatch hears the answer.
+    /// How long a delivery waits for its change to be live before it is answered 503 (`Retry-After: 1`; the change
+    /// still completes, and vipwatch's retry is then answered 200). Keep it below the vipwatch endpoint's
+    /// `timeout`, so vipwatch hears the answer.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub answer_timeout: Duration,
-    /// HAProxy's `hard-stop-after`: old workers still draining long connections are stopped this long
-    /// after a reload, so they do not pile up.
+    /// HAProxy's `hard-stop-after`: old workers still draining long connections are stopped this long after a
+    /// reload, so they do not pile up. At least `1s`.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
     pub hard_stop_after: Duration,
     /// HAProxy's `mworker-max-reloads`: a worker that survived this many reloads is stopped.
     pub mworker_max_reloads: u32,
-    /// Stop HAProxy when the agent stops. Default `false`: traffic keeps flowing while the agent is
-    /// restarted or upgraded, and the next agent attaches to the running HAProxy. `true` also stops it
-    /// when the agent is killed (SIGKILL included): for demos and tests.
+    /// Stop HAProxy when the agent stops. `false`: traffic keeps flowing while the agent is restarted or upgraded,
+    /// and the next agent attaches to the running HAProxy. `true` also has the kernel stop it when the agent is
+    /// killed (SIGKILL included): for demos and tests.
     pub stop_haproxy_on_exit: bool,
 }
 

@@ -6,6 +6,7 @@
 //! client, no database, nothing of the controller.
 
 pub mod apply;
+pub mod cli;
 pub mod config;
 pub mod haproxy;
 pub mod http;

@@ -1,34 +1,12 @@
 //! The `vipwatch-haproxy` binary: parse the CLI and config, set up logging, run the agent.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vipwatch_haproxy::AgentConfig;
-
-/// vipwatch-haproxy: apply vipwatch's deliveries (VIPs, ports, pool members) to a real HAProxy.
-#[derive(Debug, Parser)]
-#[command(name = "vipwatch-haproxy", version, about)]
-struct Cli {
-    /// Config file (TOML). Default: `vipwatch-haproxy.toml` in the working directory when it exists.
-    #[arg(long, short = 'c', global = true, env = "VIPWATCH_HAPROXY_CONFIG")]
-    config: Option<PathBuf>,
-    /// What to do (default: `serve`).
-    #[command(subcommand)]
-    command: Option<Command>,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Run HAProxy with the stored state and accept deliveries until SIGTERM / Ctrl-C.
-    Serve,
-    /// Validate the configuration and print it, secrets redacted. Exit 2 if invalid.
-    CheckConfig,
-    /// Print the `haproxy.cfg` the stored state renders (what `serve` would run).
-    Render,
-}
+use vipwatch_haproxy::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -8,14 +8,14 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// Labels of `vipwatch_haproxy_reloads_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     /// `ok` or `failed`.
     pub result: String,
 }
 
 /// Labels of `vipwatch_haproxy_deliveries_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AnswerLabels {
     /// The HTTP status answered: `200`, `401`, `422`, `503`, ...
     pub status: String,
@@ -58,15 +58,44 @@ impl Metrics {
             up: Gauge::default(),
         };
         let r = &mut m.registry;
-        r.register("reloads", "HAProxy reloads by result", m.reloads.clone());
-        r.register("runtime_updates", "Member changes applied through the Runtime API", m.runtime_updates.clone());
-        r.register("apply_seconds", "Delivery received to change live", m.apply_seconds.clone());
-        r.register("rejected_services", "Deliveries refused for good (422)", m.rejected.clone());
-        r.register("deliveries", "Deliveries by the status answered", m.deliveries.clone());
+        r.register(
+            "reloads",
+            "HAProxy reloads by `result`: `ok` (confirmed by `show proc`) or `failed`",
+            m.reloads.clone(),
+        );
+        r.register(
+            "runtime_updates",
+            "Member changes applied through the Runtime API, without a reload",
+            m.runtime_updates.clone(),
+        );
+        r.register(
+            "apply_seconds",
+            "Time from a delivery received to its change live in HAProxy",
+            m.apply_seconds.clone(),
+        );
+        r.register(
+            "rejected_services",
+            "Deliveries refused for good (422): a Service HAProxy can never serve",
+            m.rejected.clone(),
+        );
+        r.register(
+            "deliveries",
+            "Deliveries by the HTTP `status` answered (`200`, `401`, `422`, `503`, ...)",
+            m.deliveries.clone(),
+        );
         r.register("services", "Services in the applied configuration", m.services.clone());
         r.register("workers", "HAProxy workers, old ones still draining included", m.workers.clone());
-        r.register("up", "1 while the HAProxy master answers", m.up.clone());
+        r.register("up", "1 while the HAProxy master answers its CLI, else 0", m.up.clone());
         m
+    }
+
+    /// Every metric as a scrape shows it once each family has a series (its labels empty): the
+    /// metrics reference (docs/reference/metrics.md) is generated from it.
+    pub fn reference_exposition() -> String {
+        let m = Self::new();
+        let _ = m.reloads.get_or_create(&Default::default());
+        let _ = m.deliveries.get_or_create(&Default::default());
+        m.render()
     }
 
     /// The OpenMetrics text exposition.

@@ -13,7 +13,7 @@ use crate::model::ServiceView;
 pub const MODE_ANNOTATION: &str = "vipwatch.io/backend-mode";
 
 /// A configured backend mode: a [`BackendMode`], or `none` (no members computed or sent).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum ModeSetting {
     /// Nodes × nodePorts.

@@ -13,15 +13,12 @@ use super::super::stream::{Resource, ScopeSpec};
 use super::super::writer::Plan;
 use super::Recorder;
 use crate::config::GuardConfig;
-use crate::model::{Cause, Notice, ServiceKey, Tracked};
+use crate::model::{Cause, Notice, Reason, ServiceKey, Tracked};
 use crate::store::{HeldDeletion, StateChange, now_ms};
 
 /// The `scope` of deletions held at start because no configured scope covers their namespace any
 /// more (`kubernetes.namespaces` changed).
 pub const UNWATCHED: &str = "unwatched";
-
-/// Reason of the Warning Event on each held Service.
-pub const HELD_REASON: &str = "DeletionHeld";
 
 /// The guard's settings and the deletions it holds.
 pub(super) struct Guard {
@@ -127,8 +124,7 @@ impl Guard {
             self.notices.push(Notice {
                 key: key.clone(),
                 uid: t.uid.clone(),
-                warning: true,
-                reason: HELD_REASON,
+                reason: Reason::DeletionHeld,
                 note: note.clone(),
             });
             self.held.insert(key.clone(), h);
