@@ -5,7 +5,7 @@
 # `scripts/pg-test.sh stop DIR` stops it and removes DIR; `restart DIR` restarts it (fast shutdown:
 # every session is cut, as in a fail-over of the server). Durability is off (fsync, full-page writes):
 # the data is thrown away anyway. Runs as root (via `runuser -u postgres`, initdb refuses root) or as
-# any other user directly. README "Two commands" and "High availability: replicas on PostgreSQL".
+# any other user directly. README "Two commands" and docs/how-to/postgresql-replicas.md.
 set -euo pipefail
 cmd=${1:?usage: pg-test.sh start|restart|stop DIR}
 dir=${2:?usage: pg-test.sh start|restart|stop DIR}

@@ -44,7 +44,7 @@ fn main() -> ExitCode {
 fn with_config(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
         Command::CheckConfig => {
-            // Templates: compiled and rendered against the sample Service (README "Request templates").
+            // Templates: compiled and rendered against the sample Service (docs/reference/templates.md).
             let rendered = match vipwatch::template::check_config(&config) {
                 Ok(lines) => lines,
                 Err(e) => {

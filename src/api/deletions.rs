@@ -1,5 +1,5 @@
 //! `GET /api/v1/deletions/held` (the deletions the mass-deletion guard holds) and
-//! `POST /api/v1/deletions/held/release` (record them now). See the README, "Mass-deletion guard".
+//! `POST /api/v1/deletions/held/release` (record them now). See docs/explanation/recording.md.
 
 use axum::Json;
 use axum::extract::State;

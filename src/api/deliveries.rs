@@ -36,7 +36,7 @@ pub struct AttemptDto {
     pub location: Option<String>,
     /// At most 4 KiB of the response body (a templated endpoint: the last request's).
     pub response_body: Option<String>,
-    /// Templated endpoints (README "Request templates"): every HTTP request of the attempt in order,
+    /// Templated endpoints (docs/reference/templates.md): every HTTP request of the attempt in order,
     /// as rendered and sent (secrets redacted), with its status and response; `null` for plain
     /// webhooks, whose request is the delivery's `payload`.
     #[schema(value_type = Option<Vec<TemplateRequestDto>>)]

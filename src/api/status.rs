@@ -34,7 +34,7 @@ pub struct StatusDto {
     pub leader: LeaderDto,
 }
 
-/// Leadership as one replica sees it (issue 14).
+/// Leadership as one replica sees it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LeaderDto {
     /// The replica that answered (`database.replica`; `single` on SQLite).

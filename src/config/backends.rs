@@ -1,4 +1,4 @@
-//! `[backends]`: how pool members are computed and how their churn is coalesced (README, "Backends").
+//! `[backends]`: how pool members are computed and how their churn is coalesced (docs/how-to/backends.md).
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! Which `VIPWATCH_*` environment variables are configuration, and which are not.
 //!
-//! Only two forms are read (README, "Configuration"):
+//! Only two forms are read (docs/reference/environment.md):
 //! - `VIPWATCH_<TABLE>__<KEY>` (double underscore between table and key, e.g. `VIPWATCH_DATABASE__PATH`):
 //!   the key `table.key`. A table or key that does not exist is still an error, so a typo cannot pass
 //!   silently;

@@ -1,4 +1,4 @@
-//! `[guard]`: the mass-deletion guard (README, "Mass-deletion guard"). One list that would delete more
+//! `[guard]`: the mass-deletion guard (docs/explanation/recording.md). One list that would delete more
 //! than `max_share` of the known in-scope Services, and more than `min_deletions` of them, holds those
 //! deletions instead of recording them.
 

@@ -1,5 +1,6 @@
 //! The one typed configuration: a TOML file (`--config`, default `vipwatch.toml` when present) merged
-//! with `VIPWATCH_*` environment overrides (figment). Every key is documented in the README.
+//! with `VIPWATCH_*` environment overrides (figment). Every key is in docs/reference/configuration.md,
+//! generated from these types' doc comments.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -313,8 +314,8 @@ pub struct ServerConfig {
 }
 
 /// The shortest `relay.lease` accepted: a tenth of it (100 ms) is the margin between an attempt's
-/// cut-off and the end of its lease, which a loaded machine's timers and scheduling must fit in (a
-/// new user's test with a 30 ms lease saw attempts cut off 4–8 ms late, past their lease).
+/// cut-off and the end of its lease, which a loaded machine's timers and scheduling must fit in
+/// (with a lease of a few tens of ms, attempts are cut off several ms late, past their lease).
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
 
 /// The longest `relay.lease` accepted (a day): leases are stored as Unix ms, and a longer one only

@@ -1,4 +1,4 @@
-//! `[[pools]]`: the address pools VIPs are allocated from (issue 5). Parsed and checked by
+//! `[[pools]]`: the address pools VIPs are allocated from. Parsed and checked by
 //! [`crate::ipam::Pools::new`] when the configuration is loaded.
 
 use serde::{Deserialize, Serialize};

@@ -93,8 +93,8 @@ impl RelayConfig {
     /// the delivery is still leased; the dispatcher cuts a longer one off as a `timeout`, retried.
     /// An attempt past its lease counts as not in flight: the relay may claim the delivery again,
     /// and a newer `MODIFIED` may supersede it as an untouched head, so that change could go out
-    /// while the older one is still being sent (found by a new user: a request template of four
-    /// requests, each within its `timeout`, ran past a 1.5 s lease). Every webhook `timeout`, and a
+    /// while the older one is still being sent (a request template of several requests, each within
+    /// its `timeout`, can run past the lease). Every webhook `timeout`, and a
     /// poll's deadline plus two timeouts, must stay below it (checked at load); a chain of requests
     /// is bounded only by this.
     pub fn attempt_limit(&self) -> Duration {
@@ -238,7 +238,7 @@ pub struct WebhookConfig {
     pub template: Option<super::TemplateConfig>,
 }
 
-/// Why `ip` is refused as a webhook target, or `None` when it is allowed (issue 12, item 7: a URL
+/// Why `ip` is refused as a webhook target, or `None` when it is allowed (a URL
 /// must not reach a node's link-local services or a cloud's instance-metadata service, which hands
 /// out credentials). Refused: IPv4 link-local `169.254.0.0/16` (AWS, GCP, Azure, OpenStack and
 /// Oracle metadata at `169.254.169.254`, the ECS task endpoint at `169.254.170.2`), IPv6 link-local

@@ -1,5 +1,5 @@
 //! `[webhooks.template]`: a request template that replaces an endpoint's default webhook request
-//! (issue 15), so one config speaks an appliance's own API (F5 AS3, NetScaler NITRO, a REST portal).
+//! so one config speaks an appliance's own API (F5 AS3, NetScaler NITRO, a REST portal).
 //! The shapes only; compiling and rendering live in [`crate::template`].
 
 use std::collections::BTreeMap;

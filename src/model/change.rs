@@ -1,6 +1,6 @@
 //! The change decision: given what the state table holds for a Service and what the apiserver just
-//! said, which events (if any) to record. Rules from shared/reference/kubernetes-list-watch.md
-//! ("Deciding what changed") and issue 2.
+//! said, which events (if any) to record. Rules: the Kubernetes list/watch semantics (a status-only
+//! write is no change; a uid flip is a DELETED and an ADDED); see docs/explanation/recording.md.
 
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -69,7 +69,8 @@ pub struct Observed {
     /// Whether [`super::Scope::contains`] accepts it.
     pub in_scope: bool,
     /// Its members per backend mode, computed by the recorder (empty until then); shared with the
-    /// event and the mirror entry made from it (10,000 Services held three copies, 48 MB; issue 13).
+    /// event and the mirror entry made from it (the event, the mirror and the recorder would otherwise
+    /// hold three copies of every Service's members).
     pub backends: Arc<BackendSets>,
 }
 
@@ -97,7 +98,7 @@ pub struct Recorded {
     /// The view after the change; for DELETED, the last view.
     pub view: Arc<ServiceView>,
     /// For MODIFIED: the view before, shared with the mirror entry it replaces (not a deep copy per
-    /// change: about 30 allocations each, issue 13).
+    /// change, which costs dozens of allocations).
     pub previous: Option<Arc<ServiceView>>,
     /// For MODIFIED: the changed field names, see [`changed_fields`], plus `backends` when the members
     /// of some mode changed.

@@ -11,8 +11,8 @@ pub use vipwatch_contract::{Allocation, IngressView, PortView, REQUESTED_IP_ANNO
 
 /// `namespace/name` of a Service: the key of the current-state table. Both parts are inline up to 24
 /// bytes: the key is held by every per-Service map (the mirror, the members index, the allocator,
-/// the relay's queues), and two allocations per copy were a measurable part of the heap with 10,000
-/// Services (issue 13).
+/// the relay's queues), and two allocations per copy would be a measurable part of the heap with
+/// many Services.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ServiceKey {
     /// `metadata.namespace` (`"default"` when the object carries none).
@@ -36,8 +36,8 @@ impl fmt::Display for ServiceKey {
 
 /// The names (camelCase, as serialized) of the LB-relevant fields that differ between two views, in
 /// declaration order. `finalizers` and `deleting` (metadata bookkeeping) are never listed, nor is
-/// `ingress` (status): per the upstream service controller and
-/// shared/reference/kubernetes-list-watch.md, status-only writes are not changes. Empty = no MODIFIED.
+/// `ingress` (status): as for the upstream service controller, status-only writes are not changes.
+/// Empty = no MODIFIED.
 pub fn changed_fields(old: &ServiceView, new: &ServiceView) -> Vec<&'static str> {
     let mut out = Vec::new();
     let mut check = |differs: bool, name: &'static str| {

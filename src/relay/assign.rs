@@ -1,6 +1,6 @@
 //! Appliance-assigned VIPs: an endpoint with `assigns_vip = true` answers a delivery with
 //! `{"vips": ["203.0.113.7", "2001:db8::7"]}` or `{"hostname": "lb-42.example.net"}`, and that becomes
-//! the Service's address (issue 5).
+//! the Service's address.
 
 use serde::Deserialize;
 

@@ -105,11 +105,9 @@ impl StoreRetry {
 /// The largest power of two not above `n` (0 for 0). A claim's `LIMIT` is a literal, so each
 /// distinct limit is a statement SQLite prepares and keeps on the write connection (store module
 /// docs), and the claim's, with its head check, is among the largest. Claims of any size from half
-/// the slots up kept up to 17 of them with the default 32 slots; powers of two keep at most six.
-/// With the `deliveries_ready` index, three alternating runs of the burst benchmark against the
-/// build before both: peak RSS 70.2–70.9 MiB in the burst and 64.4–64.6 at the initial sync,
-/// against 70.8–71.2 and 64.7–65.5 (issue 13). A claim that leaves a few slots free until the next
-/// round changed neither the sync nor the burst latency beyond the noise.
+/// the slots up kept up to 17 of them with the default 32 slots; powers of two keep at most six, for
+/// less resident memory (see docs/explanation/design-decisions.md). A claim that leaves a few slots
+/// free until the next round brings no measurable loss.
 fn power_of_two_within(n: usize) -> usize {
     n.checked_ilog2().map_or(0, |log| 1 << log)
 }
@@ -117,7 +115,7 @@ fn power_of_two_within(n: usize) -> usize {
 /// How long an attempt starting at `now` (Unix ms) may run: until `margin` ms (a tenth of
 /// `relay.lease`) before its claim's lease ends at `claimed_until`. Counted from the claim, not from
 /// the start: a claim that waited for the write connection or for a worker has that much less time
-/// (a new user saw attempts outlive their lease when it was counted from the start); zero when that
+/// (counted from the start, an attempt could outlive its lease); zero when that
 /// time has passed (the attempt is not made, and not recorded).
 fn time_left(claimed_until: i64, margin: i64, now: i64) -> Duration {
     Duration::from_millis(u64::try_from(claimed_until.saturating_sub(margin).saturating_sub(now)).unwrap_or(0))
@@ -138,17 +136,15 @@ fn cut_off_attempt(started_at: i64, clock: tokio::time::Instant) -> AttemptResul
 
 /// The attempts that finished for the next round, starting with `first`: the others in flight that
 /// finish within `interval` of the last round share it, and the round starts as soon as the last
-/// one is out. (It used to start at once only when `first` was the last one in flight, and otherwise
-/// waited out the interval even when the rest finished a moment later: every round of a first
-/// list's deliveries, all sent together and answered within a few ms, lost the rest of the interval;
-/// issue 13.)
+/// one is out: were it to wait out the interval whenever others were still in flight, every round of
+/// a first list's deliveries (sent together, answered within a few ms) would lose the rest of it.
 ///
 /// `interval` is the least time between the starts of two rounds on the database (claims, recorded
 /// outcomes): the store's group-commit interval ([`Store::commit_interval`],
 /// `database.commit_interval`), so that a round can ride each of the watch's commits. Each round is
 /// a transaction on the one write connection (its own, or the watch's it rides) and writes its pages
-/// into the WAL; at 500 changes/s a round per finished attempt plus one per commit of the watch cost
-/// more than the attempts themselves (issue 13). Adds at most this much to a delivery's wait.
+/// into the WAL; a round per finished attempt plus one per commit of the watch would cost more than
+/// the attempts themselves. Adds at most this much to a delivery's wait.
 async fn gather(
     first: FinishedAttempt,
     in_flight: &mut InFlight,

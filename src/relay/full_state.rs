@@ -1,4 +1,4 @@
-//! Full-state template endpoints (issue 15): the declaration of every in-scope Service, rendered at
+//! Full-state template endpoints: the declaration of every in-scope Service, rendered at
 //! send time from the state table; the removal guard; the periodic re-send. Deliveries wait on the
 //! endpoint's own queue (empty namespace and name), coalesced and debounced by the store.
 
@@ -78,8 +78,8 @@ impl FullState {
     }
 
     /// The template context of a declaration of `rows`: each Service's value in this endpoint's
-    /// backend mode, built on tokio's blocking pool (like the render, [`TemplateSender`]: for 10,000
-    /// Services both together take 0.5–0.8 s, README "Benchmarks → templates").
+    /// backend mode, built on tokio's blocking pool (like the render, [`TemplateSender`]: for many
+    /// Services both together take most of a second; see docs/benchmarks.md).
     async fn context(
         &self,
         rows: Vec<crate::store::ServiceRow>,

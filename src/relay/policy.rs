@@ -1,4 +1,4 @@
-//! The retry policy (shared/reference/webhooks.md, "Delivery policy"): what an attempt's result
+//! The retry policy (docs/explanation/delivery.md): what an attempt's result
 //! means for the delivery, and when to try again.
 
 use std::time::{Duration, SystemTime};
@@ -27,7 +27,7 @@ pub enum Verdict {
 
 /// Whether a non-2xx answer to a DELETED still completes it: 404 (the appliance has no such VIP) and
 /// 410 (gone) both mean the load balancer is not there any more, which is what a DELETED asks for
-/// (issue 5: "a 404 or 410 from the appliance counts as done"). For other kinds they are failures.
+/// For other kinds they are failures.
 pub fn already_gone(kind: &str, status: Option<u16>) -> bool {
     kind == "DELETED" && matches!(status, Some(404 | 410))
 }

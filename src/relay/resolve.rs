@@ -1,4 +1,4 @@
-//! The DNS step of every webhook connection (issue 12, item 7): names are resolved with the system
+//! The DNS step of every webhook connection: names are resolved with the system
 //! resolver (or an injected lookup, for tests) and addresses in the forbidden set
 //! ([`crate::config::forbidden_address`]: link-local, cloud metadata) are dropped, so a name that
 //! resolves only to such addresses fails with [`ForbiddenAddress`] (attempt class

@@ -1,4 +1,4 @@
-//! Templated endpoints (issue 15): one attempt of a delivery is the template's requests in order
+//! Templated endpoints: one attempt of a delivery is the template's requests in order
 //! (each judged by its own success rules, polled when asynchronous, its captures passed on), all
 //! logged in the attempt's `request` (secrets redacted). Plain endpoints keep [`Sender`].
 
@@ -175,7 +175,7 @@ impl TemplateSender {
     }
 
     /// `work` on `req` in `ctx`. For a full-state declaration (every in-scope Service: its context
-    /// and render take 0.5–0.8 s for 10,000 in the burst benchmark's setup) it runs on tokio's
+    /// and render take most of a second for 10,000 Services) it runs on tokio's
     /// blocking pool, so the runtime's one worker (`server.worker_threads`) goes on with the watch,
     /// the other deliveries and the API meanwhile; an event's requests are small and run in place.
     async fn template_work<T: Send + 'static>(

@@ -1,4 +1,4 @@
-//! Builds the webhook body (the contract's [`WebhookPayload`], documented in the README and as the
+//! Builds the webhook body (the contract's [`WebhookPayload`], documented in docs/reference/webhook.md and as the
 //! `WebhookPayload` schema of the OpenAPI document), serialized once at enqueue time so every retry
 //! sends (and signs) the same bytes.
 

@@ -138,7 +138,7 @@ impl Store {
             info!(
                 page_size,
                 preferred = PAGE_SIZE,
-                "this database keeps the page size it was created with; README \"The database\" (page size) says how to convert it"
+                "this database keeps the page size it was created with; docs/how-to/upgrades.md (page size) says how to convert it"
             );
         }
         // The write connection leaves checkpoints to `Store::checkpoint_loop` (see store::checkpoint),

@@ -1,6 +1,5 @@
 //! Pool members: where the appliance sends a Service's traffic (`data.service.backends`), and what
-//! changed since the previous revision (`data.backendsDiff`). Rules in the README ("Backends") and
-//! `shared/reference/pool-members.md`.
+//! changed since the previous revision (`data.backendsDiff`). Rules in docs/how-to/backends.md.
 
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};

@@ -107,7 +107,7 @@ mod tests {
         ServiceView::from_service(&serde_json::from_value(json).unwrap())
     }
 
-    /// A view holds no spare room: the mirror keeps one per Service (issue 13).
+    /// A view holds no spare room: the mirror keeps one per Service.
     #[test]
     fn views_hold_exactly_their_entries() {
         let v = view(serde_json::json!({"metadata": {"name": "a", "labels": {"app": "a", "rev": "1"},

@@ -157,7 +157,7 @@ pub struct WebhookService {
     pub vips: Vec<String>,
     /// The normalized view's fields.
     // Shared (`Arc`, serialized and deserialized as the view itself): the controller renders each
-    // delivery from the view its event already holds, without a deep copy per delivery (issue 13).
+    // delivery from the view its event already holds, without a deep copy per delivery.
     #[serde(flatten)]
     #[cfg_attr(feature = "openapi", schema(value_type = ServiceView))]
     pub view: Arc<ServiceView>,

@@ -111,8 +111,8 @@ impl Allocation {
 
 /// A string-to-string map of a Service (labels, annotations, the selector): a vector sorted by key
 /// ([`litemap::LiteMap`]). A Service's few entries take one allocation of their own size, where a
-/// `BTreeMap` allocates a node with room for 11 (10,000 Services' labels and selectors took 11 MB
-/// that way; issue 13). Serialized as a JSON object with its keys in order, as the `BTreeMap` was.
+/// `BTreeMap` allocates a node with room for 11 (megabytes for many Services). Serialized as a JSON
+/// object with its keys in order, as the `BTreeMap` was.
 /// Written with [`object`]: litemap itself writes an empty map as `[]` to human-readable formats.
 pub type StringMap = litemap::LiteMap<CompactString, CompactString>;
 
@@ -230,8 +230,8 @@ pub struct ServiceView {
 impl ServiceView {
     /// Gives back the spare capacity of every vector and map in the view. A view is kept for each
     /// Service the controller tracks (its in-memory mirror), and vectors built by pushing or read
-    /// from JSON keep room for 4 entries where Services mostly have one or two: with 10,000 Services
-    /// that was megabytes of the controller's heap (issue 13).
+    /// from JSON keep room for 4 entries where Services mostly have one or two: megabytes of the
+    /// controller's heap with many Services.
     pub fn shrink_to_fit(&mut self) {
         self.ports.shrink_to_fit();
         self.load_balancer_source_ranges.shrink_to_fit();

@@ -31,7 +31,7 @@ async fn kubectl(server: &str, args: &[&str], stdin: Option<&str>) -> Output {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let mut child = cmd.spawn().expect("kubectl must be installed (see README)");
+    let mut child = cmd.spawn().expect("kubectl must be installed (the README's test prerequisites)");
     if let Some(input) = stdin {
         let mut pipe = child.stdin.take().unwrap();
         pipe.write_all(input.as_bytes()).await.unwrap();

@@ -568,7 +568,7 @@ async fn patch_status_subresource() {
 
 fn kubectl(home: &Path) -> Option<tokio::process::Command> {
     let found = std::process::Command::new("kubectl").arg("version").arg("--client").output().is_ok();
-    assert!(found, "kubectl must be installed (it is on every machine of this kind; see README)");
+    assert!(found, "kubectl must be installed (the README's test prerequisites)");
     let mut cmd = tokio::process::Command::new("kubectl");
     cmd.env("HOME", home).env_remove("KUBECONFIG").kill_on_drop(true);
     Some(cmd)

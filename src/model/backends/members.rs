@@ -1,5 +1,5 @@
 //! Computing a Service's members in one mode from the [`BackendIndex`]: one pure function per mode,
-//! re-run whenever an input changes. Rules: README "Backends" and shared/reference/pool-members.md §4.1.
+//! re-run whenever an input changes. Rules: docs/how-to/backends.md.
 //!
 //! - `nodePort`: every eligible Node (readiness ignored) × each port's `nodePort`, at the Node's
 //!   primary address of each family the Service uses. `externalTrafficPolicy: Local` adds the health

@@ -2,7 +2,7 @@
 //! may carry load-balancer traffic at all. Everything else a Node carries (conditions, heartbeats,
 //! images, capacity) is left out, so a status-only update projects to the same [`NodeView`] and
 //! changes nothing. Eligibility follows the upstream service controller since Kubernetes 1.27
-//! (`stableNodeSetPredicates`, shared/reference/pool-members.md §1.1): readiness does not count, the
+//! (`stableNodeSetPredicates` of the upstream service controller): readiness does not count, the
 //! appliance's health check handles liveness.
 
 use k8s_openapi::api::core::v1::Node;

@@ -15,9 +15,8 @@ use crate::model::{ServiceKey, ServiceView};
 ///
 /// The members are boxed and the map is a vector: a B-tree node has room for 11 entries whatever the
 /// map holds. With [`Backends`] inline (about 140 bytes) that was 1.6 KiB per Service for its one or
-/// two modes, 16 MB of the recorder's mirror at 10,000 Services; boxed, the node alone was still
-/// 1.3 MB of the burst benchmark's heap peak (heaptrack, issue 13), where a vector of one or two
-/// (mode, box) pairs takes 32 bytes.
+/// two modes; boxed, the node alone is still most of that, where a vector of one or two (mode, box)
+/// pairs takes 32 bytes (see docs/explanation/design-decisions.md).
 pub type BackendSets = litemap::LiteMap<BackendMode, Box<Backends>>;
 
 /// The members of `sets` in `mode`, if it has that mode (`None`: no mode, nothing).
@@ -52,7 +51,7 @@ pub fn compute_sets(
 
 /// `sets` in an allocation of exactly its entries (none when empty). The mirror keeps one per
 /// Service, and a map collected or read from JSON reserves room for 4 modes where Services have one
-/// or two (64 bytes where 16 do; issue 13).
+/// or two (64 bytes where 16 do).
 pub fn shrink(sets: BackendSets) -> BackendSets {
     exact(sets.into_tuple_vec())
 }

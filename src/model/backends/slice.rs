@@ -1,6 +1,6 @@
 //! An EndpointSlice as the load balancer sees it: which Service it belongs to, its ports (resolved
 //! target ports) and its serving endpoints with their state. Rules from the EndpointSlice API and
-//! kube-proxy (shared/reference/pool-members.md §1.5): the Service is the label
+//! kube-proxy: the Service is the label
 //! `kubernetes.io/service-name`; FQDN slices have no semantics and are skipped; only the first address
 //! of an endpoint counts; a nil `ready` is true, a nil `serving` equals `ready`, a nil `terminating` is
 //! false; a ready endpoint is `active`, a serving and terminating one `draining`, anything else is

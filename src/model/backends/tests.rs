@@ -266,7 +266,7 @@ fn member_sets_serialize_as_an_object_keyed_by_mode_even_when_empty_and_read_bac
 }
 
 /// Member sets hold exactly their modes, in mode order, whether computed or read back and shrunk
-/// (the mirror keeps one per Service; issue 13); a mode given twice is there once.
+/// (the mirror keeps one per Service); a mode given twice is there once.
 #[test]
 fn member_sets_hold_exactly_their_modes() {
     let index = BackendIndex::default();
