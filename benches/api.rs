@@ -70,6 +70,10 @@ async fn main() {
     let services = args.first().copied().unwrap_or(10_000);
     let concurrency = args.get(1).copied().unwrap_or(32);
     let seconds = args.get(2).copied().unwrap_or(5) as u64;
+    let mut results = common::results::Results::new("api");
+    results.param("services", services);
+    results.param("concurrency", concurrency);
+    results.param("seconds", seconds);
     let fake = FakeApiServer::start().await.unwrap();
     fake.seed((0..services).map(service));
     let rss_before = common::peak_rss_mib(std::process::id());
@@ -84,15 +88,39 @@ async fn main() {
     let first = Instant::now();
     let page: serde_json::Value =
         reqwest::get(format!("{base}/api/v1/vips?limit=1000")).await.unwrap().json().await.unwrap();
+    let first = first.elapsed();
     assert_eq!(page["items"].as_array().unwrap().len(), 1000.min(services));
-    println!("{services} Services stored; first /api/v1/vips (builds the VIP index): {:.2?}", first.elapsed());
+    println!("{services} Services stored; first /api/v1/vips (builds the VIP index): {first:.2?}");
     println!("concurrency {concurrency}, {seconds} s per endpoint");
-    let health = report("GET /healthz", &load(&format!("{base}/healthz"), concurrency, seconds).await);
-    let vips = report(
-        "GET /api/v1/vips?limit=1000",
-        &load(&format!("{base}/api/v1/vips?limit=1000"), concurrency, seconds).await,
-    );
+    let health_run = load(&format!("{base}/healthz"), concurrency, seconds).await;
+    let health = report("GET /healthz", &health_run);
+    let vips_run = load(&format!("{base}/api/v1/vips?limit=1000"), concurrency, seconds).await;
+    let vips = report("GET /api/v1/vips?limit=1000", &vips_run);
     println!("ratio vips/healthz throughput: {:.3}", vips / health);
-    common::report_own_peak_rss(rss_before);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    results.compare("GET /api/v1/vips?limit=1000: throughput", vips, "req/s", "GET /healthz: throughput", health);
+    results.compare(
+        "GET /api/v1/vips?limit=1000: latency p50",
+        ms(vips_run.p50),
+        "ms",
+        "GET /healthz: latency p50",
+        ms(health_run.p50),
+    );
+    results.compare(
+        "GET /api/v1/vips?limit=1000: latency p99",
+        ms(vips_run.p99),
+        "ms",
+        "GET /healthz: latency p99",
+        ms(health_run.p99),
+    );
+    results.compare(
+        "first GET /api/v1/vips (builds the VIP index)",
+        ms(first),
+        "ms",
+        "GET /api/v1/vips?limit=1000: latency p50",
+        ms(vips_run.p50),
+    );
+    common::report_own_peak_rss(rss_before, &mut results);
+    results.write();
     vw.stop().await.unwrap();
 }

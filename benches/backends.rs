@@ -240,6 +240,12 @@ async fn main() {
     let services = args.first().copied().unwrap_or(10_000);
     let endpoints = args.get(1).copied().unwrap_or(10);
     let (rate, seconds) = (args.get(2).copied().unwrap_or(200), args.get(3).copied().unwrap_or(10));
+    let mut results = common::results::Results::new("backends");
+    results.param("services", services);
+    results.param("endpoints", endpoints);
+    results.param("nodes", 20);
+    results.param("rate", rate);
+    results.param("seconds", seconds);
     let options = FakeApiServerOptions { history_limit: 4 * (services + rate * seconds), ..Default::default() };
     let api = FakeApiServer::start_with(options).await.unwrap();
     api.seed((0..20).map(node));
@@ -258,10 +264,14 @@ async fn main() {
         sync.as_secs_f64() / base_sync.as_secs_f64()
     );
     println!("  peak RSS after sync: {rss:.1} MiB (mode none: {base_rss:.1} MiB; ratio {:.2})", rss / base_rss);
+    results.compare("initial sync: ready", sync.as_secs_f64(), "s", "mode none: ready", base_sync.as_secs_f64());
+    results.compare("initial sync: peak RSS", rss, "MiB", "mode none: peak RSS", base_rss);
 
     let idle = Instant::now();
     vw.wait_idle().await;
-    println!("  first deliveries out {:.2} s after ready", idle.elapsed().as_secs_f64());
+    let idle = idle.elapsed().as_secs_f64();
+    println!("  first deliveries out {idle:.2} s after ready");
+    results.figure("initial sync: first deliveries out, after ready", idle, "s");
     println!(
         "  churn: {rate} EndpointSlice writes/s for {seconds} s (one endpoint replaced each, round-robin over Services)"
     );
@@ -286,7 +296,11 @@ async fn main() {
         "  endpoint change → delivery: p50 {p50:.0} ms, p99 {p99:.0} ms (Service change: p50 {b50:.0} ms, p99 {b99:.0} ms; p99 ratio {:.2})",
         p99 / b99
     );
-    println!("  peak RSS after churn: {:.1} MiB", vw.peak_rss_mib());
+    results.compare("endpoint change → delivery p50", p50, "ms", "Service label change → delivery p50", b50);
+    results.compare("endpoint change → delivery p99", p99, "ms", "Service label change → delivery p99", b99);
+    let churn_rss = vw.peak_rss_mib();
+    println!("  peak RSS after churn: {churn_rss:.1} MiB");
+    results.compare("churn: peak RSS", churn_rss, "MiB", "mode none: peak RSS", base_rss);
     vw.stop();
 
     let (mean, p99, json) = recompute(2000);
@@ -294,4 +308,7 @@ async fn main() {
         "  recompute 1,000 endpoints: mean {mean:.3} ms, p99 {p99:.3} ms (serializing them: {json:.3} ms; ratio {:.2})",
         mean / json
     );
+    results.compare("recompute 1,000 endpoints: mean", mean, "ms", "serializing them: mean", json);
+    results.compare("recompute 1,000 endpoints: p99", p99, "ms", "serializing them: mean", json);
+    results.write();
 }

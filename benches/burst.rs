@@ -22,6 +22,11 @@
 //!
 //! The burst and the steady phase also print the bytes vipwatch wrote (`wchar` of `/proc/<pid>/io`:
 //! the WAL, the checkpoints, its requests) per change, next to the bytes the receiver got.
+//!
+//! Sizing mode: `cargo bench --bench burst -- --sizes` (1,000, 3,000, 10,000 and 30,000 Services) or
+//! `--sizes=1000,50000,...`: for each size a fresh cluster and a fresh vipwatch, phases 1 and 3 only
+//! (RATE and SECONDS as above, over up to HOT Services), so peak RSS and CPU by number of Services.
+//! Its figures go into `benchmarks/results.json` under `burst-sizes`, the default run's under `burst`.
 
 mod common;
 
@@ -30,6 +35,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::load::{Seen, name, receiver, rev_of, service, settle, steady, write};
+use common::results::Results;
 use common::{Process, cpu_time, pct, reset_peak_rss, rss_split_mib, wait_until, written_bytes};
 use serde_json::{Value, json};
 use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
@@ -146,14 +152,94 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn latency_line(what: &str, got: &[f64], base: &[f64]) {
+/// Prints a phase's latency line and records its p50 / p99 / max next to the bare watch's.
+fn latency_line(results: &mut Results, key: &str, what: &str, got: &[f64], base: &[f64]) {
     let (p50, p99, b50, b99) = (pct(got, 0.5), pct(got, 0.99), pct(base, 0.5), pct(base, 0.99));
+    let (max, bmax) = (got.last().copied().unwrap_or(f64::NAN), base.last().copied().unwrap_or(f64::NAN));
     println!(
-        "  {what}: latency p50 {p50:.1} ms, p99 {p99:.1} ms, max {:.1} ms (bare watch: p50 {b50:.1} ms, p99 {b99:.1} ms; p99 ratio {:.1})",
-        got.last().copied().unwrap_or(f64::NAN),
+        "  {what}: latency p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms (bare watch: p50 {b50:.1} ms, p99 {b99:.1} ms; p99 ratio {:.1})",
         p99 / b99
     );
+    results.compare(&format!("{key}: latency p50"), p50, "ms", "bare watch: latency p50", b50);
+    results.compare(&format!("{key}: latency p99"), p99, "ms", "bare watch: latency p99", b99);
+    results.compare(&format!("{key}: latency max"), max, "ms", "bare watch: latency max", bmax);
 }
+
+/// The same binary and config on an empty cluster: its peak RSS and its resident memory split
+/// `(anonymous, file-backed)` once ready, the fixed cost every phase's memory is compared with
+/// (NaN under `BENCH_WRAP`, whose profiler would write its output twice).
+async fn empty_cluster(url: &str, finalizer: bool, results: &mut Results) -> Baseline {
+    let empty = FakeApiServer::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let base = if std::env::var_os("BENCH_WRAP").is_some() {
+        Baseline { rss: f64::NAN, anon: f64::NAN, file: f64::NAN }
+    } else {
+        let vw = vipwatch(dir.path(), &empty, url, finalizer);
+        vw.wait_ready().await;
+        let (rss, (anon, file)) = (vw.peak_rss_mib(), rss_split_mib(vw.pid()));
+        vw.stop();
+        Baseline { rss, anon, file }
+    };
+    println!("  baseline: peak RSS on an empty cluster {:.1} MiB", base.rss);
+    results.figure("empty cluster: peak RSS", base.rss, "MiB");
+    base
+}
+
+/// vipwatch's memory on an empty cluster ([`empty_cluster`]), in MiB.
+#[derive(Clone, Copy)]
+struct Baseline {
+    rss: f64,
+    anon: f64,
+    file: f64,
+}
+
+impl Baseline {
+    /// Prints `phase`'s memory line and records its peak and its split at the end (`key` prefixes
+    /// the figures' names) next to the empty cluster's.
+    fn rss_line(&self, results: &mut Results, key: &str, phase: &str, vw: &Process) {
+        let (rss, (anon, file)) = (vw.peak_rss_mib(), rss_split_mib(vw.pid()));
+        println!(
+            "  {phase}: peak RSS {rss:.1} MiB (ratio {:.2} to the empty cluster; at its end {anon:.1} MiB anonymous, {file:.1} MiB file-backed)",
+            rss / self.rss
+        );
+        results.compare(&format!("{key}: peak RSS"), rss, "MiB", "empty cluster: peak RSS", self.rss);
+        results.compare(
+            &format!("{key}: anonymous RSS at its end"),
+            anon,
+            "MiB",
+            "empty cluster: anonymous RSS",
+            self.anon,
+        );
+        results.compare(
+            &format!("{key}: file-backed RSS at its end"),
+            file,
+            "MiB",
+            "empty cluster: file-backed RSS",
+            self.file,
+        );
+    }
+}
+
+/// `--sizes` (the default ladder, [`SIZES`]) or `--sizes=1000,5000,...`: the Services of each run of
+/// the sizing mode.
+fn sizes() -> Option<Vec<usize>> {
+    std::env::args().skip(1).find_map(|a| match a.as_str() {
+        "--sizes" => Some(SIZES.to_vec()),
+        _ => a.strip_prefix("--sizes=").map(|list| {
+            list.split(',')
+                .map(|n| {
+                    n.trim()
+                        .replace('_', "")
+                        .parse()
+                        .unwrap_or_else(|_| panic!("--sizes={list}: not a list of numbers"))
+                })
+                .collect()
+        }),
+    })
+}
+
+/// The sizing mode's default cluster sizes.
+const SIZES: [usize; 4] = [1_000, 3_000, 10_000, 30_000];
 
 #[tokio::main]
 async fn main() {
@@ -163,35 +249,28 @@ async fn main() {
     let (services, hot, changes, rate, seconds) =
         (arg(0, 10_000), arg(1, 1_000), arg(2, 20_000), arg(3, 500), arg(4, 20));
     let finalizer = !std::env::args().any(|a| a == "--no-finalizer");
+    if let Some(sizes) = sizes() {
+        return sizing(&sizes, hot, rate, seconds, finalizer).await;
+    }
     let pace = burst_pace();
     let how = pace.map_or_else(|| "as fast as the apiserver answers".to_owned(), |p| format!("at most {p}/s"));
     println!(
         "burst: {services} Services; {changes} changes over {hot} {how}; {rate}/s for {seconds} s; finalizer {finalizer}"
     );
+    let mut results = Results::new("burst");
+    results.param("services", services);
+    results.param("hot", hot);
+    results.param("changes", changes);
+    results.param("rate", rate);
+    results.param("seconds", seconds);
+    results.param("finalizer", finalizer);
+    results.param("burst_rate", pace);
+    results.param("pool", std::env::var_os("BENCH_POOL").is_some());
     let seen = Seen::default();
     let url = receiver(seen.clone()).await;
 
-    // The fixed cost: the same binary and config on an empty cluster (skipped under BENCH_WRAP, whose
-    // profiler would write its output twice).
-    let empty = FakeApiServer::start().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let base_rss = if std::env::var_os("BENCH_WRAP").is_some() {
-        f64::NAN
-    } else {
-        let vw = vipwatch(dir.path(), &empty, &url, finalizer);
-        vw.wait_ready().await;
-        let rss = vw.peak_rss_mib();
-        vw.stop();
-        rss
-    };
-    println!("  baseline: peak RSS on an empty cluster {base_rss:.1} MiB");
-    let rss_line = |phase: &str, vw: &Process| {
-        let (rss, (anon, file)) = (vw.peak_rss_mib(), rss_split_mib(vw.pid()));
-        println!(
-            "  {phase}: peak RSS {rss:.1} MiB (ratio {:.2} to the empty cluster; at its end {anon:.1} MiB anonymous, {file:.1} MiB file-backed)",
-            rss / base_rss
-        )
-    };
+    // The fixed cost: the same binary and config on an empty cluster.
+    let empty = empty_cluster(&url, finalizer, &mut results).await;
 
     let options =
         FakeApiServerOptions { history_limit: services + 2 * (changes + rate * seconds), ..Default::default() };
@@ -216,12 +295,17 @@ async fn main() {
         base_posts.as_secs_f64(),
         delivered.as_secs_f64() / base_posts.as_secs_f64()
     );
+    let (sync_cpu, own_sync_cpu) =
+        (cpu_time(vw.pid()).as_secs_f64(), (cpu_time(std::process::id()) - own_cpu).as_secs_f64());
     println!(
-        "  initial sync: CPU until all delivered: vipwatch {:.2} s, this process (fake apiserver, receiver) {:.2} s",
-        cpu_time(vw.pid()).as_secs_f64(),
-        (cpu_time(std::process::id()) - own_cpu).as_secs_f64()
+        "  initial sync: CPU until all delivered: vipwatch {sync_cpu:.2} s, this process (fake apiserver, receiver) {own_sync_cpu:.2} s"
     );
-    rss_line("initial sync", &vw);
+    results.figure("initial sync: ready", ready.as_secs_f64(), "s");
+    let posts = "bare reqwest POSTs of as many (32 at once)";
+    results.compare("initial sync: all delivered", delivered.as_secs_f64(), "s", posts, base_posts.as_secs_f64());
+    let own = "the benchmark's process (fake apiserver, receiver)";
+    results.compare("initial sync: vipwatch CPU", sync_cpu, "s", own, own_sync_cpu);
+    empty.rss_line(&mut results, "initial sync", "initial sync", &vw);
 
     // 2. Burst.
     reset_peak_rss(vw.pid());
@@ -245,19 +329,31 @@ async fn main() {
         last.as_secs_f64(),
         deliveries as f64 / last.as_secs_f64()
     );
-    latency_line("burst", &got, &base);
+    let (written_rate, delivered_rate) = (changes as f64 / wrote.as_secs_f64(), deliveries as f64 / last.as_secs_f64());
+    results.figure("burst: changes written", written_rate, "/s");
+    results.compare("burst: deliveries", delivered_rate, "/s", "burst: changes written", written_rate);
+    latency_line(&mut results, "burst", "burst", &got, &base);
+    let lag = stored.duration_since(written.iter().find(|w| w.1 == *rev).unwrap().2).as_secs_f64();
     println!(
-        "  burst: the last change stored {:.2} s after the start, {:.2} s after it was written (the watch's ingestion; the rest of its latency is the relay's)",
+        "  burst: the last change stored {:.2} s after the start, {lag:.2} s after it was written (the watch's ingestion; the rest of its latency is the relay's)",
         stored.duration_since(start).as_secs_f64(),
-        stored.duration_since(written.iter().find(|w| w.1 == *rev).unwrap().2).as_secs_f64()
     );
+    results.compare(
+        "burst: the last change stored, after it was written",
+        lag,
+        "s",
+        "burst: latency p99",
+        pct(&got, 0.99) / 1e3,
+    );
+    let (burst_cpu, own_burst_cpu) =
+        ((cpu_time(vw.pid()) - vw_cpu).as_secs_f64(), (cpu_time(std::process::id()) - own_cpu).as_secs_f64());
     println!(
-        "  burst: CPU until settled: vipwatch {:.2} s, this process (fake apiserver, writers, receiver) {:.2} s",
-        (cpu_time(vw.pid()) - vw_cpu).as_secs_f64(),
-        (cpu_time(std::process::id()) - own_cpu).as_secs_f64()
+        "  burst: CPU until settled: vipwatch {burst_cpu:.2} s, this process (fake apiserver, writers, receiver) {own_burst_cpu:.2} s"
     );
-    io.line("burst", changes);
-    rss_line("burst", &vw);
+    let own = "the benchmark's process (fake apiserver, writers, receiver)";
+    results.compare("burst: vipwatch CPU", burst_cpu, "s", own, own_burst_cpu);
+    io.line(&mut results, "burst", "burst", changes);
+    empty.rss_line(&mut results, "burst", "burst", &vw);
 
     // 3. Steady rate.
     reset_peak_rss(vw.pid());
@@ -267,15 +363,96 @@ async fn main() {
     let got = settle(&seen, &written).await;
     let base = settle(&watched, &written).await;
     let used = cpu_time(vw.pid()) - cpu;
-    latency_line(&format!("steady {rate}/s"), &got, &base);
-    println!(
-        "  steady {rate}/s: vipwatch CPU {:.2} s over {seconds} s, {:.3} ms per change",
-        used.as_secs_f64(),
-        ms(used) / written.len() as f64
-    );
-    io.line(&format!("steady {rate}/s"), written.len());
-    rss_line(&format!("steady {rate}/s"), &vw);
+    let phase = format!("steady {rate}/s");
+    latency_line(&mut results, "steady", &phase, &got, &base);
+    let per_change = ms(used) / written.len() as f64;
+    println!("  {phase}: vipwatch CPU {:.2} s over {seconds} s, {per_change:.3} ms per change", used.as_secs_f64());
+    results.compare("steady: vipwatch CPU per change", per_change, "ms", "interval between changes", 1e3 / rate as f64);
+    io.line(&mut results, "steady", &phase, written.len());
+    empty.rss_line(&mut results, "steady", &phase, &vw);
     vw.stop();
+    results.write();
+}
+
+/// The sizing mode (`--sizes`): for each size, a fresh cluster of that many Services and a fresh
+/// vipwatch: the initial sync (phase 1) and the steady rate (phase 3), each with vipwatch's peak RSS
+/// and CPU, recorded as `burst-sizes` with the size in each figure's name (`10000 Services: ...`).
+async fn sizing(sizes: &[usize], hot: usize, rate: usize, seconds: usize, finalizer: bool) {
+    println!(
+        "burst --sizes: {sizes:?} Services; {rate}/s for {seconds} s over up to {hot} of them; finalizer {finalizer}"
+    );
+    let mut results = Results::new("burst-sizes");
+    results.param("sizes", sizes);
+    results.param("hot", hot);
+    results.param("rate", rate);
+    results.param("seconds", seconds);
+    results.param("finalizer", finalizer);
+    results.param("pool", std::env::var_os("BENCH_POOL").is_some());
+    let seen = Seen::default();
+    let url = receiver(seen.clone()).await;
+    let empty = empty_cluster(&url, finalizer, &mut results).await;
+    for &services in sizes {
+        let hot = hot.min(services);
+        let options = FakeApiServerOptions { history_limit: services + 2 * rate * seconds, ..Default::default() };
+        let api = FakeApiServer::start_with(options).await.unwrap();
+        api.seed((0..services).map(service));
+        let base_posts = bare_posts(&url, services).await;
+        seen.by_name.lock().unwrap().clear();
+        println!("{services} Services:");
+        let key = format!("{services} Services");
+
+        let dir = tempfile::tempdir().unwrap();
+        let own_cpu = cpu_time(std::process::id());
+        let start = Instant::now();
+        let vw = vipwatch(dir.path(), &api, &url, finalizer);
+        vw.wait_ready().await;
+        let ready = start.elapsed().as_secs_f64();
+        wait_until("every Service's ADDED delivered", Duration::from_millis(5), || seen.names() >= services).await;
+        let delivered = start.elapsed().as_secs_f64();
+        let (sync_cpu, own_sync_cpu) =
+            (cpu_time(vw.pid()).as_secs_f64(), (cpu_time(std::process::id()) - own_cpu).as_secs_f64());
+        println!(
+            "  initial sync: ready {ready:.2} s, all delivered {delivered:.2} s after start (bare POSTs of as many: {:.2} s); \
+             CPU vipwatch {sync_cpu:.2} s, this process {own_sync_cpu:.2} s",
+            base_posts.as_secs_f64()
+        );
+        results.figure(&format!("{key}: initial sync: ready"), ready, "s");
+        let posts = "bare reqwest POSTs of as many (32 at once)";
+        results.compare(
+            &format!("{key}: initial sync: all delivered"),
+            delivered,
+            "s",
+            posts,
+            base_posts.as_secs_f64(),
+        );
+        let own = "the benchmark's process (fake apiserver, receiver)";
+        results.compare(&format!("{key}: initial sync: vipwatch CPU"), sync_cpu, "s", own, own_sync_cpu);
+        empty.rss_line(&mut results, &format!("{key}: initial sync"), "initial sync", &vw);
+
+        reset_peak_rss(vw.pid());
+        let watched = Seen::default();
+        bare_watch(&api, api.resource_version(), watched.clone()).await;
+        let cpu = cpu_time(vw.pid());
+        let written = steady(&api, hot, rate, seconds, 1).await;
+        let got = settle(&seen, &written).await;
+        let base = settle(&watched, &written).await;
+        let used = cpu_time(vw.pid()) - cpu;
+        let phase = format!("steady {rate}/s");
+        latency_line(&mut results, &format!("{key}: steady"), &phase, &got, &base);
+        let per_change = ms(used) / written.len() as f64;
+        println!("  {phase}: vipwatch CPU {:.2} s over {seconds} s, {per_change:.3} ms per change", used.as_secs_f64());
+        let interval = 1e3 / rate as f64;
+        results.compare(
+            &format!("{key}: steady: vipwatch CPU per change"),
+            per_change,
+            "ms",
+            "interval between changes",
+            interval,
+        );
+        empty.rss_line(&mut results, &format!("{key}: steady"), &phase, &vw);
+        vw.stop();
+    }
+    results.write();
 }
 
 /// Bytes vipwatch writes during a phase (`wchar`: its WAL frames, its checkpoints' pages, its requests)
@@ -293,7 +470,9 @@ impl<'a> Io<'a> {
         Self { pid: vw.pid(), seen, written: written_bytes(vw.pid()), delivered: seen.bytes.load(Ordering::Relaxed) }
     }
 
-    fn line(&self, phase: &str, changes: usize) {
+    /// Prints the phase's line and records the bytes written per change (`{key}: bytes written per
+    /// change`) next to the bytes delivered per change.
+    fn line(&self, results: &mut Results, key: &str, phase: &str, changes: usize) {
         let written = (written_bytes(self.pid) - self.written) as f64;
         let delivered = (self.seen.bytes.load(Ordering::Relaxed) - self.delivered) as f64;
         println!(
@@ -303,5 +482,8 @@ impl<'a> Io<'a> {
             delivered / 1e6,
             written / delivered
         );
+        let (per_change, delivered_per_change) = (written / 1e3 / changes as f64, delivered / 1e3 / changes as f64);
+        let name = format!("{key}: bytes written per change");
+        results.compare(&name, per_change, "KB", "bytes delivered per change", delivered_per_change);
     }
 }

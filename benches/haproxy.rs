@@ -31,6 +31,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
+use common::results::Results;
 use common::{Process, peak_rss_mib};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -189,7 +190,8 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted.get(((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or(f64::NAN)
 }
 
-fn report(what: &str, mut got: Vec<f64>, mut base: Vec<f64>) {
+/// Prints p50 / p99 of `got` next to `base`'s and records them as `{key} p50` and `{key} p99`.
+fn report(results: &mut Results, key: &str, what: &str, mut got: Vec<f64>, mut base: Vec<f64>) {
     got.sort_by(f64::total_cmp);
     base.sort_by(f64::total_cmp);
     let (p50, p99, b50, b99) = (pct(&got, 0.5), pct(&got, 0.99), pct(&base, 0.5), pct(&base, 0.99));
@@ -199,6 +201,8 @@ fn report(what: &str, mut got: Vec<f64>, mut base: Vec<f64>) {
         p50 / b50,
         p99 / b99
     );
+    results.compare(&format!("{key} p50"), p50, "ms", "delivered to the receiver p50", b50);
+    results.compare(&format!("{key} p99"), p99, "ms", "delivered to the receiver p99", b99);
 }
 
 fn arrival(arrivals: &Arrivals, name: &str, marker: &str) -> Option<Instant> {
@@ -212,7 +216,7 @@ fn vip_of(arrivals: &Arrivals, name: &str) -> Option<String> {
     got.keys().find(|(n, m)| n == name && m.starts_with("vip=")).map(|(_, m)| m["vip=".len()..].to_owned())
 }
 
-async fn creates_and_member_changes(n: usize) {
+async fn creates_and_member_changes(n: usize, results: &mut Results) {
     let api = FakeApiServer::start_with(FakeApiServerOptions::default()).await.unwrap();
     let (url, arrivals) = receiver().await;
     let dir = tempfile::tempdir().unwrap();
@@ -244,7 +248,8 @@ async fn creates_and_member_changes(n: usize) {
         base.push(arrived.duration_since(start).as_secs_f64() * 1000.0);
         vips.push(addr);
     }
-    report(&format!("Service created → first connection through its VIP ({n} Services)"), got, base);
+    let what = format!("Service created → first connection through its VIP ({n} Services)");
+    report(results, "create → live", &what, got, base);
 
     let agent_dir = dir.path().join("agent");
     let before = reloads(&agent_dir).await;
@@ -262,13 +267,15 @@ async fn creates_and_member_changes(n: usize) {
             until("the receiver's MODIFIED", Duration::from_secs(30), async || arrival(&arrivals, &name, POD_B)).await;
         base.push(arrived.duration_since(start).as_secs_f64() * 1000.0);
     }
-    report(&format!("member-only change → live ({n} changes)"), got, base);
-    println!("    reloads for those {n} member changes: {}", reloads(&agent_dir).await - before);
+    report(results, "member change → live", &format!("member-only change → live ({n} changes)"), got, base);
+    let member_reloads = reloads(&agent_dir).await - before;
+    println!("    reloads for those {n} member changes: {member_reloads}");
+    results.compare("member changes: reloads", member_reloads as f64, "", "member changes", n as f64);
     vw.stop();
     agent.stop();
 }
 
-async fn bulk(n: usize) {
+async fn bulk(n: usize, results: &mut Results) {
     let options = FakeApiServerOptions { history_limit: 8 * n + 1000, ..Default::default() };
     let api = FakeApiServer::start_with(options).await.unwrap();
     api.seed((0..n).map(|i| service(&name(i))));
@@ -301,12 +308,14 @@ async fn bulk(n: usize) {
     .await;
     let applied = start.elapsed().as_secs_f64();
     let base = received.duration_since(start).as_secs_f64();
+    let bulk_reloads = reloads(&agent_dir).await;
     println!(
         "  {n} Services from empty: all live through HAProxy after {applied:.2} s (all delivered to the receiver: \
-         {base:.2} s; ratio {:.2}); reloads: {}",
+         {base:.2} s; ratio {:.2}); reloads: {bulk_reloads}",
         applied / base,
-        reloads(&agent_dir).await
     );
+    results.compare("bulk: all live", applied, "s", "bulk: all delivered to the receiver", base);
+    results.compare("bulk: reloads", bulk_reloads as f64, "", "Services", n as f64);
     let master: u32 = std::fs::read_to_string(agent_dir.join("haproxy.pid")).unwrap().trim().parse().unwrap();
     let worker = children(master).into_iter().map(peak_rss_mib).fold(0.0, f64::max);
     let (agent_rss, vw_rss) = (peak_rss_mib(agent.child.id()), peak_rss_mib(vw.child.id()));
@@ -316,6 +325,10 @@ async fn bulk(n: usize) {
         peak_rss_mib(master),
         agent_rss / vw_rss
     );
+    results.figure("bulk: peak RSS of vipwatch", vw_rss, "MiB");
+    results.compare("bulk: peak RSS of the agent", agent_rss, "MiB", "vipwatch", vw_rss);
+    results.compare("bulk: peak RSS of HAProxy's worker", worker, "MiB", "vipwatch", vw_rss);
+    results.compare("bulk: peak RSS of HAProxy's master", peak_rss_mib(master), "MiB", "vipwatch", vw_rss);
     vw.stop();
     agent.stop();
 }
@@ -331,11 +344,18 @@ async fn main() {
     vipwatch::relay::sender::install_crypto_provider();
     let numbers: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let (creates, bulk_n) = (numbers.first().copied().unwrap_or(100), numbers.get(1).copied().unwrap_or(1000));
+    let mut results = Results::new("haproxy");
+    results.param("creates", creates);
+    results.param("bulk", bulk_n);
+    let version = Command::new("haproxy").arg("-v").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    let version = version.unwrap_or_default();
+    results.param("haproxy", version.lines().next().unwrap_or("").to_owned());
     println!(
         "haproxy: vipwatch → agent → HAProxy 2.6 → pods, through loopback VIPs (batch window 200 ms, backends window 250 ms)"
     );
     pod(POD_A, "a").await;
     pod(POD_B, "b").await;
-    creates_and_member_changes(creates).await;
-    bulk(bulk_n).await;
+    creates_and_member_changes(creates, &mut results).await;
+    bulk(bulk_n, &mut results).await;
+    results.write();
 }

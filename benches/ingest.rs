@@ -55,7 +55,13 @@ async fn baseline_list(client: kube::Client) -> (Duration, usize) {
     (start.elapsed(), n)
 }
 
-async fn baseline_watch(api_server: &FakeApiServer, client: kube::Client, services: usize, changes: usize) -> Duration {
+/// The bare watcher's time for the `changes` events, and its CPU per event (µs).
+async fn baseline_watch(
+    api_server: &FakeApiServer,
+    client: kube::Client,
+    services: usize,
+    changes: usize,
+) -> (Duration, f64) {
     let api: Api<Service> = Api::all(client);
     let mut stream = Box::pin(watcher(api, watcher::Config::default()));
     while let Some(Ok(ev)) = stream.next().await {
@@ -72,8 +78,10 @@ async fn baseline_watch(api_server: &FakeApiServer, client: kube::Client, servic
             seen += 1;
         }
     }
-    println!("  (bare watcher: {:.0} µs CPU per event)", (cpu_time() - cpu).as_secs_f64() * 1e6 / changes as f64);
-    start.elapsed()
+    let elapsed = start.elapsed();
+    let cpu = (cpu_time() - cpu).as_secs_f64() * 1e6 / changes as f64;
+    println!("  (bare watcher: {cpu:.0} µs CPU per event)");
+    (elapsed, cpu)
 }
 
 async fn wait_for_events(running: &vipwatch::app::Running, n: i64) {
@@ -97,6 +105,9 @@ async fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let services = args.first().copied().unwrap_or(10_000);
     let changes = args.get(1).copied().unwrap_or(40_000);
+    let mut results = common::results::Results::new("ingest");
+    results.param("services", services);
+    results.param("changes", changes);
     let options = FakeApiServerOptions { history_limit: changes * 3 + services, ..Default::default() };
     let api = FakeApiServer::start_with(options).await.unwrap();
     api.seed((0..services).map(|i| service(i, 80)));
@@ -104,7 +115,7 @@ async fn main() {
 
     let (list_time, listed) = baseline_list(client.clone()).await;
     assert_eq!(listed, services);
-    let watch_time = baseline_watch(&api, client, services, changes).await;
+    let (watch_time, watch_cpu) = baseline_watch(&api, client, services, changes).await;
 
     let rss_before = common::peak_rss_mib(std::process::id());
     let dir = tempfile::tempdir().unwrap();
@@ -123,7 +134,8 @@ async fn main() {
     mutate(&api, services, changes, 1);
     wait_for_events(&running, (services + changes) as i64).await;
     let ingest_time = start.elapsed();
-    println!("  (vipwatch: {:.0} µs CPU per event)", (cpu_time() - cpu).as_secs_f64() * 1e6 / changes as f64);
+    let ingest_cpu = (cpu_time() - cpu).as_secs_f64() * 1e6 / changes as f64;
+    println!("  (vipwatch: {ingest_cpu:.0} µs CPU per event)");
     running.stop().await.unwrap();
 
     let pooled_dir = tempfile::tempdir().unwrap();
@@ -158,5 +170,18 @@ async fn main() {
         services,
         pooled_sync_time.as_secs_f64() / sync_time.as_secs_f64()
     );
-    common::report_own_peak_rss(rss_before);
+    results.compare("initial sync", sync_time.as_secs_f64(), "s", "bare kube-rs paged list", list_time.as_secs_f64());
+    let (rate, base_rate) = (per_sec(changes, ingest_time), per_sec(changes, watch_time));
+    results.compare("change events into SQLite", rate, "/s", "bare kube-rs watcher", base_rate);
+    results.compare("CPU per change event", ingest_cpu, "µs", "bare kube-rs watcher", watch_cpu);
+    let pooled = pooled_sync_time.as_secs_f64();
+    results.compare(
+        "initial sync + allocation from a pool",
+        pooled,
+        "s",
+        "initial sync without pools",
+        sync_time.as_secs_f64(),
+    );
+    common::report_own_peak_rss(rss_before, &mut results);
+    results.write();
 }

@@ -8,7 +8,9 @@
 //!   events at once; measured from ready to the last 2xx, next to the baseline of a bare reqwest client
 //!   POSTing the same number of bodies with the same concurrency (32) to the same receiver.
 //! - latency: RATE Service updates per second for SECONDS seconds written to the fake apiserver; for
-//!   each, the time from the write to the receiver getting its delivery. p50 / p99 reported.
+//!   each, the time from the write to the receiver getting its delivery. p50 / p99 reported, next to
+//!   the baseline of a bare watch on the same apiserver seeing the same updates (the watch's own
+//!   latency, which every delivery includes).
 
 mod common;
 
@@ -75,6 +77,34 @@ async fn baseline(url: &str, n: usize, body: String) -> Duration {
     start.elapsed()
 }
 
+/// The baseline watcher: a bare watch on every Service from `rv`, noting when each `(name, port)`
+/// first arrived.
+async fn bare_watch(api: &FakeApiServer, rv: String) -> Arrivals {
+    let seen: Arrivals = Arc::default();
+    let url = format!("{}/api/v1/services?watch=1&resourceVersion={rv}", api.url());
+    let mut response = reqwest::get(url).await.unwrap();
+    let noted = seen.clone();
+    tokio::spawn(async move {
+        let mut buf = Vec::new();
+        while let Ok(Some(chunk)) = response.chunk().await {
+            let now = Instant::now();
+            buf.extend_from_slice(&chunk);
+            while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=end).collect();
+                if let Ok(ev) = serde_json::from_slice::<serde_json::Value>(&line) {
+                    let svc = &ev["object"];
+                    let key = (
+                        svc["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                        svc["spec"]["ports"][0]["port"].as_i64().unwrap_or(0),
+                    );
+                    noted.lock().unwrap().entry(key).or_insert(now);
+                }
+            }
+        }
+    });
+    seen
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1).min(sorted.len() - 1)]
 }
@@ -87,6 +117,12 @@ async fn main() {
         args.get(1).copied().unwrap_or(500),
         args.get(2).copied().unwrap_or(10),
     );
+    let finalizer = !std::env::args().any(|a| a == "--no-finalizer");
+    let mut results = common::results::Results::new("relay");
+    results.param("backlog", backlog);
+    results.param("rate", rate);
+    results.param("seconds", seconds);
+    results.param("finalizer", finalizer);
     let api = FakeApiServer::start_with(FakeApiServerOptions {
         history_limit: backlog + rate * seconds * 2,
         ..Default::default()
@@ -110,7 +146,7 @@ async fn main() {
     config.webhooks = vec![w];
     // `--no-finalizer`: measure the relay alone. By default (as in production) each Service's first
     // delivery waits until vipwatch's finalizer is on it, a Kubernetes write per Service.
-    config.kubernetes.finalizer = !std::env::args().any(|a| a == "--no-finalizer");
+    config.kubernetes.finalizer = finalizer;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let running = vipwatch::app::start(config, listener).await.unwrap();
     running.ready().await;
@@ -118,6 +154,7 @@ async fn main() {
     let backlog_done = || count.load(std::sync::atomic::Ordering::Relaxed) >= backlog;
     common::wait_until("the backlog delivered", Duration::from_millis(2), backlog_done).await;
     let relay_time = start.elapsed();
+    let watched = bare_watch(&api, api.resource_version()).await;
 
     let mut tick = tokio::time::interval(Duration::from_secs(1) / rate as u32);
     let mut written = Vec::with_capacity(rate * seconds);
@@ -142,6 +179,11 @@ async fn main() {
     }
     running.stop().await.unwrap();
     latencies.sort();
+    let mut watch_latencies: Vec<Duration> = {
+        let got = watched.lock().unwrap();
+        written.iter().filter_map(|(k, at)| got.get(k).map(|r| r.saturating_duration_since(*at))).collect()
+    };
+    watch_latencies.sort();
 
     let per_sec = |n: usize, d: Duration| n as f64 / d.as_secs_f64();
     println!("relay benchmark: receiver on loopback answering 204 at once");
@@ -151,13 +193,25 @@ async fn main() {
         per_sec(backlog, base),
         per_sec(backlog, relay_time) / per_sec(backlog, base)
     );
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (p50, p99, max) =
+        (ms(percentile(&latencies, 0.50)), ms(percentile(&latencies, 0.99)), ms(*latencies.last().unwrap()));
+    let (b50, b99, bmax) = match watch_latencies.last() {
+        Some(last) => (ms(percentile(&watch_latencies, 0.50)), ms(percentile(&watch_latencies, 0.99)), ms(*last)),
+        None => (f64::NAN, f64::NAN, f64::NAN),
+    };
     println!(
-        "latency    : {} of {} updates at {rate}/s delivered; write → receiver p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        "latency    : {} of {} updates at {rate}/s delivered; write → receiver p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms \
+         (bare watch: p50 {b50:.1} ms, p99 {b99:.1} ms; p99 ratio {:.1})",
         latencies.len(),
         written.len(),
-        percentile(&latencies, 0.50).as_secs_f64() * 1e3,
-        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
-        latencies.last().unwrap().as_secs_f64() * 1e3
+        p99 / b99
     );
-    common::report_own_peak_rss(rss_before);
+    let (throughput, base_throughput) = (per_sec(backlog, relay_time), per_sec(backlog, base));
+    results.compare("throughput", throughput, "deliveries/s", "bare reqwest client, 32 at once", base_throughput);
+    results.compare("steady: latency p50", p50, "ms", "bare watch: latency p50", b50);
+    results.compare("steady: latency p99", p99, "ms", "bare watch: latency p99", b99);
+    results.compare("steady: latency max", max, "ms", "bare watch: latency max", bmax);
+    common::report_own_peak_rss(rss_before, &mut results);
+    results.write();
 }

@@ -38,6 +38,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::load::{self, Seen};
+use common::results::Results;
 use common::{Process, pct, wait_until};
 use serde_json::{Value, json};
 use vipwatch::config::{DatabaseConfig, Secret};
@@ -384,13 +385,19 @@ fn args() -> Args {
     }
 }
 
-fn row(what: &str, base: f64, pg: f64, digits: usize) {
+/// Prints a workload row and records PostgreSQL's figure (`PostgreSQL: {name}`) next to SQLite's.
+fn row(results: &mut Results, what: &str, (name, unit): (&str, &str), base: f64, pg: f64, digits: usize) {
     println!("  {what:<40} {base:>12.digits$} {pg:>12.digits$} {:>8.2}", pg / base);
+    results.compare(&format!("PostgreSQL: {name}"), pg, unit, &format!("SQLite: {name}"), base);
 }
 
-fn spread(what: &str, sorted: &[f64], ttl: f64) {
+/// Prints a takeover row and records its p50 / p99 / max (`{name} p50` ...) next to the lease TTL.
+fn spread(results: &mut Results, what: &str, name: &str, sorted: &[f64], ttl: f64) {
     let (p50, p99, max) = (pct(sorted, 0.5), pct(sorted, 0.99), sorted.last().copied().unwrap_or(f64::NAN));
     println!("  {what:<40} {:>3} {p50:>8.3} {p99:>8.3} {max:>8.3} {:>9.3} {:>9.3}", sorted.len(), p50 / ttl, max / ttl);
+    for (q, v) in [("p50", p50), ("p99", p99), ("max", max)] {
+        results.compare(&format!("{name} {q}"), v, "s", "leader_ttl", ttl);
+    }
 }
 
 #[tokio::main]
@@ -399,7 +406,17 @@ async fn main() {
     vipwatch::relay::sender::install_crypto_provider();
     let args = args();
     let begun = Instant::now();
+    let mut results = Results::new("store_backends");
+    results.param("services", args.services);
+    results.param("rate", args.rate);
+    results.param("seconds", args.seconds);
+    results.param("kills", args.kills);
+    results.param("terms", args.terms);
+    results.param("leader_ttl_s", secs(args.lease.ttl));
+    results.param("leader_renew_s", secs(args.lease.renew));
+    results.param("takeover_services", HA_SERVICES);
     let pg = describe(&server).await;
+    results.param("postgresql", pg.as_str());
     println!(
         "store_backends: {} Services, {} changes/s for {} s; one signed endpoint (loopback receiver, 204 at once); {pg}",
         args.services, args.rate, args.seconds
@@ -430,14 +447,18 @@ async fn main() {
     println!();
     println!("store_backends ({:.0} s in all)", secs(begun.elapsed()));
     println!("  {:<40} {:>12} {:>12} {:>8}", "workload", "SQLite", "PostgreSQL", "ratio");
-    row("sync: start → ready (s)", secs(sqlite.ready), secs(postgres.ready), 2);
-    row("sync: start → all ADDED delivered (s)", secs(sqlite.synced), secs(postgres.synced), 2);
-    row("ingest (events/s)", sqlite.ingest, postgres.ingest, 0);
-    row("deliveries (/s)", sqlite.deliveries, postgres.deliveries, 0);
+    let r = &mut results;
+    row(r, "sync: start → ready (s)", ("initial sync: ready", "s"), secs(sqlite.ready), secs(postgres.ready), 2);
+    let delivered = ("initial sync: all ADDED delivered", "s");
+    row(r, "sync: start → all ADDED delivered (s)", delivered, secs(sqlite.synced), secs(postgres.synced), 2);
+    row(r, "ingest (events/s)", ("ingest", "events/s"), sqlite.ingest, postgres.ingest, 0);
+    row(r, "deliveries (/s)", ("deliveries", "/s"), sqlite.deliveries, postgres.deliveries, 0);
     let rate = format!("steady {}/s", args.rate);
-    row(&format!("{rate}: write → delivery p50 (ms)"), pct(&sqlite.steady, 0.5), pct(&postgres.steady, 0.5), 1);
-    row(&format!("{rate}: write → delivery p99 (ms)"), pct(&sqlite.steady, 0.99), pct(&postgres.steady, 0.99), 1);
-    row("peak RSS (MiB)", sqlite.peak_rss, postgres.peak_rss, 1);
+    let (s50, p50) = (pct(&sqlite.steady, 0.5), pct(&postgres.steady, 0.5));
+    row(r, &format!("{rate}: write → delivery p50 (ms)"), ("steady: latency p50", "ms"), s50, p50, 1);
+    let (s99, p99) = (pct(&sqlite.steady, 0.99), pct(&postgres.steady, 0.99));
+    row(r, &format!("{rate}: write → delivery p99 (ms)"), ("steady: latency p99", "ms"), s99, p99, 1);
+    row(r, "peak RSS (MiB)", ("peak RSS", "MiB"), sqlite.peak_rss, postgres.peak_rss, 1);
     let ttl_s = secs(lease.ttl);
     println!(
         "  {:<40} {:>3} {:>8} {:>8} {:>8} {:>9} {:>9}",
@@ -449,11 +470,11 @@ async fn main() {
         "p50/TTL",
         "max/TTL"
     );
-    spread("SIGKILL → the other leads", &h.kill_leads, ttl_s);
-    spread("SIGKILL → the other ready", &h.kill_ready, ttl_s);
-    spread("SIGTERM → the other leads", &h.term_leads, ttl_s);
-    spread("SIGTERM → the other ready", &h.term_ready, ttl_s);
-    spread("SIGTERM → the old leader exited", &h.term_exit, ttl_s);
+    spread(r, "SIGKILL → the other leads", "takeover: SIGKILL → the other leads", &h.kill_leads, ttl_s);
+    spread(r, "SIGKILL → the other ready", "takeover: SIGKILL → the other ready", &h.kill_ready, ttl_s);
+    spread(r, "SIGTERM → the other leads", "takeover: SIGTERM → the other leads", &h.term_leads, ttl_s);
+    spread(r, "SIGTERM → the other ready", "takeover: SIGTERM → the other ready", &h.term_ready, ttl_s);
+    spread(r, "SIGTERM → the old leader exited", "takeover: SIGTERM → the old leader exited", &h.term_exit, ttl_s);
     let (lo, hi) = (lease.ttl.saturating_sub(lease.renew), lease.ttl + lease.renew);
     println!(
         "  bound after SIGKILL: the lease expires TTL after the last renewal (every {renew}), the follower bids every {renew}: \
@@ -473,4 +494,7 @@ async fn main() {
         );
     }
     println!("  peak RSS of the replicas: leader {:.1} MiB, follower {:.1} MiB", h.leader_rss, h.follower_rss);
+    results.figure("takeover: peak RSS of the leader", h.leader_rss, "MiB");
+    results.compare("takeover: peak RSS of the follower", h.follower_rss, "MiB", "the leader", h.leader_rss);
+    results.write();
 }

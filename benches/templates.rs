@@ -10,7 +10,10 @@
 //! - full state: SERVICES Services (each the sample Service renamed, with its own VIP and two
 //!   members per port) rendered into the shipped AS3 tenant declaration: building the Service values
 //!   and the context, rendering, parsing the result as JSON (what vipwatch checks); best of 5, and
-//!   the ratio to SERVICES baseline serializations. Then the process's peak RSS (VmHWM).
+//!   the ratio to SERVICES baseline serializations. Then the process's peak RSS (VmHWM), next to
+//!   its peak before the full-state renders.
+
+mod common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -87,12 +90,16 @@ fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let n = args.first().copied().unwrap_or(10_000);
     let rounds = args.get(1).copied().unwrap_or(2_000);
+    let mut results = common::results::Results::new("templates");
+    results.param("services", n);
+    results.param("rounds", rounds);
     let typed: vipwatch_contract::WebhookPayload = serde_json::from_str(SAMPLE_PAYLOAD).unwrap();
 
     let (base, base_p99) = measure(rounds, || {
         std::hint::black_box(serde_json::to_string(&typed).unwrap());
     });
     println!("baseline: serde_json of the default payload: p50 {base:.2} µs, p99 {base_p99:.2} µs");
+    let baseline = "serde_json of the default payload";
 
     for name in ["generic-rest", "f5-as3-per-app", "netscaler-nitro"] {
         let w = example(name);
@@ -110,7 +117,10 @@ fn main() {
             "per delivery, {name} ({requests} request(s)): p50 {p50:.2} µs ({:.1}× baseline), p99 {p99:.2} µs",
             p50 / base
         );
+        results.compare(&format!("per delivery, {name}: p50"), p50, "µs", &format!("{baseline}: p50"), base);
+        results.compare(&format!("per delivery, {name}: p99"), p99, "µs", &format!("{baseline}: p99"), base_p99);
     }
+    let rss_before = vm_hwm_mib();
 
     let w = example("f5-as3-tenant");
     let compiled = Compiled::new(&w).unwrap();
@@ -132,5 +142,11 @@ fn main() {
         best.as_secs_f64() * 1e6 / (base * n as f64),
         bytes as f64 / (1024.0 * 1024.0)
     );
-    println!("peak RSS (VmHWM): {:.1} MiB", vm_hwm_mib());
+    let rss = vm_hwm_mib();
+    println!("peak RSS (VmHWM): {rss:.1} MiB");
+    let serializations = format!("{n} × {baseline}: p50");
+    results.compare("full state into the AS3 tenant: best of 5", ms, "ms", &serializations, base * n as f64 / 1e3);
+    results.figure("full state into the AS3 tenant: body", bytes as f64 / (1024.0 * 1024.0), "MiB");
+    results.compare("peak RSS (whole process)", rss, "MiB", "the process before the full-state renders", rss_before);
+    results.write();
 }

@@ -1,6 +1,7 @@
 //! What the benchmarks share: a child process (`vipwatch serve`, the HAProxy agent) found by the
 //! address it logs, its peak RSS (VmHWM) and CPU time from `/proc`, and percentiles; [`load`]: the
-//! Services, changes and receiver the `vipwatch serve` benchmarks drive.
+//! Services, changes and receiver the `vipwatch serve` benchmarks drive; [`results`]: each run's
+//! figures written into `benchmarks/results.json`.
 //!
 //! Linux only: `/proc/<pid>/status`, `/proc/<pid>/stat` and `/proc/<pid>/clear_refs` (writing `5`
 //! resets VmHWM to the current RSS, Linux ≥ 4.0, which is how a phase gets its own peak).
@@ -8,6 +9,7 @@
 #![allow(dead_code)] // each benchmark uses its own part of this module
 
 pub mod load;
+pub mod results;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
@@ -96,12 +98,14 @@ pub fn written_bytes(pid: u32) -> u64 {
 
 /// Prints this process's peak RSS next to `before` (its peak before vipwatch started in it), for the
 /// benchmarks that run vipwatch in-process: the figure includes the fake apiserver and the load.
-pub fn report_own_peak_rss(before: f64) {
+/// Records it in `results` as `peak RSS`.
+pub fn report_own_peak_rss(before: f64, results: &mut results::Results) {
     let peak = peak_rss_mib(std::process::id());
     println!(
         "peak RSS   : {peak:.1} MiB for this process (vipwatch in-process + fake apiserver + load); {before:.1} MiB before vipwatch started; ratio {:.2}",
         peak / before
     );
+    results.compare("peak RSS (whole process)", peak, "MiB", "the process before vipwatch started", before);
 }
 
 /// The `p` quantile (0..=1) of ascending `sorted` (NaN when empty).
