@@ -78,7 +78,12 @@ def fmt(v: float | None) -> str:
 def fmt_ratio(r: float | None) -> str:
     if r is None:
         return "–"
-    return f"{r:.2f}" if abs(r) >= 0.1 else f"{r:.3g}"
+    a = abs(r)
+    if a >= 100:
+        return f"{r:,.0f}"
+    if a >= 10:
+        return f"{r:.1f}"
+    return f"{r:.2f}" if a >= 0.1 else f"{r:.3g}"
 
 
 def with_unit(v: float | None, unit: str) -> str:
@@ -175,14 +180,15 @@ def by_size(entry: dict) -> tuple[list[int], dict[str, dict[int, dict]], list[di
 def sizes_table(entry: dict) -> list[str]:
     sizes, rows, other = by_size(entry)
     head = "| figure | " + " | ".join(f"{n:,} Services" for n in sizes) + " | baseline (same run) |"
-    lines = [
+    lines = []
+    if other:
+        lines += ["; ".join(f"{f['name']}: {with_unit(f['value'], f['unit'])}" for f in other) + ".", ""]
+    lines += [
         "Each cell: the value, then its ratio to the baseline of the same size's run.",
         "",
         head,
         "|---|" + "---:|" * len(sizes) + "---|",
     ]
-    for f in other:
-        lines.append(f"| {escape(f['name'])} | " + " | ".join([with_unit(f["value"], f["unit"])] + [""] * (len(sizes) - 1)) + " | – |")
     for name, cells in rows.items():
         any_f = next(iter(cells.values()))
         b = any_f.get("baseline")
@@ -372,7 +378,7 @@ def latency_plot(plt, benchmarks: dict) -> bytes:
         fs = figures(entry)
         for q in ("p50", "p99"):
             f = fs.get(f"{prefix} {q}")
-            if f and f.get("baseline") and f["value"] and f["baseline"]["value"]:
+            if f and f.get("baseline") and f["value"] and f["baseline"]["value"] is not None:
                 rows.append((f"{label} {q}", f["value"], f["baseline"]["value"], f["baseline"]["name"], f.get("ratio")))
     if not rows:
         return empty_plot(plt, "no latency figures in benchmarks/results.json")
@@ -380,15 +386,20 @@ def latency_plot(plt, benchmarks: dict) -> bytes:
     ys = list(range(len(rows)))[::-1]
     h = 0.38
     ax.barh([y + h / 2 for y in ys], [r[1] for r in rows], height=h, color=VIPWATCH, label="vipwatch")
-    ax.barh([y - h / 2 for y in ys], [r[2] for r in rows], height=h, color=BASELINE, label="baseline of the same run")
+    # A baseline of 0 (the bare watch saw the change before the writer had the apiserver's answer)
+    # has no bar on a log scale: its label sits at the axis' left end.
+    lo = min(v for r in rows for v in (r[1], r[2]) if v > 0)
+    hi = max(max(r[1], r[2]) for r in rows)
+    left = lo / 2
+    ax.barh([y - h / 2 for y in ys], [r[2] if r[2] > 0 else 0 for r in rows], height=h, color=BASELINE,
+            label="baseline of the same run")
     for y, r in zip(ys, rows):
-        ax.text(r[1] * 1.08, y + h / 2, f"{fmt(r[1])} ms (×{fmt_ratio(r[4])})", va="center", fontsize=7.5)
-        ax.text(r[2] * 1.08, y - h / 2, f"{fmt(r[2])} ms: {r[3]}", va="center", fontsize=7, color="#505050")
+        ratio = f" (×{fmt_ratio(r[4])})" if r[4] is not None else ""
+        ax.text(r[1] * 1.08, y + h / 2, f"{fmt(r[1])} ms{ratio}", va="center", fontsize=7.5)
+        ax.text(max(r[2], left) * 1.08, y - h / 2, f"{fmt(r[2])} ms: {r[3]}", va="center", fontsize=7, color="#505050")
     ax.set_yticks(ys, [r[0] for r in rows])
     ax.set_xscale("log")
-    lo = min(min(r[1], r[2]) for r in rows)
-    hi = max(max(r[1], r[2]) for r in rows)
-    ax.set_xlim(lo / 2, hi * 60)
+    ax.set_xlim(left, hi * 60)
     ax.set_xlabel("milliseconds (log scale)")
     ax.set_title("Latency by phase, next to the baseline measured in the same run")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False, fontsize=8)
@@ -414,13 +425,15 @@ def rss_plot(plt, benchmarks: dict) -> bytes:
             continue
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, label=label)
         if name == "initial sync: peak RSS":
-            for n, v in pts:
-                ax.annotate(f"{fmt(v)} MiB", (n, v), textcoords="offset points", xytext=(-4, 7), ha="right", fontsize=7.5)
+            for i, (n, v) in enumerate(pts):
+                last = i == len(pts) - 1
+                ax.annotate(f"{fmt(v)} MiB", (n, v), textcoords="offset points", xytext=(-8 if last else 8, -3),
+                            ha="right" if last else "left", va="top", fontsize=7.5)
     empty = value(entry, "empty cluster: peak RSS")
     if empty is not None:
         ax.axhline(empty, color=BASELINE, linestyle="--", linewidth=1)
-        ax.annotate(f"empty cluster (baseline): {fmt(empty)} MiB", (sizes[0], empty), textcoords="offset points",
-                    xytext=(0, -11), fontsize=7.5, color="#505050")
+        ax.annotate(f"empty cluster (baseline): {fmt(empty)} MiB", (sizes[-1], empty), textcoords="offset points",
+                    xytext=(0, 3), ha="right", va="bottom", fontsize=7.5, color="#505050")
     backends = benchmarks.get("backends")
     if backends and value(backends, "initial sync: peak RSS") is not None:
         p = backends["parameters"]
@@ -429,7 +442,8 @@ def rss_plot(plt, benchmarks: dict) -> bytes:
     ax.set_xscale("log")
     ax.set_xticks(sizes, [f"{n:,}" for n in sizes])
     ax.minorticks_off()
-    ax.set_ylim(bottom=0)
+    top = max([v["value"] for r in rows.values() for v in r.values() if v["unit"] == "MiB" and v["value"]] + [empty or 0])
+    ax.set_ylim(0, top * 1.15)
     ax.set_xlabel("Services in the cluster (log scale)")
     ax.set_ylabel("MiB")
     ax.set_title("vipwatch's peak RSS by number of Services")
