@@ -130,7 +130,9 @@ def command(key: str, entry: dict) -> str:
 def run_line(entry: dict) -> str:
     m = entry.get("machine", {})
     commit = entry.get("commit") or {}
-    commit_text = f"commit `{commit.get('id', '?')}`" + (" with local changes" if commit.get("dirty") else "")
+    commit_text = f"commit `{commit.get('id', '?')}`" + (" (the code measured may differ)" if commit.get("dirty") else "")
+    if commit.get("built"):
+        commit_text += f", built {commit['built']}"
     load_1m = m.get("load_1m") or {}
     env = entry.get("environment") or {}
     parts = [
