@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use vipwatch_contract::CompactString;
 
 use super::pool::Family;
+use crate::model::bounded::{QUOTE, bounded};
 use crate::model::{REQUESTED_IP_ANNOTATIONS, ServiceView};
 
 pub use crate::model::annotations::{POOL_ANNOTATION, SHARED_IP_ANNOTATION};
@@ -85,13 +86,14 @@ fn requested_ips(view: &ServiceView) -> Result<Vec<IpAddr>, String> {
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .map(|s| s.parse().map_err(|_| format!("`{s}` in annotation {key} is not an IP address")))
+            .map(|s| s.parse().map_err(|_| format!("`{}` in annotation {key} is not an IP address", bounded(s, QUOTE))))
             .collect::<Result<_, _>>()?,
         None => view.load_balancer_ip.iter().filter_map(|s| s.parse().ok()).collect(),
     };
     if ips.len() > 2 || (ips.len() == 2 && Family::of(&ips[0]) == Family::of(&ips[1])) {
         let list: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
-        return Err(format!("at most one IPv4 and one IPv6 address can be requested, got {}", list.join(", ")));
+        let got = list.join(", ");
+        return Err(format!("at most one IPv4 and one IPv6 address can be requested, got {}", bounded(&got, QUOTE)));
     }
     Ok(ips)
 }

@@ -3,6 +3,7 @@
 
 pub mod annotations;
 pub mod backends;
+pub mod bounded;
 mod change;
 mod notice;
 mod scope;

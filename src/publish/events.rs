@@ -8,6 +8,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::model::Notice;
+use crate::model::bounded::bound;
+
+/// The longest Event note the apiserver accepts (`events.k8s.io/v1` validation: 1 KiB).
+const NOTE: usize = 1024;
 
 /// Reporting controller name on every Event.
 pub const CONTROLLER: &str = "vipwatch.io/controller";
@@ -56,7 +60,8 @@ async fn publish(recorder: &Recorder, n: &Notice) -> bool {
     let event = Event {
         type_: if n.reason.warning() { EventType::Warning } else { EventType::Normal },
         reason: n.reason.as_str().into(),
-        note: Some(n.note.clone()),
+        // The apiserver refuses a note over 1 KiB; a reason quoting an annotation could be longer.
+        note: Some(bound(n.note.clone(), NOTE)),
         action: n.reason.action().into(),
         secondary: None,
     };

@@ -423,6 +423,14 @@ impl Dispatcher {
         }
     }
 
+    /// The endpoint asked to slow down (a 429 or 503 with `Retry-After`): logs and counts it; the
+    /// circuit holds every delivery until `until`.
+    fn throttled(&self, status: Option<u16>, until: i64, now: i64) {
+        self.metrics.webhook_throttled(&self.name, until);
+        let until_at = crate::model::rfc3339(until);
+        warn!(webhook = %self.name, url = %self.url, status, wait_ms = until - now, until = %until_at, "endpoint asked to slow down (Retry-After): no delivery to it before then");
+    }
+
     /// Publishes the circuit's view (API, gauge) and logs and counts `transition`, once per change.
     fn publish(&self, circuit: &Circuit, transition: Option<Transition>) {
         let view = circuit.view();
@@ -466,6 +474,9 @@ impl Dispatcher {
             };
             let transition = health.circuit.record(endpoint_down(result), retry_after, now);
             recovered |= transition == Some(Transition::Closed);
+            if let Some(until) = health.circuit.throttle(result.record.status_code, retry_after, now) {
+                self.throttled(result.record.status_code, until, now);
+            }
             self.publish(&health.circuit, transition);
             match outcome {
                 Outcome::Succeeded => {
