@@ -205,7 +205,12 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
-    shared.record(RecordedRequest { method: method.to_string(), path: path.clone(), query: query.clone() });
+    shared.record(RecordedRequest {
+        method: method.to_string(),
+        path: path.clone(),
+        query: query.clone(),
+        at: std::time::Instant::now(),
+    });
     if let Some(code) = shared.faults.take_failure() {
         return injected(code, &method, &path);
     }
@@ -311,6 +316,10 @@ fn collection(
         Err(e) => return bad_request(e),
     };
     if watch || params.flag("watch") {
+        if shared.faults.take_gone_watch() {
+            let rv = params.get("resourceVersion").unwrap_or("0");
+            return status(410, "Expired", format!("too old resource version: {rv} (fault injected)"));
+        }
         watch_request(shared, res, matcher, params)
     } else {
         list::objects(shared, res, &matcher, params, metadata_only)

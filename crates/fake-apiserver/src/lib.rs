@@ -109,6 +109,8 @@ pub struct RecordedRequest {
     pub path: String,
     /// Raw query string as sent, without `?` (not decoded; `""` if none), e.g. `"&limit=500"`.
     pub query: String,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 /// State shared by the handle, the accept loop, the handlers and the watch tasks.
