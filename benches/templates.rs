@@ -131,7 +131,7 @@ fn main() {
     for _ in 0..5 {
         let list = services(n);
         let t = Instant::now();
-        let ctx = full_state_context(list, "2026-12-01T10:00:00.000Z", &w.name, &secrets, &Map::new());
+        let ctx = full_state_context(list, Some("bench"), "2026-12-01T10:00:00.000Z", &w.name, &secrets, &Map::new());
         let rendered = compiled.render(req, &ctx).unwrap();
         bytes = rendered.body.as_ref().map_or(0, String::len);
         best = best.min(t.elapsed());

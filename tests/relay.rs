@@ -56,10 +56,12 @@ async fn an_added_service_is_delivered_signed_with_the_documented_payload() {
         members["nodePort"]["healthCheck"],
         json!({"protocol": "HTTP", "port": 10256, "path": "/healthz", "scope": "node"})
     );
+    // No cluster.name configured: named after the cluster's kube-system namespace.
+    let cluster = vipwatch::model::cluster::from_namespace_uid(&h.api.namespace_uid("kube-system"));
     let expected = json!({
         "type": "service.added",
         "timestamp": body["timestamp"],
-        "data": {"event_id": 1, "log_id": vw.store.log_id(), "event": "ADDED", "cause": "watch",
+        "data": {"event_id": 1, "log_id": vw.store.log_id(), "cluster": cluster, "event": "ADDED", "cause": "watch",
                  "service": {"namespace": "shop", "name": "web", "uid": uid, "resourceVersion": rv,
                              "vips": [], "type": "LoadBalancer", "loadBalancerClass": null,
                              "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": "8080", "nodePort": 30080, "appProtocol": null}],

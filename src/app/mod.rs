@@ -1,6 +1,7 @@
 //! Wiring: open the store, connect to Kubernetes, start the API, lead (the watch, the relay and the
 //! write-back, in [`lead`]); stop them in order.
 
+pub mod cluster;
 mod lead;
 
 use std::future::Future;
@@ -119,6 +120,8 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     }
     let watch_health = watch::WatchHealth::new(metrics.clone(), config.kubernetes.stale_after);
     let client = watch::connect_watched(&config.kubernetes, &watch_health).await?;
+    let mut config = config;
+    config.cluster.name = Some(cluster::resolve(&config, &store, Some(&client)).await?);
     let (ready_tx, ready) = signal::channel(false);
     let (committed_tx, committed) = signal::channel(0);
     let cancel = CancellationToken::new();

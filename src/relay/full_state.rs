@@ -27,6 +27,8 @@ pub struct FullState {
     store: Store,
     route: Route,
     modes: ModePlan,
+    /// The cluster the declaration covers (`cluster` in its context).
+    cluster: Option<String>,
     max_removal: f64,
     metrics: Arc<Metrics>,
 }
@@ -37,7 +39,8 @@ impl FullState {
     pub fn new(config: &Config, w: &WebhookConfig, store: Store, metrics: Arc<Metrics>) -> Result<Self, RelayError> {
         let max_removal = w.template.as_ref().map_or(1.0, |t| t.max_removal);
         let route = Route::new(w).map_err(|e| RelayError::Endpoint { name: w.name.clone(), reason: e.to_string() })?;
-        Ok(Self { name: w.name.clone(), route, modes: config.mode_plan(), store, max_removal, metrics })
+        let cluster = config.cluster.name.clone();
+        Ok(Self { name: w.name.clone(), route, modes: config.mode_plan(), cluster, store, max_removal, metrics })
     }
 
     /// One attempt: reads the Services, applies the removal guard, renders and sends the declaration,
@@ -85,14 +88,14 @@ impl FullState {
         rows: Vec<crate::store::ServiceRow>,
         secrets: serde_json::Value,
     ) -> Result<minijinja::Value, TemplateError> {
-        let (name, modes) = (self.name.clone(), self.modes.clone());
+        let (name, modes, cluster) = (self.name.clone(), self.modes.clone(), self.cluster.clone());
         let build = move || {
             let services = rows
                 .iter()
                 .map(|r| service_value(r, crate::model::backends::in_mode(&r.backends, modes.mode_for(&r.view, &name))))
                 .collect();
             let now = crate::model::rfc3339(crate::store::now_ms());
-            full_state_context(services, &now, &name, &secrets, &Map::new())
+            full_state_context(services, cluster.as_deref(), &now, &name, &secrets, &Map::new())
         };
         tokio::task::spawn_blocking(build).await.map_err(|e| super::templated::not_finished(&e))
     }

@@ -183,6 +183,19 @@ impl Store {
         &self.log_id
     }
 
+    /// The cluster name derived earlier and kept in this database, after keeping `derived` when none
+    /// was (the first one kept wins: replicas deriving at once agree). `None` when none was kept and
+    /// none is given. Errors: the database failed.
+    pub async fn derived_cluster_name(&self, derived: Option<&str>) -> Result<Option<String>, StoreError> {
+        let mut conn = self.pools.write().await?;
+        if let Some(name) = derived {
+            let insert = "INSERT INTO meta (key, value) VALUES ('cluster_name', $1) ON CONFLICT (key) DO NOTHING";
+            self.backend.query(insert).bind(name).execute(conn.exec()).await?;
+        }
+        let row = self.backend.query("SELECT value FROM meta WHERE key = 'cluster_name'").fetch_optional(conn.exec());
+        Ok(row.await?.map(|r| r.get::<String, _>(0)))
+    }
+
     /// Closes every connection (waits for running statements).
     pub async fn close(&self) {
         self.pools.close().await;

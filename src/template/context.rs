@@ -12,6 +12,7 @@ use crate::store::ServiceRow;
 /// The context of an event-mode request, from the stored default payload `payload` (the outbox's
 /// exact JSON): `type`, `timestamp`, `event`, `event_id`, `cause`, `log_id`, `service`, `previous`,
 /// `changed`, `backends` (= `service.backends`), `backends_diff`, `vips` (= `service.vips`), `sync`,
+/// `cluster` (the cluster's name, `data.cluster`),
 /// plus `webhook.name`, `secrets` and `captured` (values captured by earlier requests). Absent fields
 /// are `none`, so `{% if previous %}` works under strict undefined.
 pub fn event_context(payload: &Json, webhook: &str, secrets: &Json, captured: &Map<String, Json>) -> Value {
@@ -24,6 +25,7 @@ pub fn event_context(payload: &Json, webhook: &str, secrets: &Json, captured: &M
         "event_id": data["event_id"],
         "cause": data["cause"],
         "log_id": data["log_id"],
+        "cluster": data["cluster"],
         "service": service,
         "previous": data["previous"],
         "changed": data.get("changed").cloned().unwrap_or_else(|| json!([])),
@@ -39,9 +41,12 @@ pub fn event_context(payload: &Json, webhook: &str, secrets: &Json, captured: &M
 }
 
 /// The context of a full-state request: `services` (sorted by namespace and name, each shaped as an
-/// event's `service`), `timestamp` (RFC 3339, render time), `webhook.name`, `secrets`, `captured`.
+/// event's `service`), `cluster` (the cluster's name: a declaration covers one cluster, so each
+/// cluster declares a tenant or object set of its own), `timestamp` (RFC 3339, render time),
+/// `webhook.name`, `secrets`, `captured`.
 pub fn full_state_context(
     services: Vec<Json>,
+    cluster: Option<&str>,
     timestamp: &str,
     webhook: &str,
     secrets: &Json,
@@ -49,6 +54,7 @@ pub fn full_state_context(
 ) -> Value {
     let ctx = json!({
         "services": services,
+        "cluster": cluster,
         "timestamp": timestamp,
         "webhook": {"name": webhook},
         "secrets": secrets,

@@ -12,6 +12,9 @@ use crate::config::{Config, ConfigError, TEMPLATE_EVENTS, TemplateMode, WebhookC
 /// model in docs/reference/templates.md lists the same fields).
 pub const SAMPLE_PAYLOAD: &str = include_str!("sample.json");
 
+/// The cluster the sample's Service lives in (`data.cluster` of [`SAMPLE_PAYLOAD`]).
+pub const SAMPLE_CLUSTER: &str = "sample-cluster";
+
 /// The sample's Service, and a second one (`shop/api`, no VIP yet), as full-state `services`.
 pub fn sample_services() -> Vec<Value> {
     let payload: Value = serde_json::from_str(SAMPLE_PAYLOAD).expect("the sample is JSON");
@@ -92,7 +95,15 @@ fn check_endpoint(w: &WebhookConfig) -> Result<Vec<String>, TemplateError> {
             }
         }
         TemplateMode::FullState => {
-            let ctx = full_state_context(sample_services(), "2026-12-01T10:00:00.000Z", &w.name, &secrets, &captured);
+            let cluster = Some(SAMPLE_CLUSTER);
+            let ctx = full_state_context(
+                sample_services(),
+                cluster,
+                "2026-12-01T10:00:00.000Z",
+                &w.name,
+                &secrets,
+                &captured,
+            );
             if let Some(req) = compiled.full_state() {
                 for r in compiled.render_all(req, &ctx)? {
                     line(&req.name, &r);

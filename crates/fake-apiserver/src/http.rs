@@ -121,6 +121,8 @@ enum Route<'a> {
         ns: &'a str,
         name: &'a str,
     },
+    /// One namespace (read-only: `GET`), as a controller reads `kube-system` for the cluster's uid.
+    Namespace(&'a str),
 }
 
 fn route<'a>(segs: &[&'a str]) -> Option<Route<'a>> {
@@ -134,6 +136,7 @@ fn route<'a>(segs: &[&'a str]) -> Option<Route<'a>> {
         ["apis", group, "v1"] if GROUPS.contains(group) => Route::GroupV1(group),
         ["openapi", "v3"] => Route::OpenApiV3,
         ["openapi", "v3", rest @ ..] => Route::OpenApiV3Doc(rest.join("/")),
+        ["api", "v1", "namespaces", name] => Route::Namespace(name),
         ["api", "v1", "events"] => Route::Events { api: Core, ns: None },
         ["api", "v1", "namespaces", ns, "events"] => Route::Events { api: Core, ns: Some(ns) },
         ["api", "v1", "namespaces", ns, "events", name] => Route::Event { api: Core, ns, name },
@@ -235,6 +238,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     };
     match (method, route) {
         (Method::GET, Route::Version) => ok(&version()),
+        (Method::GET, Route::Namespace(name)) => ok(&shared.namespace(name)),
         (Method::GET, Route::Api) => ok(&api_versions(&shared)),
         (Method::GET, Route::Apis) => ok(&discovery::api_groups()),
         (Method::GET, Route::ApiV1) => ok(&discovery::core_resource_list()),
