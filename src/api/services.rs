@@ -213,6 +213,10 @@ pub struct EndpointSync {
     /// Start of the newest failed attempt (RFC 3339).
     #[schema(format = DateTime)]
     pub last_failure_at: Option<String>,
+    /// Why the Service's newest delivery to this endpoint is failing: its last attempt's error,
+    /// with the receiver's own reason (e.g. the HAProxy agent's `422` naming the cluster and Service
+    /// that hold a VIP:port); `null` while it is not failing.
+    pub last_error: Option<String>,
 }
 
 /// One Service with its recent history.
@@ -260,6 +264,7 @@ pub async fn get_service(
             pending: s.pending,
             last_success_at: s.last_success_at.map(rfc3339),
             last_failure_at: s.last_failure_at.map(rfc3339),
+            last_error: s.last_error,
         })
         .collect();
     let service = dtos(&state, vec![row]).await?.pop().ok_or_else(|| ApiError::NotFound(format!("Service `{key}`")))?;
