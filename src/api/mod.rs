@@ -79,6 +79,9 @@ pub struct ApiState {
     pub replica: Arc<str>,
     /// What this replica does now: leads, or follows (`/readyz`, `/api/v1/status`).
     pub role: watch::Receiver<crate::leader::Role>,
+    /// Set once `/readyz` saw that some leader stored its first full lists in the database (they
+    /// stay stored, so it is not read again).
+    pub lists_stored: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ApiState {
@@ -108,6 +111,7 @@ impl ApiState {
             watch,
             replica: Arc::from("single"),
             role: watch::channel(crate::leader::Role::Single).1,
+            lists_stored: Default::default(),
         }
     }
 
