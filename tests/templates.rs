@@ -143,7 +143,7 @@ fn a_dot_segment_or_an_absent_value_from_an_annotation_fails_the_render_instead_
     for (owner, ok) in [("team-a", true), ("..", false), (".", false), ("", false)] {
         let mut payload: Value = serde_json::from_str(vipwatch::template::SAMPLE_PAYLOAD).unwrap();
         payload["data"]["service"]["annotations"]["example.com/owner"] = json!(owner);
-        let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), &serde_json::Map::new());
+        let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), None, &serde_json::Map::new());
         let rendered = compiled.render(&compiled.requests("ADDED")[0], &ctx);
         match rendered {
             Ok(r) if ok => assert_eq!(r.url.as_str(), "https://lb.example.net/tenants/team-a/vips/web"),
@@ -158,7 +158,7 @@ fn a_hostile_annotation_cannot_change_the_json_structure() {
     let w = example("generic-rest", "https://lb.example.net");
     let compiled = vipwatch::template::Compiled::new(&w).unwrap();
     let payload: Value = serde_json::from_str(vipwatch::template::SAMPLE_PAYLOAD).unwrap();
-    let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), &serde_json::Map::new());
+    let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), None, &serde_json::Map::new());
     let rendered = compiled.render(&compiled.requests("MODIFIED")[0], &ctx).unwrap();
     let body: Value = serde_json::from_str(rendered.body.as_deref().unwrap()).unwrap();
     let keys: Vec<&str> = body.as_object().unwrap().keys().map(String::as_str).collect();

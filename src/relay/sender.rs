@@ -11,7 +11,7 @@ use super::RelayError;
 use super::policy::{Verdict, parse_retry_after};
 use super::resolve::{ForbiddenAddress, GuardedResolver, Lookup, system_lookup};
 use crate::config::WebhookConfig;
-use crate::store::{AttemptRecord, now_ms};
+use crate::store::{AttemptRecord, ToldValue, now_ms};
 
 /// Most response-body bytes read per attempt (64 KiB); the rest is dropped with the connection.
 pub const MAX_BODY_READ: usize = 64 * 1024;
@@ -30,6 +30,9 @@ pub struct AttemptResult {
     pub verdict: Verdict,
     /// The body read (at most [`MAX_BODY_READ`] bytes).
     pub body: Vec<u8>,
+    /// Templated event-mode endpoints: what the endpoint holds for the Service should this attempt
+    /// complete the delivery (recorded in table `told` only then); `None` for every other endpoint.
+    pub told: Option<ToldValue>,
 }
 
 /// Sends deliveries to one endpoint.
@@ -187,7 +190,7 @@ pub(super) async fn read_response(mut response: reqwest::Response) -> AttemptRes
         let retry_after = header(RETRY_AFTER).and_then(|v| parse_retry_after(&v, SystemTime::now()));
         Verdict::Retry { retry_after }
     };
-    AttemptResult { record, verdict, body }
+    AttemptResult { record, verdict, body, told: None }
 }
 
 /// Installs rustls' `ring` provider as the process default (idempotent). reqwest is built without a
@@ -199,7 +202,7 @@ pub fn install_crypto_provider() {
 /// A failed attempt of error class `class` (retried).
 pub(super) fn failure(class: &'static str, error: String) -> AttemptResult {
     let record = AttemptRecord { error_class: Some(class), error: Some(error), ..AttemptRecord::default() };
-    AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new() }
+    AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new(), told: None }
 }
 
 /// `timeout`, `forbidden_address`, `tls` or `connect` for a transport error.
