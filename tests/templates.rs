@@ -234,6 +234,29 @@ async fn generic_rest_puts_the_vip_and_deletes_it_with_the_hostile_annotation_ke
     vw.stop().await.unwrap();
 }
 
+/// In a DELETED, a DELETE the appliance answers 404 found nothing to remove; the requests after it
+/// still go out (ending the chain there as done would leave what they remove behind).
+#[tokio::test]
+async fn a_deleted_goes_on_after_a_delete_answered_404() {
+    let h = Harness::new().await;
+    let vips = Arc::new(Mutex::new(BTreeMap::new()));
+    let fake = Appliance::start(rest_appliance(vips.clone())).await;
+    let mut w = example("generic-rest", &format!("{}/api", fake.url));
+    let deleted = w.template.as_mut().unwrap().on.get_mut("DELETED").unwrap();
+    deleted[0].success = vec![200, 204];
+    let mut pool = deleted[0].clone();
+    pool.url = "/pools/{{ service.namespace|path_segment }}/{{ service.name|path_segment }}".into();
+    deleted.insert(0, pool);
+    let vw = h.start(config(&h, vec![w])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_until("the VIP PUT", || async { vips.lock().unwrap().contains_key("/api/vips/shop/web").then_some(()) }).await;
+    h.api.delete("shop", "web");
+    wait_until("the VIP deleted", || async { vips.lock().unwrap().is_empty().then_some(()) }).await;
+    let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
+    assert_eq!(deletes, ["DELETE /api/pools/shop/web -> 404", "DELETE /api/vips/shop/web -> 204"]);
+    vw.stop().await.unwrap();
+}
+
 /// The NITRO fake: every call 201 except the first member binding, which gets 207 Multi-Status
 /// (one item failed with errorcode 1243).
 fn nitro_appliance() -> impl Fn(&Req) -> (u16, String) {

@@ -75,6 +75,8 @@ pub(super) struct Log {
     vips: Vec<String>,
     /// `Retry-After` of the last response that had one.
     retry_after: Option<Duration>,
+    /// The attempt is of a `DELETED`: a `DELETE` answered 404 or 410 is done ([`gone`]).
+    deleted: bool,
 }
 
 /// An attempt cut short: its result.
@@ -122,8 +124,8 @@ impl TemplateSender {
         if service.is_null() {
             return Ok(()); // `sync.completed`: nothing for an appliance API
         }
-        let deleted = c.kind == "DELETED";
-        *told_now = Some(if deleted { ToldValue::Withdrawn } else { ToldValue::Service(service.to_string()) });
+        log.deleted = c.kind == "DELETED";
+        *told_now = Some(if log.deleted { ToldValue::Withdrawn } else { ToldValue::Service(service.to_string()) });
         let told = if self.compiled.uses_told() { self.told(c).await? } else { None };
         let secrets = self.compiled.secrets_value();
         let ctx = |captured: &Map<String, Json>| {
@@ -182,6 +184,7 @@ impl TemplateSender {
         let (status, body) = self.exchange(msg_id, name, rendered, log).await?;
         let body = match judge(req, status, &body) {
             Judgement::Success => body,
+            _ if gone(log, req, status) => return Ok(()),
             Judgement::Poll => self.poll(msg_id, req, &body, &with_item, log).await?,
             Judgement::Permanent(why) => return Err(http_failure(status, why, Verdict::Permanent)),
             Judgement::Retry(why) => return Err(http_failure(status, why, retry_verdict(log))),
@@ -352,6 +355,14 @@ fn finish(outcome: Result<(), Stop>, log: Log) -> AttemptResult {
     }
     result.record.request = Some(serde_json::to_string(&log.steps).unwrap_or_default());
     result
+}
+
+/// Whether `req`'s answer `status` leaves nothing to do: in a `DELETED`, a `DELETE` answered 404 or
+/// 410 found the object gone, which is what it asks for, and the requests after it still go out (the
+/// dispatcher's rule for a whole delivery, [`super::policy::already_gone`], would end the chain there
+/// as done and leave what they remove behind).
+fn gone(log: &Log, req: &CompiledRequest, status: u16) -> bool {
+    log.deleted && req.method == reqwest::Method::DELETE && matches!(status, 404 | 410)
 }
 
 /// `Retry`, with the last response's `Retry-After` when it had one.
