@@ -810,6 +810,7 @@ async fn every_attempt_error_class_is_recorded() {
                 ..AttemptRecord::default()
             },
             outcome: Outcome::Retry(now_ms() + 60_000),
+            told: None,
         })
         .collect();
     vw.store.complete(&done).await.expect("every class is accepted");

@@ -30,7 +30,7 @@ use super::templated::Transport;
 use crate::config::{RelayConfig, RetryConfig};
 use crate::metrics::Metrics;
 use crate::model::Feedback;
-use crate::store::{Circuits, Claimed, Completion, Outcome, StandingClaim, Store, StoreError, Taken, now_ms};
+use crate::store::{Circuits, Claimed, Completion, Outcome, StandingClaim, Store, StoreError, Taken, Told, now_ms};
 
 /// Everything one endpoint's loop needs.
 pub(super) struct Dispatcher {
@@ -467,7 +467,7 @@ impl Dispatcher {
     /// catch-up): then the next pass need not claim again.
     async fn finish(
         &self,
-        done: Vec<(Claimed, AttemptResult)>,
+        mut done: Vec<(Claimed, AttemptResult)>,
         health: &mut Health,
         store: &mut StoreRetry,
         refill: Option<&mut InFlight>,
@@ -476,7 +476,9 @@ impl Dispatcher {
         let now = now_ms();
         let mut completions = Vec::with_capacity(done.len());
         let mut recovered = false;
-        for (claimed, result) in &done {
+        for (claimed, result) in &mut done {
+            let (claimed, told) = (&*claimed, result.told.take());
+            let result = &*result;
             let outcome = self.outcome(claimed, result, now).await;
             health.disabled_now |= result.verdict == Verdict::Gone;
             self.observe(claimed, result, outcome, now);
@@ -503,7 +505,13 @@ impl Dispatcher {
                     }
                 }
             }
-            completions.push(Completion { delivery_id: claimed.id, attempt: result.record.clone(), outcome });
+            // What a templated event-mode endpoint holds now: recorded with the success only.
+            let told = told.filter(|_| outcome == Outcome::Succeeded).map(|value| Told {
+                webhook: self.name.clone(),
+                key: claimed.key.clone(),
+                value,
+            });
+            completions.push(Completion { delivery_id: claimed.id, attempt: result.record.clone(), outcome, told });
         }
         let mut claimed = false;
         if !store.unrecorded.is_empty() || store.waiting() {

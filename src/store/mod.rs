@@ -30,6 +30,7 @@ mod riders;
 mod script;
 mod state;
 mod statistics;
+mod told;
 mod turns;
 
 pub use checkpoint::{CHECKPOINT_INTERVAL, Checkpointed, WRITER_AUTOCHECKPOINT_BYTES};
@@ -52,6 +53,7 @@ pub use publish::{Acks, CleanupWork, PublishWork, ReleaseWork, Reservation, Stat
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};
 pub use riders::{BACKLOG_COMMIT_INTERVAL, DEFAULT_COMMIT_INTERVAL, StandingClaim, Taken};
 pub use state::{Cleanup, Prepared, ServiceRow, StateChange};
+pub use told::{Told, ToldValue};
 
 /// Handle on the database. Cheap to clone. Reads use a pool of connections; every write goes
 /// through one dedicated connection, so writers queue in-process instead of meeting SQLite's busy
