@@ -1,6 +1,7 @@
 //! The minijinja environment templates render in: strict undefined, a fuel budget, JSON auto-escape
-//! for bodies, no `safe` filter, the URL filters `path_segment` and `query`, and `members` and
-//! `without`, which let an `each` list what went away since the endpoint was `told`.
+//! for bodies, no `safe` filter, the URL filters `path_segment` and `query`, `members` and
+//! `without`, which let an `each` list what went away since the endpoint was `told`, and
+//! `object_name`, which keeps an appliance's object names within its limits.
 
 use minijinja::value::Rest;
 use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value};
@@ -22,7 +23,42 @@ pub fn environment(fuel: u64) -> Environment<'static> {
     env.add_filter("query", query);
     env.add_filter("members", members);
     env.add_filter("without", without);
+    env.add_filter("object_name", object_name);
     env
+}
+
+/// `{{ ['vs', cluster, service.namespace, service.name, item.port]|object_name(127) }}`: an object
+/// name for the appliance. The parts are joined with `_` (Kubernetes names and the cluster name
+/// hold no `_`, so the joined name is unambiguous), every character other than letters, digits,
+/// `_`, `.` and `-` (what both NetScaler and AS3 names take) becomes `_`, and a name longer than
+/// `max` characters is cut so that it ends in `_` and 8 hex digits of the SHA-256 of the whole
+/// name: the same parts always give the same name, and two long names that share a prefix stay
+/// apart. NetScaler names take 127 characters, AS3 tenant and application names 190.
+///
+/// Errors: a part that is none (an empty part would merge two names), `max` below 16.
+fn object_name(parts: &Value, max: usize) -> Result<String, minijinja::Error> {
+    use sha2::{Digest, Sha256};
+    let invalid = |why: String| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, why);
+    if max < 16 {
+        return Err(invalid(format!("object_name: a maximum of {max} leaves no room for the hash")));
+    }
+    let mut joined = Vec::new();
+    for part in parts.try_iter().map_err(|_| invalid("object_name: the value is not a list".into()))? {
+        if part.is_none() || part.is_undefined() {
+            return Err(invalid("object_name: a part is none".into()));
+        }
+        joined.push(part.as_str().map_or_else(|| part.to_string(), str::to_owned));
+    }
+    let name: String = joined
+        .join("_")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') { c } else { '_' })
+        .collect();
+    if name.len() <= max {
+        return Ok(name);
+    }
+    let hash = format!("{:x}", Sha256::digest(name.as_bytes()));
+    Ok(format!("{}_{}", &name[..max - 9], &hash[..8]))
 }
 
 /// The value as JSON (template values are JSON already: the context is built from it).
@@ -203,6 +239,28 @@ mod tests {
         assert_eq!(eval("bare|members", ctx.clone()).unwrap(), serde_json::json!([]), "backend mode none");
         let left = eval("service|members|without([{'servicePort': 80, 'address': '10.0.0.1', 'port': 30080}], 'servicePort', 'address', 'port')", ctx).unwrap();
         assert_eq!(left, serde_json::json!([entry(80, "TCP", "10.0.0.2", 30080), entry(53, "UDP", "10.0.0.1", 30053)]));
+    }
+
+    #[test]
+    fn object_names_join_sanitise_and_shorten_stably_within_the_limit() {
+        let ctx = serde_json::json!({"cluster": "prod-eu1", "ns": "shop", "name": "web", "port": 8080});
+        let short = eval("['vs', cluster, ns, name, port]|object_name(127)", ctx.clone()).unwrap();
+        assert_eq!(short, serde_json::json!("vs_prod-eu1_shop_web_8080"));
+        assert_eq!(eval("['a b', 'c/d']|object_name(127)", ctx.clone()).unwrap(), serde_json::json!("a_b_c_d"));
+        let long = |name: &str| {
+            let ctx = serde_json::json!({"cluster": "c".repeat(63), "ns": "n".repeat(63), "name": name, "port": 65535});
+            eval("['vs', cluster, ns, name, port]|object_name(127)", ctx).unwrap().as_str().unwrap().to_owned()
+        };
+        let (a, b) = (long(&"a".repeat(63)), long(&format!("{}b", "a".repeat(62))));
+        assert_eq!((a.len(), b.len()), (127, 127));
+        assert_eq!(a[..118], b[..118], "the same readable prefix");
+        assert_ne!(a, b, "the hash keeps them apart");
+        assert_eq!(long(&"a".repeat(63)), a, "stable");
+        assert!(a[118..].starts_with('_') && a[119..].chars().all(|c| c.is_ascii_hexdigit()), "{a}");
+        let e = eval("['vs', none]|object_name(127)", ctx.clone()).unwrap_err();
+        assert_eq!(e.detail(), Some("object_name: a part is none"));
+        let e = eval("['vs']|object_name(8)", ctx).unwrap_err();
+        assert_eq!(e.detail(), Some("object_name: a maximum of 8 leaves no room for the hash"));
     }
 
     #[test]
