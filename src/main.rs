@@ -141,8 +141,9 @@ fn serve(config: Config) -> anyhow::Result<()> {
 }
 
 #[tokio::main]
-async fn resync(config: Config, webhook: Option<String>) -> anyhow::Result<()> {
+async fn resync(mut config: Config, webhook: Option<String>) -> anyhow::Result<()> {
     let store = vipwatch::store::Store::connect(&config.database).await?;
+    config.cluster.name = Some(vipwatch::app::cluster::resolve(&config, &store, None).await?);
     for (name, n) in vipwatch::route::resync(&store, &config, webhook.as_deref()).await? {
         println!("{name}: enqueued service.synced for {n} Services");
     }

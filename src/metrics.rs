@@ -153,6 +153,9 @@ pub struct Metrics {
     pub watch_restarts: Family<ScopeLabels, Counter>,
     /// `vipwatch_watch_gone_total{scope}`: `410 Gone` answers (expired resourceVersion).
     pub watch_gone: Family<ScopeLabels, Counter>,
+    /// `vipwatch_watch_backoffs_total{resource,scope}`: waits before a relist after a list that gave
+    /// no working watch.
+    pub watch_backoffs: Family<ScopeLabels, Counter>,
     /// `vipwatch_backend_members{mode,state}`: pool members over every in-scope Service.
     pub backend_members: Family<MemberLabels, Gauge>,
     /// `vipwatch_backend_changes_coalesced_total`: EndpointSlice and Node changes folded into a member
@@ -219,6 +222,11 @@ pub struct Metrics {
     /// current (Unix seconds; now while its watch is healthy), refreshed on every scrape. What the
     /// `VipwatchNotSynced` alert watches.
     pub watch_synced: Family<ScopeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `vipwatch_webhook_throttled_until_seconds{webhook}`: until when the endpoint asked not to be
+    /// sent anything (Unix seconds; 0 when it never asked).
+    pub throttled_until: Family<WebhookLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `vipwatch_webhook_throttles_total{webhook}`: answers that asked the endpoint be slowed down.
+    pub throttles: Family<WebhookLabels, Counter>,
     /// `vipwatch_template_removal_held{webhook}`: 1 while a full-state endpoint's removal guard holds
     /// a declaration (confirm it with `POST /api/v1/webhooks/{name}/confirm-removal`), else 0.
     pub template_held: Family<WebhookLabels, Gauge>,
@@ -257,6 +265,7 @@ impl Metrics {
             relists: Family::default(),
             watch_restarts: Family::default(),
             watch_gone: Family::default(),
+            watch_backoffs: Family::default(),
             backend_members: Family::default(),
             backend_coalesced: Counter::default(),
             backend_noop: Counter::default(),
@@ -283,6 +292,8 @@ impl Metrics {
             leader: Gauge::default(),
             watch_synced: Family::default(),
             template_held: Family::default(),
+            throttled_until: Family::default(),
+            throttles: Family::default(),
         };
         let registry = &mut m.registry;
         registry.register("events", "Events recorded in the event log, by `type` (`ADDED`, `MODIFIED`, `DELETED`) and `cause` (`watch`, `relist`, `startup`, `allocation`, `appliance`, `backends`)", m.events.clone());
@@ -302,6 +313,7 @@ impl Metrics {
             "`410 Gone` answers (an expired resourceVersion), by `resource` and `scope`",
             m.watch_gone.clone(),
         );
+        registry.register("watch_backoffs", "Waits before a relist, by `resource` and `scope`, after a list that gave no working watch (a `410 Gone` at watch start, a malformed line): 0.8 s doubling to 30 s with jitter, reset after 2 minutes without one", m.watch_backoffs.clone());
         registry.register("backend_members", "Pool members over every in-scope Service, by `mode` (`nodePort`, `pod`) and `state` (`active`, `draining`)", m.backend_members.clone());
         registry.register("backend_changes_coalesced", "EndpointSlice and Node changes folded into a member update already pending for a Service (one MODIFIED instead of several)", m.backend_coalesced.clone());
         registry.register("backend_noop", "Member recomputations after an input changed that changed nothing (a slice write that moved, relabelled or duplicated endpoints; a Node update that leaves its addresses and eligibility as they were)", m.backend_noop.clone());
@@ -358,6 +370,12 @@ impl Metrics {
             "1 while the `webhook`'s circuit breaker is open or half-open (one probe at a time), 0 while closed",
             m.circuit_open.clone(),
         );
+        registry.register("webhook_throttled_until_seconds", "Until when the `webhook` asked not to be sent anything, with a 429 or 503 and `Retry-After` (Unix seconds; 0 when it never asked): no delivery to it starts before then. Throttled while above `time()`", m.throttled_until.clone());
+        registry.register(
+            "webhook_throttles",
+            "Answers (429 or 503 with `Retry-After`) that started or extended a throttle of the `webhook`",
+            m.throttles.clone(),
+        );
         registry.register("webhook_circuit_transitions", "Circuit breaker state changes by `webhook` and the state entered, `to`: `open` (the first opening and each failed probe), `half_open` (a probe went out), `closed`", m.circuit_transitions.clone());
         registry.register("store_write_errors", "Database writes (and `/readyz` write probes) that failed with a storage fault, by `kind`: `full`, `io`, `busy`, `locked`, `readonly`, `timeout`, `fenced` (a deposed leader's write) or `other`; every retry counts again", m.store_write_errors.clone());
         registry.register(
@@ -372,6 +390,13 @@ impl Metrics {
             m.kube_writes_of(kind, outcome);
         }
         Arc::new(m)
+    }
+
+    /// Counts a throttle of `webhook` and sets its end, `until` (Unix ms).
+    pub fn webhook_throttled(&self, webhook: &str, until: i64) {
+        let labels = WebhookLabels { webhook: webhook.to_owned() };
+        self.throttles.get_or_create(&labels).inc();
+        self.throttled_until.get_or_create(&labels).set(until as f64 / 1000.0);
     }
 
     /// Sets `webhook`'s removal-guard gauge: 1 while a declaration is held.
@@ -479,6 +504,7 @@ impl Metrics {
         let _ = m.relists.get_or_create(&Default::default());
         let _ = m.watch_restarts.get_or_create(&Default::default());
         let _ = m.watch_gone.get_or_create(&Default::default());
+        let _ = m.watch_backoffs.get_or_create(&Default::default());
         let _ = m.backend_members.get_or_create(&Default::default());
         let _ = m.nodes.get_or_create(&Default::default());
         let _ = m.pool_in_use.get_or_create(&Default::default());
@@ -498,6 +524,8 @@ impl Metrics {
         let _ = m.store_write_errors.get_or_create(&Default::default());
         let _ = m.watch_synced.get_or_create(&Default::default());
         let _ = m.template_held.get_or_create(&Default::default());
+        let _ = m.throttled_until.get_or_create(&Default::default());
+        let _ = m.throttles.get_or_create(&Default::default());
         m.render()
     }
 

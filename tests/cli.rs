@@ -65,6 +65,17 @@ fn bad_duration_and_bad_environment_override_are_named() {
 }
 
 #[test]
+fn a_cluster_name_that_is_not_a_dns_label_is_rejected() {
+    for bad in ["Prod", "prod_eu", "-prod", &"a".repeat(64), ""] {
+        let o = vipwatch(&["check-config"], &[], Some(&format!("[cluster]\nname = \"{bad}\"\n")));
+        assert_invalid(&o, &format!("invalid value for `cluster.name`: `{bad}` is not a DNS-1123 label"));
+    }
+    let o = vipwatch(&["check-config"], &[("VIPWATCH_CLUSTER__NAME", "prod-eu1")], None);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("[cluster]\nname = \"prod-eu1\""));
+}
+
+#[test]
 fn unknown_service_type_is_rejected() {
     let o = vipwatch(&["check-config"], &[], Some("[kubernetes]\nservice_types = [\"Loadbalancer\"]\n"));
     assert_invalid(&o, "invalid value for `kubernetes.service_types`: `Loadbalancer` is not one of");

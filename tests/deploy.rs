@@ -520,11 +520,15 @@ fn the_cluster_role_grants_what_vipwatch_does_and_is_bound_to_its_account() {
         ("events.k8s.io", "events", "create"),
         ("discovery.k8s.io", "endpointslices", "watch"),
         ("", "nodes", "watch"),
+        ("", "namespaces", "get"),
     ];
     for (group, resource, verb) in needed {
         assert!(allows(group, resource, verb), "{verb} {group}/{resource}");
     }
     assert!(!allows("", "secrets", "get") && !allows("", "services", "delete"));
+    let namespaces = role.rules.iter().flatten().find(|r| r.resources.iter().flatten().any(|x| x == "namespaces"));
+    let names = namespaces.and_then(|r| r.resource_names.clone());
+    assert_eq!(names, Some(vec!["kube-system".to_owned()]), "only kube-system is read, for the cluster's uid");
     // Leader election (PostgreSQL) takes a lease row in the database, not a Kubernetes Lease.
     assert!(!allows("coordination.k8s.io", "leases", "get"));
     let binding: ClusterRoleBinding = m.one();

@@ -56,10 +56,12 @@ async fn an_added_service_is_delivered_signed_with_the_documented_payload() {
         members["nodePort"]["healthCheck"],
         json!({"protocol": "HTTP", "port": 10256, "path": "/healthz", "scope": "node"})
     );
+    // No cluster.name configured: named after the cluster's kube-system namespace.
+    let cluster = vipwatch::model::cluster::from_namespace_uid(&h.api.namespace_uid("kube-system"));
     let expected = json!({
         "type": "service.added",
         "timestamp": body["timestamp"],
-        "data": {"event_id": 1, "log_id": vw.store.log_id(), "event": "ADDED", "cause": "watch",
+        "data": {"event_id": 1, "log_id": vw.store.log_id(), "cluster": cluster, "event": "ADDED", "cause": "watch",
                  "service": {"namespace": "shop", "name": "web", "uid": uid, "resourceVersion": rv,
                              "vips": [], "type": "LoadBalancer", "loadBalancerClass": null,
                              "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": "8080", "nodePort": 30080, "appProtocol": null}],
@@ -134,6 +136,147 @@ async fn retry_after_is_honoured() {
     vw.stop().await.unwrap();
 }
 
+/// An answer whose status line came but whose body never finished within the timeout is no answer
+/// (the appliance may not have finished): a `timeout`, retried, never a success.
+#[tokio::test]
+async fn a_2xx_whose_body_never_finishes_is_a_timeout_and_is_retried() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|i, _| if i == 0 { Reply::Trickle(200) } else { Reply::Status(204) }).await;
+    let mut w = webhook("lab", &rx.url);
+    w.timeout = Duration::from_millis(500);
+    let vw = h.start(h.config_with(vec![w])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    let row = wait_until("delivered", || async {
+        let rows = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+        rows.first().filter(|r| r.state == "succeeded").cloned()
+    })
+    .await;
+    let attempts = vw.store.attempts(row.id).await.unwrap();
+    let classes: Vec<(Option<i64>, Option<String>)> =
+        attempts.iter().map(|a| (a.status_code, a.error_class.clone())).collect();
+    assert_eq!(classes, vec![(None, Some("timeout".into())), (Some(204), None)]);
+    let error = attempts[0].error.as_deref().unwrap();
+    assert!(error.starts_with("HTTP 200 OK began, but its body did not arrive whole: "), "{error}");
+    assert_eq!(rx.hits().len(), 2);
+    vw.stop().await.unwrap();
+}
+
+/// A receiver's `Retry-After` is a hint within our own policy: one in the past, of 0 s, or one we
+/// cannot read never makes the next attempt come sooner than our backoff.
+#[tokio::test]
+async fn a_retry_after_in_the_past_or_unreadable_waits_our_backoff() {
+    let h = Harness::new().await;
+    let rx = Receiver::start(|i, _| match i {
+        0 => Reply::WithHeaders(429, vec![("retry-after", "Sun, 06 Nov 1994 08:49:37 GMT".into())]),
+        1 => Reply::WithHeaders(429, vec![("retry-after", "0".into())]),
+        2 => Reply::WithHeaders(503, vec![("retry-after", "soon".into())]),
+        _ => Reply::Status(204),
+    })
+    .await;
+    let mut w = webhook("lab", &rx.url);
+    w.retry.initial_delay = Duration::from_millis(400);
+    w.retry.max_delay = Duration::from_secs(10);
+    let vw = h.start(h.config_with(vec![w])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_accepted(&rx, 1).await;
+    let hits = rx.hits();
+    let gaps: Vec<Duration> = hits.windows(2).map(|w| w[1].at - w[0].at).collect();
+    // Our backoff after failure n is 400 ms × 2^(n-1), plus up to as much again of jitter.
+    for (n, gap) in gaps.iter().enumerate() {
+        let ours = Duration::from_millis(400 << n);
+        assert!(*gap >= ours, "attempt {} came {gap:?} after the one before, sooner than our {ours:?}", n + 2);
+    }
+    assert_eq!(gaps.len(), 3);
+    vw.stop().await.unwrap();
+}
+
+/// A 429 or 503 with `Retry-After` slows the whole endpoint: the other Services' deliveries wait
+/// until then too; the API and a metric show it.
+#[tokio::test]
+async fn a_429_or_503_with_retry_after_holds_every_delivery_to_the_endpoint() {
+    for status in [429, 503] {
+        let h = Harness::new().await;
+        let rx = Receiver::start(move |i, _| {
+            if i == 0 { Reply::WithHeaders(status, vec![("retry-after", "2".into())]) } else { Reply::Status(204) }
+        })
+        .await;
+        let mut w = webhook("lab", &rx.url);
+        w.retry.max_delay = Duration::from_secs(10);
+        let vw = h.start(h.config_with(vec![w])).await;
+        let api = common::api::Api::new(&vw);
+        h.api.apply(lb_service("shop", "a", 80));
+        let throttled = wait_until("the endpoint throttled", || async {
+            let dto = api.ok("/api/v1/webhooks/lab").await;
+            dto["throttled_until"].as_str().map(str::to_owned)
+        })
+        .await;
+        // Another Service's first delivery, due at once, waits for the throttle as well.
+        h.api.apply(lb_service("shop", "b", 81));
+        wait_accepted(&rx, 2).await;
+        let hits = rx.hits();
+        let first = hits[0].at;
+        for hit in &hits[1..] {
+            assert!(
+                hit.at - first >= Duration::from_secs(2),
+                "{status}: a delivery went out {:?} after",
+                hit.at - first
+            );
+        }
+        let until = throttled.parse::<jiff::Timestamp>().unwrap().as_millisecond();
+        assert!(until > 0);
+        let metrics = api.get("/metrics").await.text;
+        assert!(metrics.contains("vipwatch_webhook_throttles_total{webhook=\"lab\"} 1"), "{metrics}");
+        vw.stop().await.unwrap();
+    }
+}
+
+/// A receiver's own reason for refusing (an RFC 9457 `detail`) reaches every place that shows the
+/// failure: the attempt's error, the delivery log and the Service's endpoint state.
+#[tokio::test]
+async fn a_receivers_reason_is_in_the_attempt_and_the_services_endpoint_state() {
+    let h = Harness::new().await;
+    let detail = "127.0.100.0:8080 is already bound by cluster a's Service eval/web";
+    let problem = json!({"type": "about:blank", "title": "Unprocessable Entity", "status": 422, "detail": detail});
+    let rx = Receiver::start(move |_, _| Reply::Body(422, problem.to_string())).await;
+    let vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
+    let api = common::api::Api::new(&vw);
+    h.api.apply(lb_service("eval", "web", 8080));
+    let shown = wait_until("the failure shown on the Service", || async {
+        let answer = api.get("/api/v1/services/eval/web").await;
+        let detail: serde_json::Value = serde_json::from_str(&answer.text).ok()?;
+        detail["deliveries"][0]["last_error"].as_str().map(str::to_owned)
+    })
+    .await;
+    let expected = format!("HTTP 422 Unprocessable Entity: {detail}");
+    assert_eq!(shown, expected);
+    let row = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap()[0].clone();
+    let attempts = vw.store.attempts(row.id).await.unwrap();
+    assert_eq!(attempts[0].error.as_deref(), Some(expected.as_str()));
+    vw.stop().await.unwrap();
+}
+
+/// Values from outside are kept within a bound, the cut marked: a 5,000-character `Location`.
+#[tokio::test]
+async fn a_long_location_is_kept_within_its_bound_with_a_marker() {
+    let h = Harness::new().await;
+    let location = format!("https://elsewhere.example/{}", "a".repeat(5034));
+    let shown = location.clone();
+    let rx = Receiver::start(move |i, _| {
+        if i == 0 { Reply::WithHeaders(302, vec![("location", shown.clone())]) } else { Reply::Status(204) }
+    })
+    .await;
+    let vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_accepted(&rx, 1).await;
+    let row = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap()[0].clone();
+    let attempts = vw.store.attempts(row.id).await.unwrap();
+    let kept = attempts[0].location.clone().unwrap();
+    let marker = format!("…[cut from {} bytes]", location.len());
+    assert_eq!(kept, format!("{}{marker}", &location[..1024 - marker.len()]));
+    assert_eq!(kept.len(), 1024);
+    vw.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn timeout_redirect_and_endless_body_are_logged_and_retried() {
     let h = Harness::new().await;
@@ -167,7 +310,9 @@ async fn timeout_redirect_and_endless_body_are_logged_and_retried() {
         ]
     );
     assert_eq!(attempts[1].location.as_deref(), Some("https://elsewhere.example/hook"));
-    assert_eq!(attempts[2].response_body.as_ref().map(String::len), Some(4096), "at most 4 KiB kept");
+    let body = attempts[2].response_body.clone().unwrap();
+    assert_eq!(body.len(), 4096, "at most 4 KiB kept");
+    assert!(body.ends_with("…[cut from 65536 bytes]"), "the cut is marked: {}", &body[4000..]);
     assert!(
         attempts[3].duration_ms < 500,
         "an endless 2xx body does not hold the worker: {} ms",
@@ -665,6 +810,7 @@ async fn every_attempt_error_class_is_recorded() {
                 ..AttemptRecord::default()
             },
             outcome: Outcome::Retry(now_ms() + 60_000),
+            told: None,
         })
         .collect();
     vw.store.complete(&done).await.expect("every class is accepted");

@@ -55,6 +55,50 @@ async fn in_band_410_relists_and_records_each_missed_change_exactly_once() {
     vw.stop().await.unwrap();
 }
 
+/// The service lists the apiserver got, in order, each with when it arrived.
+fn service_lists(api: &vipwatch::fake_apiserver::FakeApiServer) -> Vec<std::time::Instant> {
+    let lists = api.requests().into_iter().filter(|r| r.path == "/api/v1/services" && !r.query.contains("watch="));
+    lists.map(|r| r.at).collect()
+}
+
+/// A `410 Gone` at every watch start (an apiserver or proxy that answers every new watch with the
+/// expired resourceVersion) makes each relist useless: the next one waits kube-runtime's backoff,
+/// growing from 0.8 s, as client-go's reflector does, instead of following at once; it is logged and
+/// counted, and nothing is lost once a watch works again.
+#[tokio::test]
+async fn relists_that_give_no_working_watch_back_off_and_lose_nothing() {
+    let h = Harness::new().await;
+    h.api.apply(lb_service("shop", "a", 80));
+    let mut config = h.config();
+    config.backends.mode = vipwatch::model::backends::ModeSetting::None; // one watch scope: Services
+    let vw = h.start(config).await;
+    wait_events(&vw.store, 1).await;
+    wait_watching(&h.api).await;
+    let before = service_lists(&h.api).len();
+
+    // The open watch ends with an in-band 410; the next two watch starts are answered 410 too.
+    h.api.faults().gone_at_watch_start(2);
+    h.api.faults().force_gone();
+    h.api.apply(lb_service("shop", "b", 81));
+    let rows = wait_events(&vw.store, 2).await;
+    assert_eq!(summary(&rows[1..]), vec![(s("ADDED"), s("relist"), s("shop/b"))]);
+    wait_until("a working watch again", || async { (h.api.open_watches() >= 1).then_some(()) }).await;
+
+    // kube-runtime's own relist after the in-band 410, then one after each failed watch start.
+    let lists = service_lists(&h.api)[before..].to_vec();
+    assert_eq!(lists.len(), 3, "{lists:?}");
+    let gaps: Vec<Duration> = lists.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps[0] >= Duration::from_millis(800), "first backoff at least 0.8 s: {gaps:?}");
+    assert!(gaps[1] >= Duration::from_millis(1600), "then at least 1.6 s: {gaps:?}");
+    assert_eq!(Metrics::scope_count(&vw.metrics.watch_backoffs, "*"), 2);
+    assert_eq!(Metrics::scope_count(&vw.metrics.watch_gone, "*"), 3);
+
+    h.api.apply(lb_service("shop", "c", 82));
+    let rows = wait_events(&vw.store, 3).await;
+    assert_eq!(summary(&rows[2..]), vec![(s("ADDED"), s("watch"), s("shop/c"))]);
+    vw.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_stream_cut_mid_line_resumes_from_the_last_resource_version_without_loss() {
     let h = Harness::new().await;

@@ -21,6 +21,10 @@ pub const LAST_SYNCED: &str = "x-vipwatch-last-synced";
 /// The answer of `GET /api/v1/status`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct StatusDto {
+    /// The cluster this vipwatch serves (`cluster.name`, or the name it derived: see the
+    /// configuration reference); every delivery carries it as `data.cluster`.
+    #[schema(example = "prod-eu1")]
+    pub cluster: String,
     /// The oldest `synced_at` over every scope (the `X-Vipwatch-Last-Synced` header); `null` until
     /// every scope has synced once.
     #[schema(format = DateTime)]
@@ -50,7 +54,7 @@ pub struct LeaderDto {
     pub expires_in_ms: Option<i64>,
 }
 
-/// How current the served state is: per watch scope, its state (`listing`, `watching`, `stalled`,
+/// Which cluster this vipwatch serves, and how current the served state is: per watch scope, its state (`listing`, `watching`, `stalled`,
 /// `failing`), when the apiserver last sent something, up to when its data is known current, and its
 /// last error; and which replica leads (`leader`). Errors: 503 `database_unavailable` when the
 /// lease cannot be read.
@@ -62,6 +66,7 @@ pub async fn get_status(State(state): State<ApiState>) -> Result<Json<StatusDto>
     let lease = state.store.lease().await?;
     let role = *state.role.borrow();
     Ok(Json(StatusDto {
+        cluster: state.config.cluster.name.clone().unwrap_or_default(),
         last_synced_at: health.last_synced_ms().map(rfc3339),
         not_ready: super::health::watch_healthy(&state).await,
         scopes: health.statuses(),

@@ -68,6 +68,11 @@ pub struct WebhookDto {
     /// When the next probe may go out (RFC 3339; `null` while closed or while the probe is in flight).
     #[schema(format = DateTime)]
     pub next_probe_at: Option<String>,
+    /// Until when the endpoint asked not to be sent anything (a 429 or 503 with `Retry-After`, clamped
+    /// to its `retry.max_delay`): no delivery to it starts before then (RFC 3339; `null` unless that
+    /// time is still to come).
+    #[schema(format = DateTime)]
+    pub throttled_until: Option<String>,
 }
 
 /// State of an endpoint's circuit breaker.
@@ -134,6 +139,7 @@ async fn health(state: &ApiState, w: &WebhookConfig) -> Result<WebhookDto, ApiEr
         consecutive_failures: circuit.consecutive_failures,
         open_since: circuit.open_since.map(rfc3339),
         next_probe_at: circuit.next_probe_at.map(rfc3339),
+        throttled_until: circuit.throttled_until.filter(|until| *until > now).map(rfc3339),
     })
 }
 

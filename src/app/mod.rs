@@ -1,6 +1,7 @@
 //! Wiring: open the store, connect to Kubernetes, start the API, lead (the watch, the relay and the
 //! write-back, in [`lead`]); stop them in order.
 
+pub mod cluster;
 mod lead;
 
 use std::future::Future;
@@ -43,6 +44,19 @@ pub enum AppError {
     /// The API listener failed.
     #[error("API server: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl AppError {
+    /// True when the error is the fence's refusal of a write ([`StoreError::Fenced`]): the task's
+    /// term was over, which is how a deposed leader stands down, not a failure of the task.
+    pub fn is_fenced(&self) -> bool {
+        let store = match self {
+            Self::Store(e) | Self::Watch(WatchError::Store(e)) | Self::Relay(RelayError::Store(e)) => e,
+            Self::Route(crate::route::RouteError::Store(e)) => e,
+            _ => return false,
+        };
+        store.is_fenced()
+    }
 }
 
 /// A running service, as returned by [`start`].
@@ -119,6 +133,8 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     }
     let watch_health = watch::WatchHealth::new(metrics.clone(), config.kubernetes.stale_after);
     let client = watch::connect_watched(&config.kubernetes, &watch_health).await?;
+    let mut config = config;
+    config.cluster.name = Some(cluster::resolve(&config, &store, Some(&client)).await?);
     let (ready_tx, ready) = signal::channel(false);
     let (committed_tx, committed) = signal::channel(0);
     let cancel = CancellationToken::new();
@@ -197,9 +213,17 @@ fn fatal_on_error(
 ) -> JoinHandle<Result<(), AppError>> {
     tokio::spawn(async move {
         let result = task.await;
-        if let Err(e) = &result {
-            tracing::error!(task = name, error = %ErrorChain(e), "fatal error; stopping");
-            cancel.cancel();
+        match &result {
+            // A term's task whose write the fence refused: the term is over and is being stopped.
+            Err(e) if e.is_fenced() => {
+                tracing::debug!(task = name, error = %ErrorChain(e), "not the leader any more; stopping the term");
+                cancel.cancel();
+            }
+            Err(e) => {
+                tracing::error!(task = name, error = %ErrorChain(e), "fatal error; stopping");
+                cancel.cancel();
+            }
+            Ok(()) => {}
         }
         result
     })

@@ -115,6 +115,26 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     /// `[guard]`: the mass-deletion guard.
     pub guard: GuardConfig,
+    /// `[cluster]`: the identity of the cluster this vipwatch serves.
+    pub cluster: ClusterConfig,
+}
+
+/// `[cluster]` table.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// The name of the cluster this vipwatch serves, a DNS-1123 label (lower-case letters, digits and
+    /// `-`, at most 63 characters). Every delivery carries it (`data.cluster`) and request templates
+    /// see it (`cluster`), so one appliance can serve several clusters and keep their Services apart:
+    /// give each cluster its own.
+    ///
+    /// Unset: derived from the cluster itself, `k8s-` and the first 12 hex digits of the uid of its
+    /// `kube-system` namespace, which is unique per cluster and lives as long as it does, so two
+    /// clusters built from the same manifests never share a name by accident (reading it needs `get`
+    /// on that namespace; without it, vipwatch uses the name it derived before, else `vipwatch-` and
+    /// 12 hex digits of its event log's id, and says so). The name in use is stored in the database,
+    /// shown by `GET /api/v1/status`, and a change of it is logged.
+    pub name: Option<String>,
 }
 
 /// `[kubernetes]` table.
@@ -246,7 +266,10 @@ pub struct DatabaseConfig {
     #[schemars(with = "String", extend("x-humantime" = true))]
     pub commit_interval: Duration,
     /// PostgreSQL: how long the leader's lease lasts without renewal. A crashed, paused or cut-off leader is
-    /// replaced this long after its last renewal; it stops acting itself `max(1s, leader_renew)` before that.
+    /// replaced this long after its last renewal, found at a follower's next bid: within `leader_ttl` +
+    /// `leader_renew` of the crash; it stops acting itself `max(1s, leader_renew)` before that. Also sets the
+    /// sessions' limits, so what a stopped leader's session holds is gone by then: the server ends a write
+    /// statement after, and a transaction left idle after, (`leader_ttl` − `leader_renew`) / 2 each.
     /// 3s–5m, at least three `leader_renew`. The upstream cloud-controller-manager's default.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String", extend("x-humantime" = true))]
@@ -430,6 +453,12 @@ impl Config {
         crate::ipam::Pools::new(&self.pools)?;
         self.backends.validate()?;
         self.guard.validate()?;
+        if let Some(name) = &self.cluster.name
+            && !is_dns1123_label(name)
+        {
+            let reason = format!("`{name}` is not a DNS-1123 label (lower-case letters, digits and `-`, at most 63)");
+            return Err(ConfigError::Value { key: "cluster.name", reason });
+        }
         if k.relist_interval < Duration::from_secs(1) {
             return Err(ConfigError::Value { key: "kubernetes.relist_interval", reason: "must be at least 1s".into() });
         }

@@ -138,6 +138,7 @@ mod tests {
         payload(&PayloadInput {
             event_id: Some(1),
             log_id: "log",
+            cluster: Some("demo"),
             event,
             cause,
             observed_at: 0,

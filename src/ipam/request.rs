@@ -6,7 +6,9 @@ use std::net::IpAddr;
 use vipwatch_contract::CompactString;
 
 use super::pool::Family;
-use crate::model::{REQUESTED_IP_ANNOTATIONS, ServiceView};
+use crate::model::ServiceView;
+use crate::model::bounded::{QUOTE, bounded};
+use vipwatch_contract::requested_ip_entries;
 
 pub use crate::model::annotations::{POOL_ANNOTATION, SHARED_IP_ANNOTATION};
 
@@ -78,20 +80,22 @@ pub fn read(view: &ServiceView) -> Result<Request, String> {
     })
 }
 
+/// The addresses of the requested-IP annotation that counts (read as the view's `requestedIPs` is,
+/// [`requested_ip_entries`], but refusing an entry that is not an address), else `spec.loadBalancerIP`.
 fn requested_ips(view: &ServiceView) -> Result<Vec<IpAddr>, String> {
-    let found = REQUESTED_IP_ANNOTATIONS.iter().find_map(|k| view.annotations.get(*k).map(|v| (*k, v)));
-    let ips: Vec<IpAddr> = match found {
-        Some((key, value)) => value
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| s.parse().map_err(|_| format!("`{s}` in annotation {key} is not an IP address")))
+    let ips: Vec<IpAddr> = match requested_ip_entries(&view.annotations) {
+        Some((key, entries)) => entries
+            .into_iter()
+            .map(|s| {
+                s.parse().map_err(|_| format!("`{}` in annotation {key} is not an IP address", bounded(s, QUOTE)))
+            })
             .collect::<Result<_, _>>()?,
         None => view.load_balancer_ip.iter().filter_map(|s| s.parse().ok()).collect(),
     };
     if ips.len() > 2 || (ips.len() == 2 && Family::of(&ips[0]) == Family::of(&ips[1])) {
         let list: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
-        return Err(format!("at most one IPv4 and one IPv6 address can be requested, got {}", list.join(", ")));
+        let got = list.join(", ");
+        return Err(format!("at most one IPv4 and one IPv6 address can be requested, got {}", bounded(&got, QUOTE)));
     }
     Ok(ips)
 }

@@ -3,7 +3,9 @@
 
 pub mod annotations;
 pub mod backends;
+pub mod bounded;
 mod change;
+pub mod cluster;
 mod notice;
 mod scope;
 mod time;

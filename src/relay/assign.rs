@@ -5,7 +5,12 @@
 use serde::Deserialize;
 
 use crate::model::Assignment;
+use crate::model::bounded::{QUOTE, bounded};
 use crate::store::Claimed;
+
+/// The most addresses an appliance may assign one Service (a dual-stack VIP is two; a cloud load
+/// balancer has one per zone): a longer list is refused, not stored.
+pub const MAX_ADDRESSES: usize = 16;
 
 #[derive(Deserialize)]
 struct Body {
@@ -22,16 +27,20 @@ pub fn assignment(claimed: &Claimed, body: &[u8]) -> Result<Option<Assignment>, 
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    let b: Body = serde_json::from_slice(body)
-        .map_err(|e| format!("response body is not {{\"vips\"|\"hostname\"}} JSON: {e}"))?;
+    let b: Body = serde_json::from_slice(body).map_err(|e| {
+        format!("response body is not {{\"vips\"|\"hostname\"}} JSON: {}", bounded(&e.to_string(), QUOTE))
+    })?;
+    if b.vips.len() > MAX_ADDRESSES {
+        return Err(format!("{} addresses in `vips`; at most {MAX_ADDRESSES} are taken", b.vips.len()));
+    }
     if let Some(bad) = b.vips.iter().find(|v| v.parse::<std::net::IpAddr>().is_err()) {
-        return Err(format!("`{bad}` in `vips` is not an IP address"));
+        return Err(format!("`{}` in `vips` is not an IP address", bounded(bad, QUOTE)));
     }
     let hostname = b.hostname.filter(|h| !h.is_empty());
     if let Some(h) = &hostname
         && !is_dns_name(h)
     {
-        return Err(format!("`{h}` is not a DNS name"));
+        return Err(format!("`{}` is not a DNS name", bounded(h, QUOTE)));
     }
     if b.vips.is_empty() && hostname.is_none() {
         return Ok(None);

@@ -1,11 +1,13 @@
 //! The circuit breaker of one endpoint: after `circuit_failures` consecutive attempts that say the
 //! endpoint is down, the circuit opens and only one probe attempt at a time goes out, on the
-//! endpoint's backoff schedule; the first probe the endpoint answers closes it. Pure state; the
-//! dispatcher drives it and publishes its view in the store's [`Circuits`] for the API.
+//! endpoint's backoff schedule; the first probe the endpoint answers closes it. It also keeps the
+//! endpoint's own request to slow down: after a 429 or 503 with `Retry-After`, no attempt to the
+//! endpoint starts before that time, whichever delivery it answered. Pure state; the dispatcher
+//! drives it and publishes its view in the store's `Circuits` for the API.
 
 use std::time::Duration;
 
-use super::policy::backoff;
+use super::policy::retry_delay;
 use super::sender::AttemptResult;
 use crate::config::RetryConfig;
 use crate::store::{CircuitState, CircuitView};
@@ -61,9 +63,13 @@ impl Circuit {
     }
 
     /// How many attempts may start now, given `in_flight` attempts and the `concurrency` limit:
-    /// all free slots while closed; while open, 1 once `next_probe_at` has come and nothing is in
-    /// flight (attempts started before the circuit opened finish first); 0 while half-open.
+    /// none while the endpoint is throttled; all free slots while closed; while open, 1 once
+    /// `next_probe_at` has come and nothing is in flight (attempts started before the circuit opened
+    /// finish first); 0 while half-open.
     pub fn allowance(&self, now: i64, in_flight: usize, concurrency: usize) -> usize {
+        if self.throttled(now) {
+            return 0;
+        }
         match self.view.state {
             CircuitState::Closed => concurrency.saturating_sub(in_flight),
             CircuitState::Open if in_flight == 0 && self.view.next_probe_at.is_none_or(|at| now >= at) => 1,
@@ -72,9 +78,32 @@ impl Circuit {
     }
 
     /// When the dispatcher should look again while the circuit blocks sending (`None` when closed
-    /// or half-open: then due deliveries and finished attempts wake it).
+    /// or half-open: then due deliveries and finished attempts wake it): the later of the end of the
+    /// throttle and the next probe.
     pub fn wake_at(&self) -> Option<i64> {
-        (self.view.state == CircuitState::Open).then_some(self.view.next_probe_at).flatten()
+        let probe = (self.view.state == CircuitState::Open).then_some(self.view.next_probe_at).flatten();
+        match (probe, self.view.throttled_until) {
+            (Some(p), Some(t)) => Some(p.max(t)),
+            (p, t) => p.or(t),
+        }
+    }
+
+    /// Whether the endpoint asked not to be sent anything before a time still to come.
+    pub fn throttled(&self, now: i64) -> bool {
+        self.view.throttled_until.is_some_and(|until| until > now)
+    }
+
+    /// The endpoint answered `status` with `Retry-After: retry_after` at `now`: for a 429 or a 503,
+    /// nothing more goes to it before `now + retry_after` (clamped to the retry schedule's
+    /// `max_delay`). Returns the time when this starts or extends a throttle, `None` otherwise.
+    pub fn throttle(&mut self, status: Option<u16>, retry_after: Option<Duration>, now: i64) -> Option<i64> {
+        let asked = retry_after.filter(|_| matches!(status, Some(429 | 503)))?;
+        let until = now.saturating_add(millis(asked.min(self.retry.max_delay)));
+        if until <= now || self.view.throttled_until.is_some_and(|t| t >= until) {
+            return None;
+        }
+        self.view.throttled_until = Some(until);
+        Some(until)
     }
 
     /// A probe was started (call after claiming while open).
@@ -87,14 +116,14 @@ impl Circuit {
     }
 
     /// Records one finished attempt at `now` (Unix ms): `down` per [`endpoint_down`], with the
-    /// receiver's `Retry-After` if any (clamped to `max_delay`, it replaces the backoff step).
+    /// receiver's `Retry-After` if any (a longer wait than the backoff step, within `max_delay`).
     pub fn record(&mut self, down: bool, retry_after: Option<Duration>, now: i64) -> Option<Transition> {
         if !down {
             self.view.consecutive_failures = 0;
             if self.view.state == CircuitState::Closed {
                 return None;
             }
-            self.view = CircuitView::default();
+            self.view = CircuitView { throttled_until: self.view.throttled_until, ..CircuitView::default() };
             self.failed_probes = 0;
             return Some(Transition::Closed);
         }
@@ -117,12 +146,16 @@ impl Circuit {
         }
     }
 
+    /// The next probe after the backoff step (a receiver's `Retry-After` when longer, within
+    /// `max_delay`: [`retry_delay`]).
     fn schedule_probe(&mut self, retry_after: Option<Duration>, now: i64) {
-        let delay = retry_after
-            .map(|d| d.min(self.retry.max_delay))
-            .unwrap_or_else(|| backoff(&self.retry, self.failed_probes.saturating_add(1)));
-        self.view.next_probe_at = Some(now.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)));
+        let delay = retry_delay(&self.retry, self.failed_probes.saturating_add(1), retry_after);
+        self.view.next_probe_at = Some(now.saturating_add(millis(delay)));
     }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
@@ -142,7 +175,7 @@ mod tests {
 
     fn answered(status: Option<u16>) -> AttemptResult {
         let record = AttemptRecord { status_code: status, ..AttemptRecord::default() };
-        AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new() }
+        AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new(), told: None }
     }
 
     #[test]
@@ -168,17 +201,36 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_replaces_the_step_clamped_to_max_delay_and_an_answer_closes_it() {
+    fn retry_after_lengthens_the_step_within_max_delay_and_an_answer_closes_it() {
         let mut c = Circuit::new(1, retry());
-        assert_eq!(c.record(true, Some(Duration::from_millis(300)), 0), Some(Transition::Opened));
-        assert_eq!(c.view().next_probe_at, Some(300));
+        // The backoff step is 200..400 ms; 300 ms asked lies inside it, 10 ms is shorter.
+        assert_eq!(c.record(true, Some(Duration::from_millis(10)), 0), Some(Transition::Opened));
+        let first = c.view().next_probe_at.unwrap();
+        assert!((200..=400).contains(&first), "never sooner than our backoff: {first}");
         c.probe_started();
         assert_eq!(c.record(true, Some(Duration::from_secs(60)), 500), Some(Transition::Reopened));
-        assert_eq!(c.view().next_probe_at, Some(900));
+        assert_eq!(c.view().next_probe_at, Some(900), "clamped to max_delay");
         c.probe_started();
         assert_eq!(c.record(false, None, 900), Some(Transition::Closed));
         assert_eq!(c.view(), CircuitView::default());
         assert_eq!(c.allowance(900, 0, 8), 8);
+    }
+
+    #[test]
+    fn a_429_or_503_with_retry_after_holds_every_delivery_until_then() {
+        let mut c = Circuit::new(5, RetryConfig { max_delay: Duration::from_secs(60), ..retry() });
+        assert_eq!(c.throttle(Some(500), Some(Duration::from_secs(5)), 1000), None, "only 429 and 503");
+        assert_eq!(c.throttle(Some(429), None, 1000), None, "only with a Retry-After");
+        assert_eq!(c.throttle(Some(429), Some(Duration::ZERO), 1000), None, "a time already past");
+        assert_eq!(c.throttle(Some(503), Some(Duration::from_secs(5)), 1000), Some(6000));
+        assert_eq!(c.allowance(5999, 0, 8), 0);
+        assert_eq!(c.wake_at(), Some(6000));
+        assert_eq!(c.throttle(Some(429), Some(Duration::from_secs(2)), 2000), None, "does not shorten it");
+        assert_eq!(c.throttle(Some(429), Some(Duration::from_secs(3600)), 2000), Some(62_000), "clamped");
+        assert_eq!(c.allowance(62_000, 0, 8), 8, "over at its end");
+        assert_eq!(c.view().throttled_until, Some(62_000), "shown as it was");
+        assert_eq!(c.record(false, None, 2000), None, "an answer does not lift it");
+        assert!(c.throttled(61_999));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Map;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::RelayError;
 use super::sender::failure;
@@ -27,6 +27,8 @@ pub struct FullState {
     store: Store,
     route: Route,
     modes: ModePlan,
+    /// The cluster the declaration covers (`cluster` in its context).
+    cluster: Option<String>,
     max_removal: f64,
     metrics: Arc<Metrics>,
 }
@@ -37,7 +39,8 @@ impl FullState {
     pub fn new(config: &Config, w: &WebhookConfig, store: Store, metrics: Arc<Metrics>) -> Result<Self, RelayError> {
         let max_removal = w.template.as_ref().map_or(1.0, |t| t.max_removal);
         let route = Route::new(w).map_err(|e| RelayError::Endpoint { name: w.name.clone(), reason: e.to_string() })?;
-        Ok(Self { name: w.name.clone(), route, modes: config.mode_plan(), store, max_removal, metrics })
+        let cluster = config.cluster.name.clone();
+        Ok(Self { name: w.name.clone(), route, modes: config.mode_plan(), cluster, store, max_removal, metrics })
     }
 
     /// One attempt: reads the Services, applies the removal guard, renders and sends the declaration,
@@ -70,8 +73,14 @@ impl FullState {
             if captured.is_empty() { ctx.clone() } else { with_captured(&ctx, captured) }
         };
         t.run(&c.msg_id, std::slice::from_ref(req), ctx, log).await?;
-        if let Err(e) = self.store.full_state_told(&self.name, &keys).await {
-            warn!(webhook = %self.name, error = %e, "declaration accepted, but cannot record it as the removal guard's reference");
+        match self.store.full_state_told(&self.name, &keys).await {
+            Err(e) if e.is_fenced() => {
+                debug!(webhook = %self.name, error = %e, "declaration accepted, not recorded: not the leader any more");
+            }
+            Err(e) => {
+                warn!(webhook = %self.name, error = %e, "declaration accepted, but cannot record it as the removal guard's reference")
+            }
+            Ok(()) => {}
         }
         self.metrics.template_held(&self.name, false);
         Ok(())
@@ -85,14 +94,14 @@ impl FullState {
         rows: Vec<crate::store::ServiceRow>,
         secrets: serde_json::Value,
     ) -> Result<minijinja::Value, TemplateError> {
-        let (name, modes) = (self.name.clone(), self.modes.clone());
+        let (name, modes, cluster) = (self.name.clone(), self.modes.clone(), self.cluster.clone());
         let build = move || {
             let services = rows
                 .iter()
                 .map(|r| service_value(r, crate::model::backends::in_mode(&r.backends, modes.mode_for(&r.view, &name))))
                 .collect();
             let now = crate::model::rfc3339(crate::store::now_ms());
-            full_state_context(services, &now, &name, &secrets, &Map::new())
+            full_state_context(services, cluster.as_deref(), &now, &name, &secrets, &Map::new())
         };
         tokio::task::spawn_blocking(build).await.map_err(|e| super::templated::not_finished(&e))
     }
@@ -110,8 +119,12 @@ impl FullState {
                 warn!(webhook = %self.name, removed, total, "full-state declaration held by the removal guard; confirm it through the API if intended")
             }
         }
-        if let Err(e) = self.store.full_state_hold(&self.name, digest, removed, total).await {
-            warn!(webhook = %self.name, error = %e, "cannot record the held declaration");
+        match self.store.full_state_hold(&self.name, digest, removed, total).await {
+            Err(e) if e.is_fenced() => {
+                debug!(webhook = %self.name, error = %e, "held declaration not recorded: not the leader any more");
+            }
+            Err(e) => warn!(webhook = %self.name, error = %e, "cannot record the held declaration"),
+            Ok(()) => {}
         }
         self.metrics.template_held(&self.name, true);
         Box::new(failure("held", why))
@@ -158,6 +171,9 @@ pub async fn resend_loop(store: Store, config: &Config, cancel: CancellationToke
                         info!(webhook = %name, "full-state declaration enqueued (then every resend_interval)")
                     }
                     Ok(()) => {}
+                    Err(e) if e.is_fenced() => {
+                        debug!(webhook = %name, error = %e, "full-state declaration not enqueued: not the leader any more");
+                    }
                     Err(e) => warn!(webhook = %name, error = %e, "cannot enqueue the full-state declaration; trying at the next resend"),
                 }
                 why = "resend";

@@ -47,8 +47,8 @@ pub fn backoff(retry: &RetryConfig, attempts: u32) -> Duration {
 }
 
 /// The delivery's next state after a failed attempt: `Failed` once `max_attempts` attempts are spent
-/// or the delivery is older than `max_age`; else `Retry` after the backoff, or after `Retry-After`
-/// clamped to `max_delay` when the receiver sent one. `attempts` counts the attempt just made.
+/// or the delivery is older than `max_age`; else `Retry` after [`retry_delay`]. `attempts` counts
+/// the attempt just made.
 pub fn after_failure(
     retry: &RetryConfig,
     attempts: u32,
@@ -59,8 +59,17 @@ pub fn after_failure(
     if attempts >= retry.max_attempts || age >= retry.max_age {
         return Outcome::Failed;
     }
-    let delay = retry_after.map(|d| d.min(retry.max_delay)).unwrap_or_else(|| backoff(retry, attempts));
+    let delay = retry_delay(retry, attempts, retry_after);
     Outcome::Retry(now_ms + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The wait after `attempts` failures when the receiver asked for `retry_after`: its answer is a
+/// hint bounded by our own policy, as the established senders treat it: never sooner than our
+/// backoff (a `Retry-After` in the past or of 0 s does not make us hammer it), never later than
+/// `max_delay`.
+pub fn retry_delay(retry: &RetryConfig, attempts: u32, retry_after: Option<Duration>) -> Duration {
+    let ours = backoff(retry, attempts);
+    retry_after.map_or(ours, |asked| asked.max(ours)).min(retry.max_delay)
 }
 
 /// Parses `Retry-After`: delay-seconds or an HTTP date (RFC 9110 §10.2.3). A date in the past is 0.
@@ -101,8 +110,20 @@ mod tests {
         let r = retry();
         assert_eq!(after_failure(&r, 5, Duration::ZERO, 0, None), Outcome::Failed);
         assert_eq!(after_failure(&r, 1, Duration::from_secs(3600), 0, None), Outcome::Failed);
-        assert_eq!(after_failure(&r, 1, Duration::ZERO, 1000, Some(Duration::from_secs(2))), Outcome::Retry(3000));
+        assert_eq!(after_failure(&r, 1, Duration::ZERO, 1000, Some(Duration::from_secs(3))), Outcome::Retry(4000));
         assert_eq!(after_failure(&r, 1, Duration::ZERO, 0, Some(Duration::from_secs(999))), Outcome::Retry(60_000));
+    }
+
+    #[test]
+    fn a_retry_after_shorter_than_our_backoff_or_in_the_past_waits_our_backoff() {
+        let r = retry();
+        // After the third failure our backoff is 4 to 8 s (1 s doubled twice, with jitter).
+        for asked in [None, Some(Duration::ZERO), Some(Duration::from_millis(10)), Some(Duration::from_secs(2))] {
+            let delay = retry_delay(&r, 3, asked);
+            assert!(delay >= Duration::from_secs(4) && delay <= Duration::from_secs(8), "{asked:?}: {delay:?}");
+        }
+        assert_eq!(retry_delay(&r, 3, Some(Duration::from_secs(30))), Duration::from_secs(30));
+        assert_eq!(retry_delay(&r, 3, Some(Duration::from_secs(3600))), Duration::from_secs(60));
     }
 
     #[test]

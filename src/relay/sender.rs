@@ -5,18 +5,20 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, LOCATION, RETRY_AFTER};
+use tracing::warn;
 use url::Url;
 
 use super::RelayError;
 use super::policy::{Verdict, parse_retry_after};
 use super::resolve::{ForbiddenAddress, GuardedResolver, Lookup, system_lookup};
 use crate::config::WebhookConfig;
-use crate::store::{AttemptRecord, now_ms};
+use crate::model::bounded::{self, bound};
+use crate::store::{AttemptRecord, ToldValue, now_ms};
 
 /// Most response-body bytes read per attempt (64 KiB); the rest is dropped with the connection.
 pub const MAX_BODY_READ: usize = 64 * 1024;
-/// Most response-body bytes kept in the attempt log (4 KiB).
-pub const MAX_BODY_KEPT: usize = 4 * 1024;
+/// Most response-body bytes kept in the attempt log (4 KiB), the cut marked.
+pub const MAX_BODY_KEPT: usize = crate::model::bounded::RESPONSE_BODY;
 
 /// The `User-Agent` of every request.
 pub const USER_AGENT: &str = concat!("vipwatch/", env!("CARGO_PKG_VERSION"));
@@ -30,6 +32,9 @@ pub struct AttemptResult {
     pub verdict: Verdict,
     /// The body read (at most [`MAX_BODY_READ`] bytes).
     pub body: Vec<u8>,
+    /// Templated event-mode endpoints: what the endpoint holds for the Service should this attempt
+    /// complete the delivery (recorded in table `told` only then); `None` for every other endpoint.
+    pub told: Option<ToldValue>,
 }
 
 /// Sends deliveries to one endpoint.
@@ -141,40 +146,36 @@ pub(super) fn signer(cfg: &WebhookConfig) -> Result<standardwebhooks::Webhook, R
 }
 
 /// Reads a response: status, at most [`MAX_BODY_READ`] body bytes, and the plain-webhook verdict
-/// (2xx success, 410 gone, else retry with `Retry-After`).
+/// (2xx success, 410 gone, else retry with `Retry-After`). An answer whose body does not arrive whole
+/// (the status line came, then the body stalled past the timeout or the connection broke) is no
+/// answer: the receiver may not have finished, so it is a failure of the transport's class
+/// (`timeout`, `connect`), retried, whatever its status said. Values kept from the answer are bounded
+/// ([`crate::model::bounded`]).
 pub(super) async fn read_response(mut response: reqwest::Response) -> AttemptResult {
     let status = response.status();
     let headers = response.headers().clone();
     let mut body = Vec::new();
-    let mut body_error = None;
     while body.len() < MAX_BODY_READ {
         match response.chunk().await {
             Ok(Some(chunk)) => body.extend_from_slice(&chunk),
             Ok(None) => break,
-            Err(e) => {
-                body_error = Some((classify(&e), error_chain(&e)));
-                break;
-            }
+            Err(e) => return incomplete(status, &e),
         }
     }
     body.truncate(MAX_BODY_READ);
     drop(response);
-    let kept = String::from_utf8_lossy(&body[..body.len().min(MAX_BODY_KEPT)]).into_owned();
-    let header = |name| headers.get(name).and_then(|v: &HeaderValue| v.to_str().ok()).map(str::to_owned);
+    let kept = bound(String::from_utf8_lossy(&body).into_owned(), MAX_BODY_KEPT);
+    let header = |name| headers.get(name).map(|v: &HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let mut record = AttemptRecord {
         status_code: Some(status.as_u16()),
         response_body: (!kept.is_empty()).then_some(kept),
         ..AttemptRecord::default()
     };
     let verdict = if status.is_success() {
-        if let Some((class, error)) = body_error {
-            // The status counts; a body cut short by our own limits is noted, not held against it.
-            record.error = Some(format!("{class} while reading the body: {error}"));
-        }
         Verdict::Success
     } else if status.is_redirection() {
         record.error_class = Some("redirect");
-        record.location = header(LOCATION);
+        record.location = header(LOCATION).map(|l| bound(l, bounded::HEADER));
         record.error = Some(format!("HTTP {status}: redirects are not followed"));
         Verdict::Retry { retry_after: None }
     } else if status == reqwest::StatusCode::GONE {
@@ -183,11 +184,51 @@ pub(super) async fn read_response(mut response: reqwest::Response) -> AttemptRes
         Verdict::Gone
     } else {
         record.error_class = Some("http");
-        record.error = Some(format!("HTTP {status}"));
-        let retry_after = header(RETRY_AFTER).and_then(|v| parse_retry_after(&v, SystemTime::now()));
-        Verdict::Retry { retry_after }
+        record.error = Some(match reason(&body) {
+            Some(why) => format!("HTTP {status}: {why}"),
+            None => format!("HTTP {status}"),
+        });
+        Verdict::Retry { retry_after: header(RETRY_AFTER).and_then(|v| retry_after(status.as_u16(), &v)) }
     };
-    AttemptResult { record, verdict, body }
+    AttemptResult { record, verdict, body, told: None }
+}
+
+/// The receiver's own reason for refusing, from its body: the `detail` (else `title`) of an RFC
+/// 9457 problem, a JSON object's `message` or `error`, or a one-line text; bounded. It goes into the
+/// attempt's error, so the delivery log, the Service's endpoint state and the
+/// `SyncLoadBalancerFailed` Event all say why (the HAProxy agent names the Service that holds a
+/// VIP:port, for one).
+fn reason(body: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?.trim();
+    let why = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(json) => ["detail", "message", "error", "title"]
+            .iter()
+            .find_map(|k| json.get(k).and_then(|v| v.as_str()).filter(|s| !s.is_empty()))?
+            .to_owned(),
+        Err(_) if !text.is_empty() && !text.contains('\n') && !text.starts_with('<') => text.to_owned(),
+        Err(_) => return None,
+    };
+    Some(bound(why, REASON))
+}
+
+/// The most of a receiver's reason kept in an attempt's error (bytes).
+const REASON: usize = 512;
+
+/// The attempt whose answer began (`status`) but whose body did not arrive whole (`e`).
+fn incomplete(status: reqwest::StatusCode, e: &reqwest::Error) -> AttemptResult {
+    let why = format!("HTTP {status} began, but its body did not arrive whole: {}", error_chain(e));
+    failure(classify(e), why)
+}
+
+/// A receiver's `Retry-After` (on `status`): the delay it asks for, or `None` with a log line when
+/// the value is neither delay-seconds nor an HTTP date.
+fn retry_after(status: u16, value: &str) -> Option<Duration> {
+    let parsed = parse_retry_after(value, SystemTime::now());
+    if parsed.is_none() {
+        let value = bounded::bounded(value, bounded::QUOTE);
+        warn!(status, value = %value, "Retry-After not understood (neither seconds nor an HTTP date); using the retry schedule");
+    }
+    parsed
 }
 
 /// Installs rustls' `ring` provider as the process default (idempotent). reqwest is built without a
@@ -196,10 +237,11 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// A failed attempt of error class `class` (retried).
+/// A failed attempt of error class `class` (retried); the message is bounded.
 pub(super) fn failure(class: &'static str, error: String) -> AttemptResult {
-    let record = AttemptRecord { error_class: Some(class), error: Some(error), ..AttemptRecord::default() };
-    AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new() }
+    let error = Some(bound(error, bounded::MESSAGE));
+    let record = AttemptRecord { error_class: Some(class), error, ..AttemptRecord::default() };
+    AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new(), told: None }
 }
 
 /// `timeout`, `forbidden_address`, `tls` or `connect` for a transport error.

@@ -17,6 +17,8 @@ pub struct PayloadInput<'a> {
     pub event_id: Option<i64>,
     /// The event log's identity ([`crate::store::Store::log_id`]).
     pub log_id: &'a str,
+    /// The cluster (`cluster.name`, resolved at start).
+    pub cluster: Option<&'a str>,
     /// `ADDED` / `MODIFIED` / `DELETED` / `SYNCED`.
     pub event: EventKind,
     /// The cause.
@@ -65,6 +67,7 @@ pub fn payload(input: &PayloadInput<'_>) -> WebhookPayload {
         data: WebhookPayloadData {
             event_id: input.event_id,
             log_id: Some(input.log_id.to_owned()),
+            cluster: input.cluster.map(str::to_owned),
             event: input.event,
             cause: input.cause,
             service: Some(service(input.view, input.backends)),
@@ -77,13 +80,14 @@ pub fn payload(input: &PayloadInput<'_>) -> WebhookPayload {
 }
 
 /// The `sync.completed` body closing a resync (no Service).
-pub fn render_completed(observed_at: i64, log_id: &str, sync: SyncMarker) -> String {
+pub fn render_completed(observed_at: i64, log_id: &str, cluster: Option<&str>, sync: SyncMarker) -> String {
     let payload = WebhookPayload {
         kind: PayloadType::SyncCompleted,
         timestamp: rfc3339(observed_at),
         data: WebhookPayloadData {
             event_id: None,
             log_id: Some(log_id.to_owned()),
+            cluster: cluster.map(str::to_owned),
             event: EventKind::Synced,
             cause: Cause::Resync,
             service: None,

@@ -66,7 +66,8 @@ fn synced(
     *n = deliveries.len();
     // `sync.completed` goes on a queue of its own (no Service), so it does not wait for the others:
     // receivers count the `service.synced` of the same id up to `total`.
-    let completed = payload::render_completed(now, log_id, SyncMarker { id, index: None, total, as_of_event_id });
+    let marker = SyncMarker { id, index: None, total, as_of_event_id };
+    let completed = payload::render_completed(now, log_id, router.cluster(), marker);
     if !route.templated {
         let (webhook, msg_id) = (route.name.clone(), new_msg_id());
         let marker = NewDelivery { webhook, kind: "SYNCED", msg_id, payload: completed, coalesce_ms: None };

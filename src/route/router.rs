@@ -78,15 +78,22 @@ pub struct Router {
     pub(super) routes: Vec<Route>,
     modes: ModePlan,
     log_id: String,
+    cluster: Option<String>,
 }
 
 impl Router {
-    /// Builds the routes of every enabled endpoint of `config`, for the event log `log_id`. Errors:
+    /// The cluster the deliveries name (`data.cluster`).
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    /// Builds the routes of every enabled endpoint of `config`, for the event log `log_id` and the
+    /// cluster `config.cluster.name` (resolved at start: [`crate::app::cluster::resolve`]). Errors:
     /// [`RouteError::Endpoint`] for a label selector that does not parse (already rejected by config
     /// validation).
     pub fn new(config: &Config, log_id: &str) -> Result<Self, RouteError> {
         let routes = config.webhooks.iter().filter(|w| w.enabled).map(Route::new).collect::<Result<_, RouteError>>()?;
-        Ok(Self { routes, modes: config.mode_plan(), log_id: log_id.to_owned() })
+        Ok(Self { routes, modes: config.mode_plan(), log_id: log_id.to_owned(), cluster: config.cluster.name.clone() })
     }
 
     /// The body of `e` for an endpoint that had members in mode `before` and has them in `mode`
@@ -113,6 +120,7 @@ impl Router {
         Some(render(&PayloadInput {
             event_id: Some(e.id),
             log_id: &self.log_id,
+            cluster: self.cluster.as_deref(),
             event: e.event.kind.event_kind(),
             cause: e.cause,
             observed_at: e.observed_at,
@@ -135,6 +143,7 @@ impl Router {
         let payload = render(&PayloadInput {
             event_id: None,
             log_id: &self.log_id,
+            cluster: self.cluster.as_deref(),
             event: EventKind::Synced,
             cause: Cause::Resync,
             observed_at: now,

@@ -39,6 +39,9 @@ pub struct CircuitView {
     pub open_since: Option<i64>,
     /// When the next probe may go out (`None` while closed or while the probe is in flight).
     pub next_probe_at: Option<i64>,
+    /// Until when the endpoint asked not to be sent anything (a 429 or 503 with `Retry-After`): no
+    /// attempt to it starts before then. `None` when it never asked; a time in the past once over.
+    pub throttled_until: Option<i64>,
 }
 
 /// Every endpoint's breaker view, by endpoint name: written by the dispatchers, read by the API.

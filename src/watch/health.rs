@@ -17,6 +17,7 @@ use utoipa::ToSchema;
 
 use super::stream::{Resource, ScopeSpec};
 use crate::metrics::{Metrics, ScopeLabels, WatchErrorLabels};
+use crate::model::bounded::{MESSAGE, bound};
 use crate::model::rfc3339;
 use crate::store::now_ms;
 
@@ -168,7 +169,7 @@ impl WatchHealth {
             if auth {
                 s.last_auth = what.clone();
             }
-            s.last_error = Some(what);
+            s.last_error = Some(bound(what, MESSAGE));
         });
     }
 
@@ -178,7 +179,7 @@ impl WatchHealth {
         self.update(spec, |s, now| {
             leave_watch(s, now);
             s.state = ScopeState::Failing;
-            s.last_error = Some(what);
+            s.last_error = Some(bound(what, MESSAGE));
         });
     }
 
@@ -205,7 +206,7 @@ impl WatchHealth {
                 s.synced_ms = Some(s.activity_ms);
             }
             s.state = ScopeState::Stalled;
-            s.last_error = Some(what);
+            s.last_error = Some(bound(what, MESSAGE));
         });
     }
 

@@ -1,6 +1,10 @@
 //! One watch scope: kube-runtime's watcher (with its default backoff) turned into [`Observation`]s.
 //! Buffers a (re)list between `Init` and `InitDone` so absence can be read as deletion; restarts the
-//! watcher (hence re-lists) on a malformed line and every `relist_interval`. The same loop serves
+//! watcher (hence re-lists) on a malformed line, on a `410 Gone` at watch start, and every
+//! `relist_interval`. A restart forced by an error waits kube-runtime's default backoff first (0.8 s
+//! doubling to 30 s with jitter, reset after 2 minutes without one, as client-go's reflector backs
+//! off between list-and-watch attempts): on a large cluster every relist is a full list, and an
+//! apiserver or proxy that keeps answering `410` must not be listed in a loop. The same loop serves
 //! Services, Nodes and EndpointSlices ([`Kind`]).
 
 use std::fmt::Debug;
@@ -20,6 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::{Metrics, ScopeLabels};
 use crate::model::backends::{ObservedNode, ObservedSlice};
+use crate::model::bounded::{MESSAGE, bounded};
 use crate::model::{Observed, Scope, ServiceKey, ServiceView};
 
 /// What a watch lists and watches.
@@ -214,20 +219,41 @@ pub(super) struct ScopeTask<K: Kind> {
 /// How one watcher run ended.
 enum End {
     Cancelled,
-    Restart,
+    /// The periodic relist: restart at once.
+    Relist,
+    /// An error that only a fresh list recovers from: restart after the backoff.
+    Failed,
 }
 
 impl<K: Kind> ScopeTask<K> {
-    /// Runs watcher after watcher until `cancel` fires or the recorder is gone.
+    /// Runs watcher after watcher until `cancel` fires or the recorder is gone; a run that failed is
+    /// followed by the backoff ([`watcher::DefaultBackoff`], which resets itself once 2 minutes pass
+    /// without a backoff) before the next list.
     pub async fn run(self, cancel: CancellationToken) {
         self.zero_metrics();
         let mut first = true;
+        let mut backoff = watcher::DefaultBackoff::default();
         loop {
             info!(resource = self.spec.resource.as_str(), scope = self.spec.label(), "listing and watching");
             match self.run_once(&cancel, &mut first).await {
                 End::Cancelled => return,
-                End::Restart => {
+                End::Relist => {
                     self.metrics.watch_restarts.get_or_create(&self.labels()).inc();
+                }
+                End::Failed => {
+                    self.metrics.watch_restarts.get_or_create(&self.labels()).inc();
+                    let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+                    self.metrics.watch_backoffs.get_or_create(&self.labels()).inc();
+                    let (resource, scope) = (self.spec.resource.as_str(), self.spec.label());
+                    let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                    warn!(
+                        resource,
+                        scope, delay_ms, "the last list did not give a working watch; backing off before listing again"
+                    );
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
                 }
             }
         }
@@ -236,7 +262,7 @@ impl<K: Kind> ScopeTask<K> {
     /// Creates this scope's series at 0 so dashboards and alerts see them before the first error.
     fn zero_metrics(&self) {
         let m = &self.metrics;
-        for family in [&m.relists, &m.watch_restarts, &m.watch_gone] {
+        for family in [&m.relists, &m.watch_restarts, &m.watch_gone, &m.watch_backoffs] {
             drop(family.get_or_create(&self.labels()));
         }
         for kind in ["list", "watch_start", "gone", "status", "stream", "decode", "no_resource_version", "stalled"] {
@@ -267,14 +293,14 @@ impl<K: Kind> ScopeTask<K> {
                 _ = cancel.cancelled() => return End::Cancelled,
                 _ = &mut relist => {
                     info!(resource = self.spec.resource.as_str(), scope = self.spec.label(), "periodic re-list (kubernetes.relist_interval)");
-                    return End::Restart;
+                    return End::Relist;
                 }
                 item = stream.next() => item,
             };
             let message = match item {
-                None => return End::Restart,
+                None => return End::Failed,
                 Some(Ok(event)) => self.on_event(event, &mut buffer, first),
-                Some(Err(err)) if self.on_error(&err) => return End::Restart,
+                Some(Err(err)) if self.on_error(&err) => return End::Failed,
                 Some(Err(_)) => None,
             };
             if let Some(message) = message
@@ -334,12 +360,14 @@ impl<K: Kind> ScopeTask<K> {
         match kind {
             "gone" => {
                 self.metrics.watch_gone.get_or_create(&self.labels()).inc();
-                warn!(resource, scope, error = %err, "resourceVersion expired (410 Gone): re-listing");
+                warn!(resource, scope, error = %bounded(&err.to_string(), MESSAGE), "resourceVersion expired (410 Gone): re-listing");
             }
             "decode" => {
-                warn!(resource, scope, error = %err, "malformed watch line: re-listing to recover what it carried")
+                warn!(resource, scope, error = %bounded(&err.to_string(), MESSAGE), "malformed watch line: re-listing to recover what it carried")
             }
-            _ => warn!(resource, scope, kind, error = %err, "watch error; retrying with backoff"),
+            _ => {
+                warn!(resource, scope, kind, error = %bounded(&err.to_string(), MESSAGE), "watch error; retrying with backoff")
+            }
         }
         restart
     }

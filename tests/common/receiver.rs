@@ -44,6 +44,8 @@ pub enum Reply {
     Hang,
     /// Status then an endless body.
     Endless(u16),
+    /// Status then a body that trickles, one byte every 100 ms, and never ends.
+    Trickle(u16),
     /// Answer `status` after a delay (a slow appliance).
     After(Duration, u16),
     /// Answer `status` with a JSON body.
@@ -106,6 +108,7 @@ async fn handle(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) -
             Reply::Status(s)
             | Reply::WithHeaders(s, _)
             | Reply::Endless(s)
+            | Reply::Trickle(s)
             | Reply::After(_, s)
             | Reply::Body(s, _) => *s,
             Reply::Hang => 0,
@@ -134,6 +137,13 @@ async fn handle(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) -
         Reply::Hang => {
             std::future::pending::<()>().await;
             unreachable!()
+        }
+        Reply::Trickle(s) => {
+            let body = stream::unfold((), |()| async {
+                tokio::time::sleep(Duration::from_millis(100)).await; // ok: the trickle's pace
+                Some((Ok::<_, Infallible>(Bytes::from_static(b"x")), ()))
+            });
+            Response::builder().status(s).body(Body::from_stream(body)).unwrap()
         }
         Reply::Endless(s) => {
             let chunk = Bytes::from(vec![b'x'; 8192]);

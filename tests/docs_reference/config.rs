@@ -44,7 +44,7 @@ arrays of tables (`[[webhooks]]`, `[[pools]]`), which are set in the file only: 
 configuration with secrets redacted.\n\nDurations use humantime syntax (`\"250ms\"`, `\"10s\"`, `\"5m\"`, \
 `\"24h\"`, `\"30d\"`).",
     top_keys: None,
-    tables: &["kubernetes", "database", "server", "relay", "backends", "webhooks", "pools", "guard"],
+    tables: &["cluster", "kubernetes", "database", "server", "relay", "backends", "webhooks", "pools", "guard"],
     shared: &[
         (
             "RequestTemplate",

@@ -178,6 +178,11 @@ pub struct WebhookPayloadData {
     /// (a replaced database counts from 1 again, under a new one). Absent from vipwatch before 0.1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log_id: Option<String>,
+    /// The cluster the Service lives in: vipwatch's `cluster.name`, a DNS-1123 label. A Service is
+    /// identified by cluster, namespace and name: an appliance serving several clusters keys its
+    /// objects by all three. Absent from vipwatch before 0.2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// `ADDED`, `MODIFIED`, `DELETED` or `SYNCED`.
     pub event: EventKind,
     /// Why it was recorded.

@@ -17,6 +17,8 @@ pub struct Faults {
     refuse: AtomicBool,
     expire_continue: AtomicBool,
     fail_next: AtomicUsize,
+    /// Watch requests still to be answered `410 Gone` at connect (see [`Faults::gone_at_watch_start`]).
+    gone_watches: AtomicUsize,
     /// HTTP status of the injected failures (500 unless set by [`Faults::fail_requests_with`]).
     fail_status: AtomicU16,
     /// Objects whose writes wait (see [`Faults::hold_writes_to`]).
@@ -32,6 +34,7 @@ impl Faults {
             refuse: AtomicBool::new(false),
             expire_continue: AtomicBool::new(false),
             fail_next: AtomicUsize::new(0),
+            gone_watches: AtomicUsize::new(0),
             fail_status: AtomicU16::new(500),
             held: watch::Sender::new(Default::default()),
         }
@@ -100,6 +103,19 @@ impl Faults {
     /// that watch has covered) on every open watch that asked `allowWatchBookmarks`.
     pub fn bookmark_now(&self) {
         self.broadcast(|| WatchMsg::Bookmark);
+    }
+
+    /// The next `n` watch requests (of any resource) answer HTTP 410 with a `Status` body (`reason:
+    /// "Expired"`, message `too old resource version`) at connect, out-of-band, as an apiserver (or a
+    /// proxy replaying a stale answer) does when the watch's resourceVersion is gone; lists are not
+    /// affected. Replaces any remaining count.
+    pub fn gone_at_watch_start(&self, n: usize) {
+        self.gone_watches.store(n, Ordering::SeqCst);
+    }
+
+    /// Consume one injected watch-start 410; whether this watch request must get it.
+    pub(crate) fn take_gone_watch(&self) -> bool {
+        self.gone_watches.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
     }
 
     /// The next `n` requests (any path, any method) answer HTTP 500 with a `Status` body

@@ -121,6 +121,8 @@ enum Route<'a> {
         ns: &'a str,
         name: &'a str,
     },
+    /// One namespace (read-only: `GET`), as a controller reads `kube-system` for the cluster's uid.
+    Namespace(&'a str),
 }
 
 fn route<'a>(segs: &[&'a str]) -> Option<Route<'a>> {
@@ -134,6 +136,7 @@ fn route<'a>(segs: &[&'a str]) -> Option<Route<'a>> {
         ["apis", group, "v1"] if GROUPS.contains(group) => Route::GroupV1(group),
         ["openapi", "v3"] => Route::OpenApiV3,
         ["openapi", "v3", rest @ ..] => Route::OpenApiV3Doc(rest.join("/")),
+        ["api", "v1", "namespaces", name] => Route::Namespace(name),
         ["api", "v1", "events"] => Route::Events { api: Core, ns: None },
         ["api", "v1", "namespaces", ns, "events"] => Route::Events { api: Core, ns: Some(ns) },
         ["api", "v1", "namespaces", ns, "events", name] => Route::Event { api: Core, ns, name },
@@ -205,7 +208,12 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
-    shared.record(RecordedRequest { method: method.to_string(), path: path.clone(), query: query.clone() });
+    shared.record(RecordedRequest {
+        method: method.to_string(),
+        path: path.clone(),
+        query: query.clone(),
+        at: std::time::Instant::now(),
+    });
     if let Some(code) = shared.faults.take_failure() {
         return injected(code, &method, &path);
     }
@@ -230,6 +238,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
     };
     match (method, route) {
         (Method::GET, Route::Version) => ok(&version()),
+        (Method::GET, Route::Namespace(name)) => ok(&shared.namespace(name)),
         (Method::GET, Route::Api) => ok(&api_versions(&shared)),
         (Method::GET, Route::Apis) => ok(&discovery::api_groups()),
         (Method::GET, Route::ApiV1) => ok(&discovery::core_resource_list()),
@@ -311,6 +320,10 @@ fn collection(
         Err(e) => return bad_request(e),
     };
     if watch || params.flag("watch") {
+        if shared.faults.take_gone_watch() {
+            let rv = params.get("resourceVersion").unwrap_or("0");
+            return status(410, "Expired", format!("too old resource version: {rv} (fault injected)"));
+        }
         watch_request(shared, res, matcher, params)
     } else {
         list::objects(shared, res, &matcher, params, metadata_only)
@@ -366,11 +379,13 @@ mod tests {
             "/apis/discovery.k8s.io/v1/namespaces/x/endpointslices/y/status",
             "/api/v1/endpointslices",
             "/api/v1/watch/nodes/w1/status",
-            "/api/v1/namespaces/x",
             "/apis/apps/v1/deployments",
         ] {
             assert!(parse(wrong).is_none(), "{wrong}");
         }
+        // One namespace is readable (a controller reads kube-system's uid), nothing below it that is
+        // not a resource.
+        assert!(matches!(parse("/api/v1/namespaces/kube-system"), Some(Route::Namespace("kube-system"))));
     }
 
     #[test]

@@ -109,6 +109,8 @@ pub struct RecordedRequest {
     pub path: String,
     /// Raw query string as sent, without `?` (not decoded; `""` if none), e.g. `"&limit=500"`.
     pub query: String,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 /// State shared by the handle, the accept loop, the handlers and the watch tasks.
@@ -118,6 +120,8 @@ pub(crate) struct Shared {
     pub(crate) events: Mutex<EventStore>,
     pub(crate) faults: Faults,
     pub(crate) requests: Mutex<Vec<RecordedRequest>>,
+    /// The uid of each namespace read so far ([`Shared::namespace`]).
+    pub(crate) namespace_uids: Mutex<std::collections::HashMap<String, String>>,
     pub(crate) options: FakeApiServerOptions,
     pub(crate) addr: SocketAddr,
     /// Becomes `true` (or closes) when the server shuts down.
@@ -127,6 +131,20 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn record(&self, req: RecordedRequest) {
         self.requests.lock().expect("requests lock").push(req);
+    }
+
+    /// Namespace `name` as the apiserver shows it: every name exists, each with a uid of its own,
+    /// the same for the server's life (`kube-system`'s is the cluster's identity for controllers).
+    pub(crate) fn namespace(&self, name: &str) -> serde_json::Value {
+        let uid = self.namespace_uid(name);
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "uid": uid, "resourceVersion": "1"},
+            "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
+    }
+
+    pub(crate) fn namespace_uid(&self, name: &str) -> String {
+        let mut uids = self.namespace_uids.lock().expect("namespace uids lock");
+        uids.entry(name.to_owned()).or_insert_with(meta::new_uid).clone()
     }
 }
 
@@ -182,6 +200,7 @@ impl FakeApiServer {
             store,
             events: Mutex::new(EventStore::default()),
             requests: Mutex::new(Vec::new()),
+            namespace_uids: Mutex::default(),
             options,
             addr,
             shutdown: shutdown_rx,
@@ -330,6 +349,12 @@ impl FakeApiServer {
     /// Every request received so far, in arrival order.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.inner.shared.requests.lock().expect("requests lock").clone()
+    }
+
+    /// The uid `GET /api/v1/namespaces/{name}` answers for namespace `name` (made at its first read
+    /// and kept for the server's life): `kube-system`'s identifies the cluster.
+    pub fn namespace_uid(&self, name: &str) -> String {
+        self.inner.shared.namespace_uid(name)
     }
 
     /// Number of watch streams currently open (a stream counts until the server notices it ended).

@@ -20,6 +20,22 @@ use tracing::info;
 /// Lines of HAProxy's own output kept for error reports.
 const LOG_TAIL: usize = 50;
 
+/// Lines of `haproxy -c`'s complaints kept in a refusal (its answer and its log line): a
+/// configuration with thousands of errors must not become a megabyte answer.
+const CHECK_LINES: usize = 20;
+
+/// The first `n` lines of `text` (each at most 512 bytes), with a count of the lines left out.
+fn first_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let cut =
+        |l: &&str| if l.len() <= 512 { (*l).to_owned() } else { format!("{}…", &l[..l.floor_char_boundary(511)]) };
+    let mut out: Vec<String> = lines.iter().take(n).map(cut).collect();
+    if lines.len() > n {
+        out.push(format!("… ({} more lines)", lines.len() - n));
+    }
+    out.join("\n")
+}
+
 /// Something HAProxy did not do.
 #[derive(Debug, thiserror::Error)]
 pub enum HaproxyError {
@@ -88,7 +104,7 @@ impl Haproxy {
         if out.status.success() {
             return Ok(());
         }
-        let text = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        let text = first_lines(String::from_utf8_lossy(&out.stderr).trim(), CHECK_LINES);
         Err(HaproxyError::Invalid(if text.is_empty() { format!("exit {}", out.status) } else { text }))
     }
 
@@ -265,6 +281,15 @@ fn parse_proc(text: &str) -> Result<Proc, HaproxyError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_long_refusal_keeps_its_first_lines_and_says_how_many_are_left_out() {
+        let text: Vec<String> = (1..=25).map(|i| format!("[ALERT] line {i}")).collect();
+        let kept = super::first_lines(&text.join("\n"), 20);
+        assert_eq!(kept.lines().count(), 21);
+        assert_eq!(kept.lines().last(), Some("… (5 more lines)"));
+        assert_eq!(super::first_lines(&"x".repeat(600), 20), format!("{}…", "x".repeat(511)));
+    }
+
     use super::*;
 
     #[test]
