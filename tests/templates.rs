@@ -66,6 +66,7 @@ fn pool() -> PoolConfig {
 
 fn config(h: &Harness, webhooks: Vec<WebhookConfig>) -> Config {
     let mut c = h.config_with(webhooks);
+    c.cluster.name = Some("prod".into());
     c.pools = vec![pool()];
     c.server.api_token = Some(Secret::new(TOKEN));
     c
@@ -164,9 +165,12 @@ fn a_hostile_annotation_cannot_change_the_json_structure() {
     let rendered = compiled.render(&compiled.requests("MODIFIED")[0], &ctx).unwrap();
     let body: Value = serde_json::from_str(rendered.body.as_deref().unwrap()).unwrap();
     let keys: Vec<&str> = body.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, ["annotations", "event_id", "labels", "name", "namespace", "pools", "ports", "uid", "vips"]);
+    assert_eq!(
+        keys,
+        ["annotations", "cluster", "event_id", "labels", "name", "namespace", "pools", "ports", "uid", "vips"]
+    );
     assert_eq!(body["annotations"], json!({ "example.com/note": HOSTILE, "example.com/owner": "team-a" }));
-    assert_eq!(rendered.url.as_str(), "https://lb.example.net/vips/shop/web");
+    assert_eq!(rendered.url.as_str(), "https://lb.example.net/vips/sample-cluster/shop/web");
 }
 
 /// `METHOD url` of the DELETE requests the NITRO example renders for `event` of `payload` with `told`.
@@ -200,9 +204,9 @@ fn nitro_renders_the_removals_of_what_it_was_told_and_the_service_no_longer_has(
     assert_eq!(
         nitro_removals(&payload, "MODIFIED", Some(&told)),
         [
-            "DELETE /servicegroup_servicegroupmember_binding/sg_shop_web_80?args=ip:10.0.0.13,port:30080",
-            "DELETE /lbvserver/vs_shop_web_8080",
-            "DELETE /servicegroup/sg_shop_web_8080"
+            "DELETE /servicegroup_servicegroupmember_binding/sg_sample-cluster_shop_web_80?args=ip:10.0.0.13,port:30080",
+            "DELETE /lbvserver/vs_sample-cluster_shop_web_8080",
+            "DELETE /servicegroup/sg_sample-cluster_shop_web_8080"
         ]
     );
     assert_eq!(nitro_removals(&payload, "MODIFIED", None), Vec::<String>::new(), "nothing told, nothing to remove");
@@ -213,11 +217,11 @@ fn nitro_renders_the_removals_of_what_it_was_told_and_the_service_no_longer_has(
     assert_eq!(
         nitro_removals(&withdrawn, "MODIFIED", Some(&told)),
         [
-            "DELETE /servicegroup_servicegroupmember_binding/sg_shop_web_80?args=ip:10.0.0.13,port:30080",
-            "DELETE /lbvserver/vs_shop_web_80",
-            "DELETE /lbvserver/vs_shop_web_443",
-            "DELETE /lbvserver/vs_shop_web_8080",
-            "DELETE /servicegroup/sg_shop_web_8080"
+            "DELETE /servicegroup_servicegroupmember_binding/sg_sample-cluster_shop_web_80?args=ip:10.0.0.13,port:30080",
+            "DELETE /lbvserver/vs_sample-cluster_shop_web_80",
+            "DELETE /lbvserver/vs_sample-cluster_shop_web_443",
+            "DELETE /lbvserver/vs_sample-cluster_shop_web_8080",
+            "DELETE /servicegroup/sg_sample-cluster_shop_web_8080"
         ],
         "the VIP went away: every virtual server told goes"
     );
@@ -226,12 +230,12 @@ fn nitro_renders_the_removals_of_what_it_was_told_and_the_service_no_longer_has(
     assert_eq!(
         nitro_removals(&deleted, "DELETED", Some(&told)),
         [
-            "DELETE /lbvserver/vs_shop_web_80",
-            "DELETE /lbvserver/vs_shop_web_443",
-            "DELETE /lbvserver/vs_shop_web_8080",
-            "DELETE /servicegroup/sg_shop_web_80",
-            "DELETE /servicegroup/sg_shop_web_443",
-            "DELETE /servicegroup/sg_shop_web_8080"
+            "DELETE /lbvserver/vs_sample-cluster_shop_web_80",
+            "DELETE /lbvserver/vs_sample-cluster_shop_web_443",
+            "DELETE /lbvserver/vs_sample-cluster_shop_web_8080",
+            "DELETE /servicegroup/sg_sample-cluster_shop_web_80",
+            "DELETE /servicegroup/sg_sample-cluster_shop_web_443",
+            "DELETE /servicegroup/sg_sample-cluster_shop_web_8080"
         ]
     );
 }
@@ -269,7 +273,7 @@ async fn generic_rest_puts_the_vip_and_deletes_it_with_the_hostile_annotation_ke
     let vw = h.start(config(&h, vec![w])).await;
     h.api.apply(hostile_service("shop", "web", 80));
     let body = wait_until("the VIP PUT with its address", || async {
-        let v = vips.lock().unwrap().get("/api/vips/shop/web").cloned();
+        let v = vips.lock().unwrap().get("/api/vips/prod/shop/web").cloned();
         v.filter(|b| b["vips"] == json!(["192.0.2.10"]))
     })
     .await;
@@ -290,7 +294,7 @@ async fn generic_rest_puts_the_vip_and_deletes_it_with_the_hostile_annotation_ke
     let detail = api.ok(&format!("/api/v1/deliveries/{id}")).await;
     let step = &detail["attempts"][0]["request"][0];
     assert_eq!(step["method"], "PUT");
-    assert_eq!(step["url"], format!("{}/api/vips/shop/web", fake.url));
+    assert_eq!(step["url"], format!("{}/api/vips/prod/shop/web", fake.url));
     assert_eq!(step["headers"]["authorization"], "<redacted>");
     assert_eq!(step["headers"]["accept"], "application/json");
     assert_eq!(step["status"], 204);
@@ -299,7 +303,7 @@ async fn generic_rest_puts_the_vip_and_deletes_it_with_the_hostile_annotation_ke
     h.api.delete("shop", "web");
     wait_until("the VIP deleted", || async { vips.lock().unwrap().is_empty().then_some(()) }).await;
     let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
-    assert_eq!(deletes, ["DELETE /api/vips/shop/web -> 204"]);
+    assert_eq!(deletes, ["DELETE /api/vips/prod/shop/web -> 204"]);
     vw.stop().await.unwrap();
 }
 
@@ -318,11 +322,12 @@ async fn a_deleted_goes_on_after_a_delete_answered_404() {
     deleted.insert(0, pool);
     let vw = h.start(config(&h, vec![w])).await;
     h.api.apply(lb_service("shop", "web", 80));
-    wait_until("the VIP PUT", || async { vips.lock().unwrap().contains_key("/api/vips/shop/web").then_some(()) }).await;
+    wait_until("the VIP PUT", || async { vips.lock().unwrap().contains_key("/api/vips/prod/shop/web").then_some(()) })
+        .await;
     h.api.delete("shop", "web");
     wait_until("the VIP deleted", || async { vips.lock().unwrap().is_empty().then_some(()) }).await;
     let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
-    assert_eq!(deletes, ["DELETE /api/pools/shop/web -> 404", "DELETE /api/vips/shop/web -> 204"]);
+    assert_eq!(deletes, ["DELETE /api/pools/shop/web -> 404", "DELETE /api/vips/prod/shop/web -> 204"]);
     vw.stop().await.unwrap();
 }
 
@@ -380,7 +385,7 @@ async fn nitro_treats_207_as_failure_and_retries_the_idempotent_calls_in_order()
         fake.requests().into_iter().rev().find(|(r, _)| r.path.starts_with("/nitro/v1/config/lbvserver?")).unwrap();
     assert_eq!(
         vserver.0.json(),
-        json!({"lbvserver": [{"name": "vs_shop_web_80", "servicetype": "TCP", "ipv46": "192.0.2.10", "port": 80, "lbmethod": "ROUNDROBIN"}]})
+        json!({"lbvserver": [{"name": "vs_prod_shop_web_80", "servicetype": "TCP", "ipv46": "192.0.2.10", "port": 80, "lbmethod": "ROUNDROBIN"}]})
     );
     let attempts = attempts_of(&vw.store, "netscaler").await;
     assert_eq!((attempts[0].status_code, attempts[0].error_class.as_deref()), (Some(207), Some("http")));
@@ -390,15 +395,15 @@ async fn nitro_treats_207_as_failure_and_retries_the_idempotent_calls_in_order()
     h.api.delete("shop", "web");
     wait_until("the deletes per port", || async {
         let lines = fake.lines();
-        lines.iter().any(|l| l == "DELETE /nitro/v1/config/servicegroup/sg_shop_web_80 -> 200").then_some(())
+        lines.iter().any(|l| l == "DELETE /nitro/v1/config/servicegroup/sg_prod_shop_web_80 -> 200").then_some(())
     })
     .await;
     let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
     assert_eq!(
         deletes,
         [
-            "DELETE /nitro/v1/config/lbvserver/vs_shop_web_80 -> 200",
-            "DELETE /nitro/v1/config/servicegroup/sg_shop_web_80 -> 200"
+            "DELETE /nitro/v1/config/lbvserver/vs_prod_shop_web_80 -> 200",
+            "DELETE /nitro/v1/config/servicegroup/sg_prod_shop_web_80 -> 200"
         ]
     );
     vw.stop().await.unwrap();
@@ -429,10 +434,10 @@ struct As3 {
 /// Why `d` is not an AS3 declaration of tenant `k8s` as the example renders it, if it is not.
 fn invalid_declaration(d: &Value) -> Option<String> {
     let decl = &d["declaration"];
-    if d["class"] != "AS3" || decl["class"] != "ADC" || decl["k8s"]["class"] != "Tenant" {
+    if d["class"] != "AS3" || decl["class"] != "ADC" || decl["k8s_prod"]["class"] != "Tenant" {
         return Some("not an AS3 ADC declaration of tenant k8s".into());
     }
-    for (name, app) in decl["k8s"].as_object()?.iter().filter(|(k, _)| *k != "class") {
+    for (name, app) in decl["k8s_prod"].as_object()?.iter().filter(|(k, _)| *k != "class") {
         if app["class"] != "Application" || !name.starts_with("app_") {
             return Some(format!("{name} is not an Application"));
         }
@@ -477,7 +482,7 @@ fn as3_appliance(state: Arc<Mutex<As3>>) -> impl Fn(&Req) -> (u16, String) {
             (As3Mode::Busy, _) => (503, json!({"code": 503, "message": "Configuration operation in progress on device, please try again in 2 minutes"}).to_string()),
             (As3Mode::Invalid, _) | (_, Some(_)) => (422, json!({"code": 422, "message": "declaration is invalid"}).to_string()),
             (As3Mode::Async, None) => {
-                let apps = d["declaration"]["k8s"].as_object().unwrap().keys().filter(|k| *k != "class").cloned().collect();
+                let apps = d["declaration"]["k8s_prod"].as_object().unwrap().keys().filter(|k| *k != "class").cloned().collect();
                 s.apps = Some(apps);
                 let task = format!("task-{}", s.declarations);
                 let result = json!({"id": task, "results": [{"code": 200, "message": "success", "tenant": "k8s"}]});
@@ -518,7 +523,7 @@ async fn as3_full_state_converges_through_busy_async_restart_resync_and_an_outag
     let vw = h.start(as3_config(&h, &fake.url)).await;
     h.api.apply(lb_service("shop", "web", 80));
     h.api.apply(lb_service("shop", "api", 8080));
-    wait_apps(&state, &["app_4_shop_api", "app_4_shop_web"]).await;
+    wait_apps(&state, &["app_shop_api", "app_shop_web"]).await;
     let attempts = wait_until("the accepted declaration recorded", || async {
         let a = attempts_of(&vw.store, "f5-as3").await;
         a.iter().any(|a| a.error_class.is_none()).then_some(a)
@@ -538,14 +543,14 @@ async fn as3_full_state_converges_through_busy_async_restart_resync_and_an_outag
     // Restart: a Service created while vipwatch was down is declared.
     h.api.apply(lb_service("shop", "db", 5432));
     let vw = h.start(as3_config(&h, &fake.url)).await;
-    wait_apps(&state, &["app_4_shop_api", "app_4_shop_db", "app_4_shop_web"]).await;
+    wait_apps(&state, &["app_shop_api", "app_shop_db", "app_shop_web"]).await;
 
     // Resync: the appliance lost its tenant; a resync declares it again.
     state.lock().unwrap().apps = None;
     let api = Api::new(&vw);
     let answer = api.send(reqwest::Method::POST, "/api/v1/webhooks/f5-as3/resync", Some(TOKEN)).await;
     assert_eq!(answer.status, 202, "{answer:?}");
-    wait_apps(&state, &["app_4_shop_api", "app_4_shop_db", "app_4_shop_web"]).await;
+    wait_apps(&state, &["app_shop_api", "app_shop_db", "app_shop_web"]).await;
 
     // Outage: changes made while the appliance is down arrive once it is back.
     state.lock().unwrap().down = true;
@@ -556,7 +561,7 @@ async fn as3_full_state_converges_through_busy_async_restart_resync_and_an_outag
     })
     .await;
     state.lock().unwrap().down = false;
-    wait_apps(&state, &["app_4_shop_api", "app_4_shop_web"]).await;
+    wait_apps(&state, &["app_shop_api", "app_shop_web"]).await;
     vw.stop().await.unwrap();
 }
 
@@ -586,7 +591,7 @@ async fn the_removal_guard_holds_a_declaration_that_would_empty_the_tenant_until
     let vw = h.start(as3_config(&h, &fake.url)).await;
     h.api.apply(lb_service("shop", "web", 80));
     h.api.apply(lb_service("shop", "api", 8080));
-    wait_apps(&state, &["app_4_shop_api", "app_4_shop_web"]).await;
+    wait_apps(&state, &["app_shop_api", "app_shop_web"]).await;
 
     h.api.delete("shop", "web");
     h.api.delete("shop", "api");
@@ -609,11 +614,11 @@ async fn the_removal_guard_holds_a_declaration_that_would_empty_the_tenant_until
         .requests()
         .iter()
         .filter(|(r, _)| r.method == "POST")
-        .map(|(r, _)| r.json()["declaration"]["k8s"].as_object().unwrap().len() - 1)
+        .map(|(r, _)| r.json()["declaration"]["k8s_prod"].as_object().unwrap().len() - 1)
         .collect();
     let full = sizes.iter().position(|n| *n == 2).unwrap();
     assert!(sizes[full..].iter().all(|n| *n == 2), "nothing smaller was sent: {sizes:?}");
-    assert_eq!(state.lock().unwrap().apps, apps(&["app_4_shop_api", "app_4_shop_web"]));
+    assert_eq!(state.lock().unwrap().apps, apps(&["app_shop_api", "app_shop_web"]));
     assert!(vw.metrics.render().contains("vipwatch_template_removal_held{webhook=\"f5-as3\"} 1"));
 
     let api = Api::new(&vw);
@@ -653,10 +658,9 @@ fn vipwatch_check_config_prints_the_sample_requests_or_the_template_error() {
     let stdout = String::from_utf8_lossy(&ok.stdout);
     let samples: Vec<&str> = stdout.lines().filter(|l| l.starts_with("# template sample: ")).collect();
     assert_eq!(samples.len(), 4, "ADDED, MODIFIED and SYNCED (like ADDED), DELETED: {stdout}");
-    assert!(
-        samples[0]
-            .starts_with("# template sample: ipam-rest: on.ADDED[0] PUT https://lb.example.net/api/vips/shop/web, ")
-    );
+    assert!(samples[0].starts_with(
+        "# template sample: ipam-rest: on.ADDED[0] PUT https://lb.example.net/api/vips/sample-cluster/shop/web, "
+    ));
     assert!(!stdout.contains("t0ken"), "the token is not printed");
 
     std::fs::write(dir.path().join("vip.json"), "{\n  \"name\": {{ service.name }},\n  \"x\": {{ service.nmae }}\n}")
@@ -695,19 +699,19 @@ async fn capture_vip_makes_the_address_in_the_appliance_answer_the_services_vip(
     vw.stop().await.unwrap();
 }
 
-/// The AS3 per-application fake: `POST …/declare/k8s/applications` adds the one Application of the
+/// The AS3 per-application fake: `POST …/declare/k8s_prod/applications` adds the one Application of the
 /// body (its first answer is a 200 hiding a 422 in `results`), `DELETE …/applications/<app>` removes it.
 fn as3_per_app_appliance(apps: Arc<Mutex<BTreeSet<String>>>) -> impl Fn(&Req) -> (u16, String) {
     let answered = Arc::new(Mutex::new(0));
     move |r| {
         let mut apps = apps.lock().unwrap();
-        if let Some(app) = r.path.strip_prefix("/mgmt/shared/appsvcs/declare/k8s/applications/") {
+        if let Some(app) = r.path.strip_prefix("/mgmt/shared/appsvcs/declare/k8s_prod/applications/") {
             return match (r.method.as_str(), apps.remove(app)) {
                 ("DELETE", true) => (200, json!({"results": [{"code": 200, "message": "success"}]}).to_string()),
                 _ => (404, String::new()),
             };
         }
-        if r.method != "POST" || r.path != "/mgmt/shared/appsvcs/declare/k8s/applications" {
+        if r.method != "POST" || r.path != "/mgmt/shared/appsvcs/declare/k8s_prod/applications" {
             return (404, String::new());
         }
         let body = r.json();
@@ -739,7 +743,7 @@ async fn as3_per_app_retries_a_200_that_hides_a_failure_and_deletes_the_applicat
     let fake = Appliance::start(as3_per_app_appliance(apps.clone())).await;
     let vw = h.start(config(&h, vec![example("f5-as3-per-app", &fake.url)])).await;
     h.api.apply(lb_service("shop", "web", 80));
-    wait_until("the application declared", || async { apps.lock().unwrap().contains("app_4_shop_web").then_some(()) })
+    wait_until("the application declared", || async { apps.lock().unwrap().contains("app_shop_web").then_some(()) })
         .await;
     let attempts = attempts_of(&vw.store, "f5-as3-app").await;
     assert_eq!(attempts[0].status_code, Some(200));
@@ -747,7 +751,7 @@ async fn as3_per_app_retries_a_200_that_hides_a_failure_and_deletes_the_applicat
     h.api.delete("shop", "web");
     wait_until("the application deleted", || async { apps.lock().unwrap().is_empty().then_some(()) }).await;
     let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
-    assert_eq!(deletes, ["DELETE /mgmt/shared/appsvcs/declare/k8s/applications/app_4_shop_web -> 200"]);
+    assert_eq!(deletes, ["DELETE /mgmt/shared/appsvcs/declare/k8s_prod/applications/app_shop_web -> 200"]);
     vw.stop().await.unwrap();
 }
 
@@ -902,9 +906,9 @@ async fn nitro_removes_what_it_told_the_adc_so_a_freed_vip_port_converges_for_th
     h.api.apply(service_on_ports("eval", "alpha", &[80]));
     let both = ["10.0.0.1:30080", "10.0.0.2:30080"];
     let on_80 = adc_of(
-        &[("vs_eval_alpha_80", "192.0.2.10", 80)],
-        &[("sg_eval_alpha_80", &both)],
-        &[("vs_eval_alpha_80", "sg_eval_alpha_80")],
+        &[("vs_prod_eval_alpha_80", "192.0.2.10", 80)],
+        &[("sg_prod_eval_alpha_80", &both)],
+        &[("vs_prod_eval_alpha_80", "sg_prod_eval_alpha_80")],
     );
     wait_adc(&adc, "alpha on port 80", &on_80).await;
     wait_until("port 80 recorded as told", || async {
@@ -925,9 +929,12 @@ async fn nitro_removes_what_it_told_the_adc_so_a_freed_vip_port_converges_for_th
     h.api.apply(service_on_ports("eval", "alpha", &[81, 8443]));
     let on_81_8443 = |members_81: &[&str], members_8443: &[&str]| {
         adc_of(
-            &[("vs_eval_alpha_81", "192.0.2.10", 81), ("vs_eval_alpha_8443", "192.0.2.10", 8443)],
-            &[("sg_eval_alpha_81", members_81), ("sg_eval_alpha_8443", members_8443)],
-            &[("vs_eval_alpha_81", "sg_eval_alpha_81"), ("vs_eval_alpha_8443", "sg_eval_alpha_8443")],
+            &[("vs_prod_eval_alpha_81", "192.0.2.10", 81), ("vs_prod_eval_alpha_8443", "192.0.2.10", 8443)],
+            &[("sg_prod_eval_alpha_81", members_81), ("sg_prod_eval_alpha_8443", members_8443)],
+            &[
+                ("vs_prod_eval_alpha_81", "sg_prod_eval_alpha_81"),
+                ("vs_prod_eval_alpha_8443", "sg_prod_eval_alpha_8443"),
+            ],
         )
     };
     let (both_81, both_8443) = (["10.0.0.1:30081", "10.0.0.2:30081"], ["10.0.0.1:30443", "10.0.0.2:30443"]);
@@ -948,9 +955,9 @@ async fn nitro_removes_what_it_told_the_adc_so_a_freed_vip_port_converges_for_th
     // The freed VIP:80 goes to a new Service, whose virtual server the ADC takes.
     h.api.apply(service_on_ports("eval", "beta", &[80]));
     let beta = adc_of(
-        &[("vs_eval_beta_80", "192.0.2.10", 80)],
-        &[("sg_eval_beta_80", &["10.0.0.1:30080"])],
-        &[("vs_eval_beta_80", "sg_eval_beta_80")],
+        &[("vs_prod_eval_beta_80", "192.0.2.10", 80)],
+        &[("sg_prod_eval_beta_80", &["10.0.0.1:30080"])],
+        &[("vs_prod_eval_beta_80", "sg_prod_eval_beta_80")],
     );
     wait_adc(&adc, "beta on 192.0.2.10:80", &beta).await;
     wait_until("beta's status shows the VIP", || async {
@@ -978,7 +985,7 @@ async fn as3_per_app_deletes_the_application_of_a_service_that_lost_its_vip() {
     let fake = Appliance::start(as3_per_app_appliance(apps.clone())).await;
     let vw = h.start(config(&h, vec![example("f5-as3-per-app", &fake.url)])).await;
     h.api.apply(lb_service("shop", "web", 80));
-    wait_until("the application declared", || async { apps.lock().unwrap().contains("app_4_shop_web").then_some(()) })
+    wait_until("the application declared", || async { apps.lock().unwrap().contains("app_shop_web").then_some(()) })
         .await;
     let mut impossible = lb_service("shop", "web", 80);
     impossible["metadata"]["annotations"] = json!({"vipwatch.io/loadBalancerIPs": "198.51.100.7"});
@@ -992,7 +999,108 @@ async fn as3_per_app_deletes_the_application_of_a_service_that_lost_its_vip() {
     .await;
     let lines = fake.lines();
     let deletes: Vec<&String> = lines.iter().filter(|l| l.starts_with("DELETE")).collect();
-    assert_eq!(deletes, ["DELETE /mgmt/shared/appsvcs/declare/k8s/applications/app_4_shop_web -> 200"]);
+    assert_eq!(deletes, ["DELETE /mgmt/shared/appsvcs/declare/k8s_prod/applications/app_shop_web -> 200"]);
     assert!(!lines.iter().any(|l| l.ends_with("-> 422")), "no declaration without an address: {lines:#?}");
     vw.stop().await.unwrap();
+}
+
+/// A BIG-IP's AS3 as the tenant example drives it, for several tenants: a declaration replaces
+/// only the tenants it names (AS3's selective update), each becoming the Applications declared.
+fn multi_tenant_as3(tenants: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>) -> impl Fn(&Req) -> (u16, String) {
+    move |r| {
+        if let Some(task) = r.path.strip_prefix("/mgmt/shared/appsvcs/task/") {
+            return (200, json!({"id": task, "results": [{"code": 200, "message": "success"}]}).to_string());
+        }
+        let d = r.json();
+        let declared = d["declaration"].as_object().unwrap();
+        let mut tenants = tenants.lock().unwrap();
+        for (tenant, body) in declared.iter().filter(|(_, v)| v["class"] == "Tenant") {
+            let apps = body.as_object().unwrap().keys().filter(|k| *k != "class").cloned().collect();
+            tenants.insert(tenant.clone(), apps);
+        }
+        (202, json!({"id": "task-1"}).to_string())
+    }
+}
+
+/// Two clusters deliver to one generic REST API, one NetScaler and one BIG-IP, each with a Service
+/// `eval/web`: the shipped examples keep them apart by cluster (path, object names, one AS3 tenant
+/// per cluster), so both are served, and a resync or a delete in one cluster leaves the other's
+/// objects alone.
+#[tokio::test]
+async fn the_examples_keep_two_clusters_apart_on_one_appliance() {
+    let vips = Arc::new(Mutex::new(BTreeMap::new()));
+    let rest = Appliance::start(rest_appliance(vips.clone())).await;
+    let adc = Arc::new(Mutex::new(Adc::default()));
+    let nitro = Appliance::start(stateful_nitro(adc.clone())).await;
+    let tenants = Arc::new(Mutex::new(BTreeMap::new()));
+    let as3 = Appliance::start(multi_tenant_as3(tenants.clone())).await;
+    let mut clusters = Vec::new();
+    for (name, vip) in [("east", "192.0.2.10"), ("west", "192.0.2.20")] {
+        let h = Harness::new().await;
+        let mut tenant = example("f5-as3-tenant", &as3.url);
+        let t = tenant.template.as_mut().unwrap();
+        t.max_removal = 1.0;
+        t.full_state.as_mut().unwrap().poll.as_mut().unwrap().every = Duration::from_millis(50);
+        let hooks =
+            vec![example("generic-rest", &format!("{}/api", rest.url)), example("netscaler-nitro", &nitro.url), tenant];
+        let mut c = config(&h, hooks);
+        c.cluster.name = Some(name.into());
+        c.pools = vec![toml::from_str(&format!("name = \"lab\"\naddresses = [\"{vip}\"]\n")).unwrap()];
+        c.relay.lease = Duration::from_secs(20);
+        let vw = h.start(c.clone()).await;
+        h.api.apply(lb_service("eval", "web", 80));
+        clusters.push((h, vw, c));
+    }
+    let both = |vips: &BTreeMap<String, Value>| {
+        vips.contains_key("/api/vips/east/eval/web") && vips.contains_key("/api/vips/west/eval/web")
+    };
+    wait_until("both clusters' Services on the REST API", || async { both(&vips.lock().unwrap()).then_some(()) }).await;
+    let served = adc_of(
+        &[("vs_east_eval_web_80", "192.0.2.10", 80), ("vs_west_eval_web_80", "192.0.2.20", 80)],
+        &[("sg_east_eval_web_80", &[]), ("sg_west_eval_web_80", &[])],
+        &[("vs_east_eval_web_80", "sg_east_eval_web_80"), ("vs_west_eval_web_80", "sg_west_eval_web_80")],
+    );
+    wait_adc(&adc, "both virtual servers on the ADC", &served).await;
+    let app = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<BTreeSet<String>>();
+    let per_cluster = BTreeMap::from([
+        ("k8s_east".to_owned(), app(&["app_eval_web"])),
+        ("k8s_west".to_owned(), app(&["app_eval_web"])),
+    ]);
+    wait_until("one tenant per cluster", || async { (*tenants.lock().unwrap() == per_cluster).then_some(()) }).await;
+    assert_eq!(vips.lock().unwrap()["/api/vips/east/eval/web"]["cluster"], "east");
+
+    // A resync of west sends west's state again; east's objects stay.
+    let (_, west, west_config) = &clusters[1];
+    vipwatch::route::resync(&west.store, west_config, None).await.unwrap();
+    wait_until("west's resync delivered", || async {
+        let rows = west.store.deliveries(&DeliveryFilter::default()).await.unwrap();
+        rows.iter().filter(|d| d.kind == "SYNCED").all(|d| d.state == "succeeded").then_some(())
+    })
+    .await;
+    assert!(both(&vips.lock().unwrap()));
+    assert_eq!(*adc.lock().unwrap(), served);
+    assert_eq!(*tenants.lock().unwrap(), per_cluster);
+
+    // West deletes its eval/web: only west's objects go.
+    clusters[1].0.api.delete("eval", "web");
+    wait_until("west's Service gone from the REST API", || async {
+        let v = vips.lock().unwrap();
+        (!v.contains_key("/api/vips/west/eval/web") && v.contains_key("/api/vips/east/eval/web")).then_some(())
+    })
+    .await;
+    let east_only = adc_of(
+        &[("vs_east_eval_web_80", "192.0.2.10", 80)],
+        &[("sg_east_eval_web_80", &[])],
+        &[("vs_east_eval_web_80", "sg_east_eval_web_80")],
+    );
+    wait_adc(&adc, "only east's virtual server on the ADC", &east_only).await;
+    let east_tenant =
+        BTreeMap::from([("k8s_east".to_owned(), app(&["app_eval_web"])), ("k8s_west".to_owned(), app(&[]))]);
+    wait_until("west's tenant emptied, east's kept", || async {
+        (*tenants.lock().unwrap() == east_tenant).then_some(())
+    })
+    .await;
+    for (_, vw, _) in clusters {
+        vw.stop().await.unwrap();
+    }
 }

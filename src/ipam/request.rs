@@ -86,9 +86,7 @@ fn requested_ips(view: &ServiceView) -> Result<Vec<IpAddr>, String> {
     let ips: Vec<IpAddr> = match requested_ip_entries(&view.annotations) {
         Some((key, entries)) => entries
             .into_iter()
-            .map(|s| {
-                s.parse().map_err(|_| format!("`{}` in annotation {key} is not an IP address", bounded(s, QUOTE)))
-            })
+            .map(|s| s.parse().map_err(|_| format!("`{}` in annotation {key} is not an IP address", bounded(s, QUOTE))))
             .collect::<Result<_, _>>()?,
         None => view.load_balancer_ip.iter().filter_map(|s| s.parse().ok()).collect(),
     };

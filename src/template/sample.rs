@@ -83,12 +83,15 @@ pub fn check_config(config: &Config) -> Result<Vec<String>, ConfigError> {
             key: "template".into(),
             reason: e.to_string(),
         };
-        lines.extend(check_endpoint(w).map_err(invalid)?);
+        lines.extend(check_endpoint(w, config.cluster.name.as_deref()).map_err(invalid)?);
     }
     Ok(lines)
 }
 
-fn check_endpoint(w: &WebhookConfig) -> Result<Vec<String>, TemplateError> {
+/// Renders `w`'s requests against the sample, as cluster `cluster` (`cluster.name`; the sample's own
+/// when unset).
+fn check_endpoint(w: &WebhookConfig, cluster: Option<&str>) -> Result<Vec<String>, TemplateError> {
+    let cluster = cluster.unwrap_or(SAMPLE_CLUSTER);
     let compiled = Compiled::new(w)?;
     let captured = sample_captures(&compiled);
     let secrets = compiled.secrets_value();
@@ -102,7 +105,8 @@ fn check_endpoint(w: &WebhookConfig) -> Result<Vec<String>, TemplateError> {
         TemplateMode::Event => {
             let told = sample_told();
             for event in TEMPLATE_EVENTS {
-                let payload = sample_payload(event);
+                let mut payload = sample_payload(event);
+                payload["data"]["cluster"] = json!(cluster);
                 if compiled.uses_told() {
                     // Nothing acknowledged yet: checked, not printed.
                     let ctx = event_context(&payload, &w.name, &secrets, None, &captured);
@@ -126,7 +130,7 @@ fn check_endpoint(w: &WebhookConfig) -> Result<Vec<String>, TemplateError> {
             }
         }
         TemplateMode::FullState => {
-            let cluster = Some(SAMPLE_CLUSTER);
+            let cluster = Some(cluster);
             let ctx = full_state_context(
                 sample_services(),
                 cluster,
