@@ -15,6 +15,16 @@ pub fn page(doc: &Value) -> String {
         crate::generated_by("the OpenAPI document (`src/api`, `openapi/openapi.json`)"),
         info["description"].as_str().unwrap_or_default()
     );
+    let common = common_answers(doc);
+    if !common.is_empty() {
+        let rows: Vec<Vec<String>> =
+            common.iter().map(|(status, what)| vec![format!("`{status}`"), cell(what)]).collect();
+        out += &format!(
+            "\nEvery operation may also answer these (a [`Problem`](#schema-problem)); the tables below list only \
+             each operation's own answers.\n\n{}",
+            table(&["status", "meaning"], &rows)
+        );
+    }
     let tags = doc["tags"].as_array().cloned().unwrap_or_default();
     for tag in &tags {
         let name = tag["name"].as_str().unwrap_or_default();
@@ -23,7 +33,7 @@ pub fn page(doc: &Value) -> String {
         for (path, item) in doc["paths"].as_object().into_iter().flatten() {
             for (method, op) in item.as_object().into_iter().flatten() {
                 if op["tags"].as_array().is_some_and(|t| t.iter().any(|t| t == name)) {
-                    out += &operation(path, method, op);
+                    out += &operation(path, method, op, &common);
                 }
             }
         }
@@ -36,7 +46,29 @@ pub fn page(doc: &Value) -> String {
     out
 }
 
-fn operation(path: &str, method: &str, op: &Value) -> String {
+/// The answers (status, description) every operation has: shown once, not in each table.
+fn common_answers(doc: &Value) -> Vec<(String, String)> {
+    let answers = |op: &Value| -> Vec<(String, String)> {
+        op["responses"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(status, r)| (status.clone(), r["description"].as_str().unwrap_or_default().to_owned()))
+            .collect()
+    };
+    let ops: Vec<&Value> = doc["paths"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .flat_map(|(_, i)| i.as_object())
+        .flatten()
+        .map(|(_, op)| op)
+        .collect();
+    let Some(first) = ops.first() else { return Vec::new() };
+    answers(first).into_iter().filter(|a| ops.iter().all(|op| answers(op).contains(a))).collect()
+}
+
+fn operation(path: &str, method: &str, op: &Value, common: &[(String, String)]) -> String {
     let id = op["operationId"].as_str().unwrap_or_default().replace('_', "-");
     let mut out = format!("\n### `{} {path}` {{#{id}}}\n\n", method.to_uppercase());
     if let Some(summary) = op["summary"].as_str() {
@@ -70,6 +102,9 @@ fn operation(path: &str, method: &str, op: &Value) -> String {
         .as_object()
         .into_iter()
         .flatten()
+        .filter(|(status, r)| {
+            !common.iter().any(|(s, d)| s == *status && r["description"].as_str() == Some(d.as_str()))
+        })
         .map(|(status, r)| {
             let body = r["content"].as_object().and_then(|c| c.values().next()).map(|m| type_name(&m["schema"]));
             let headers = r["headers"].as_object().map(|h| h.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>());

@@ -76,11 +76,11 @@ humantime syntax (`\"200ms\"`, `\"10s\"`, `\"30m\"`).",
 pub fn page(schema: &Value, page: Page) -> String {
     let mut out = format!("# {}\n\n{}\n{}\n\n", page.title, crate::generated_by(page.source), page.intro);
     out += &format!(
-        "The file's JSON Schema, generated from the same types: [`{0}`](schemas/{0}). Editors that read \
-         schemas for TOML (taplo, the Even Better TOML extension) validate and complete the file when its \
-         first line is `#:schema {1}` (a local copy of the file works too).\n",
-        page.schema_file,
-        schema["$id"].as_str().unwrap_or_default()
+        "The file's JSON Schema, generated from the same types: [`{0}`](schemas/{0}) (also \
+         `docs/reference/schemas/{0}` in the repository). Editors that read schemas for TOML (taplo, the \
+         Even Better TOML extension) validate and complete the file when its first line points at a copy of \
+         it: `#:schema ./{0}`.\n",
+        page.schema_file
     );
     let defs = schema["$defs"].as_object().cloned().unwrap_or_default();
     let mut doc = Doc { defs, shared: page.shared, ..Doc::default() };
