@@ -87,7 +87,9 @@ async fn allocates_in_order_writes_status_after_the_ack_and_adds_the_finalizer()
         json!({"source": "pool", "pool": "lab", "addresses": ["192.0.2.10"],
             "perAddress": [{"address": "192.0.2.10", "family": "IPv4", "pool": "lab"}], "hostname": null, "reason": null})
     );
-    assert_eq!(wait_k8s_event(&h.api, "a", "EnsuredLoadBalancer").await, "Ensured load balancer: 192.0.2.10");
+    let cluster = vipwatch::model::cluster::from_namespace_uid(&h.api.namespace_uid("kube-system"));
+    let ensured = format!("Ensured load balancer: 192.0.2.10 (cluster {cluster})");
+    assert_eq!(wait_k8s_event(&h.api, "a", "EnsuredLoadBalancer").await, ensured);
     let reasons: Vec<String> = k8s_events(&h.api, "a").into_iter().map(|(r, _)| r).collect();
     // The test cluster has no Node: in mode nodePort the Service has no member, and says so.
     assert_eq!(reasons, vec!["IPAllocated", "EnsuringLoadBalancer", "UnAvailableLoadBalancer", "EnsuredLoadBalancer"]);
@@ -796,6 +798,7 @@ async fn each_address_names_its_own_pool_and_family_everywhere() {
 #[tokio::test]
 async fn new_addresses_get_events_of_their_own_naming_them_and_their_pool() {
     let h = Harness::new().await;
+    let cluster = vipwatch::model::cluster::from_namespace_uid(&h.api.namespace_uid("kube-system"));
     let rx = Receiver::ok().await;
     h.api.apply(dual_stack("ns", "moves", json!({})));
     let running = h.start(config(&h, &rx, family_pools())).await;
@@ -824,8 +827,8 @@ async fn new_addresses_get_events_of_their_own_naming_them_and_their_pool() {
     assert_eq!(
         notes("EnsuredLoadBalancer"),
         vec![
-            ("Ensured load balancer: 192.0.2.0".to_owned(), Value::Null),
-            ("Ensured load balancer: 2001:db8::55".to_owned(), Value::Null)
+            (format!("Ensured load balancer: 192.0.2.0 (cluster {cluster})"), Value::Null),
+            (format!("Ensured load balancer: 2001:db8::55 (cluster {cluster})"), Value::Null)
         ]
     );
     let shown = Api::new(&running).ok("/api/v1/services/ns/moves").await;

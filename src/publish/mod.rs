@@ -80,6 +80,9 @@ pub struct Publisher {
     wake_relay: Option<watch::Sender<i64>>,
     /// Until when this replica leads: no Kubernetes write starts after it ([`Publisher::trusting`]).
     trust: crate::leader::Trust,
+    /// The cluster's name, as the appliances know it (named in `EnsuredLoadBalancer`, so an
+    /// operator looking at the Service knows which of an appliance's clusters holds it).
+    cluster: Option<String>,
 }
 
 impl Publisher {
@@ -102,6 +105,7 @@ impl Publisher {
             webhooks: config.webhooks.iter().filter(|w| w.enabled).map(|w| w.name.clone()).collect(),
             write_status: config.kubernetes.write_status,
             poll: config.relay.poll_interval,
+            cluster: config.cluster.name.clone(),
             written: HashMap::new(),
             status_cursor: None,
             status_seen: HashSet::new(),
@@ -330,7 +334,8 @@ impl Publisher {
                     w.ingress.iter().filter_map(|i| i.ip.as_deref().or(i.hostname.as_deref())).collect();
                 info!(service = %w.key, ingress = ?shown, "status.loadBalancer written");
                 if !shown.is_empty() {
-                    let note = format!("Ensured load balancer: {}", shown.join(", "));
+                    let on = self.cluster.as_deref().map(|c| format!(" (cluster {c})")).unwrap_or_default();
+                    let note = format!("Ensured load balancer: {}{on}", shown.join(", "));
                     self.notify(&w.key, &w.uid, Reason::EnsuredLoadBalancer, note);
                 }
             }
