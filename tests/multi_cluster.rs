@@ -311,11 +311,15 @@ async fn the_same_service_in_two_clusters_answers_through_each_clusters_vip_and_
     assert_eq!(get(&west_vip).await.as_deref(), Some("hello from pod 127.0.1.2 (west eval/web)\n"));
     assert_eq!(get(&east_vip).await.as_deref(), Some("hello from pod 127.0.1.1 (east eval/web)\n"));
 
-    // Deleting east's eval/web takes east's VIP away, and only that.
+    // Deleting east's eval/web takes east's VIP away, and only that. (The agent publishes its state
+    // once the change is live, just before it answers the DELETED.)
     assert!(east.api().delete("eval", "web"));
-    wait_until("east's VIP refuses connections", || async { get(&east_vip).await.is_none().then_some(()) }).await;
+    wait_until("east's Service gone from the agent", || async {
+        (services_of(&agent.state().await) == both[1..]).then_some(())
+    })
+    .await;
+    assert_eq!(get(&east_vip).await, None, "east's VIP refuses connections");
     assert_eq!(get(&west_vip).await.as_deref(), Some("hello from pod 127.0.1.2 (west eval/web)\n"));
-    assert_eq!(services_of(&agent.state().await), &both[1..]);
     wait_until("east's Service gone from the cluster (finalizer released)", || async {
         east.api().get("eval", "web").is_none().then_some(())
     })
