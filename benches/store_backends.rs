@@ -26,7 +26,8 @@
 //! 2. Takeover: two replicas (`a`, `b`) on one fresh database, 1,000 Services, the lease settings as
 //!    configured. KILLS times: after a random pause of up to one renewal interval (so the kill falls
 //!    anywhere in the lease's cycle), SIGKILL the leader; the time until the other replica's
-//!    `/api/v1/status` says `role: leader` and until it is ready as above (its first lists stored),
+//!    `/api/v1/status` says `role: leader` and until it is ready as above (with the last leader's
+//!    lists in the database that comes with leading: it serves those while it lists its own),
 //!    polled every 20 ms; then, after another random pause (so the restarted follower's bids fall
 //!    anywhere in the new leader's cycle), the killed one restarts under its name and must answer as a
 //!    follower. TERMS times the same with SIGTERM (graceful: the leader resigns and notifies), also
@@ -116,8 +117,10 @@ fn role(status: &Value) -> &str {
     status["leader"]["role"].as_str().unwrap_or("")
 }
 
-/// Leading (or the single instance) with its first lists stored: what `/readyz` checks of the
-/// watch, without its database write probe (which would take turns from the writer being measured).
+/// Leading (or the single instance) and ready as far as the watch goes: what `/readyz` checks of
+/// the watch, without its database write probe (which would take turns from the writer being
+/// measured). On a fresh database that is once its first lists are stored; on a takeover, at once
+/// (it serves the last leader's lists while it lists).
 fn leads_ready(status: &Value) -> bool {
     matches!(role(status), "leader" | "single") && status["not_ready"].is_null()
 }

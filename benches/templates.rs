@@ -4,9 +4,11 @@
 //!
 //! - baseline: serializing the default payload (the sample MODIFIED, `WebhookPayload`) with
 //!   serde_json, median per call — what a plain webhook delivery costs to build.
-//! - per delivery (event mode): parsing the stored payload, building the template context and
-//!   rendering the request(s) of the shipped examples — generic REST (one PUT), AS3 per-app (one
-//!   POST) and NITRO (four POSTs) — median and p99 per delivery, and the ratio to the baseline.
+//! - per delivery (event mode): parsing the stored payload (and, for templates that read `told`,
+//!   what the endpoint was told: the check-config sample), building the template context and
+//!   rendering the request(s) of the shipped examples' MODIFIED — generic REST (one PUT), AS3
+//!   per-app (one POST) and NITRO (the removals of what the sample's `told` has more, then four
+//!   POSTs) — median and p99 per delivery, and the ratio to the baseline.
 //! - full state: SERVICES Services (each the sample Service renamed, with its own VIP and two
 //!   members per port) rendered into the shipped AS3 tenant declaration: building the Service values
 //!   and the context, rendering, parsing the result as JSON (what vipwatch checks); best of 5, and
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 use vipwatch::config::{Secret, SecretRef, WebhookConfig};
-use vipwatch::template::{Compiled, SAMPLE_PAYLOAD, event_context, full_state_context};
+use vipwatch::template::{Compiled, SAMPLE_PAYLOAD, event_context, full_state_context, sample_told};
 
 fn example(name: &str) -> WebhookConfig {
     #[derive(serde::Deserialize)]
@@ -105,9 +107,12 @@ fn main() {
         let w = example(name);
         let compiled = Compiled::new(&w).unwrap();
         let secrets = compiled.secrets_value();
+        // What the endpoint was told, parsed as the relay parses it from the store.
+        let told_text = sample_told().to_string();
         let (p50, p99) = measure(rounds, || {
             let payload: Value = serde_json::from_str(SAMPLE_PAYLOAD).unwrap();
-            let ctx = event_context(&payload, &w.name, &secrets, &Map::new());
+            let told: Option<Value> = compiled.uses_told().then(|| serde_json::from_str(&told_text).unwrap());
+            let ctx = event_context(&payload, &w.name, &secrets, told.as_ref(), &Map::new());
             for req in compiled.requests("MODIFIED") {
                 std::hint::black_box(compiled.render_all(req, &ctx).unwrap());
             }

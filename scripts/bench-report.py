@@ -130,7 +130,9 @@ def command(key: str, entry: dict) -> str:
 def run_line(entry: dict) -> str:
     m = entry.get("machine", {})
     commit = entry.get("commit") or {}
-    commit_text = f"commit `{commit.get('id', '?')}`" + (" with local changes" if commit.get("dirty") else "")
+    commit_text = f"commit `{commit.get('id', '?')}`" + (" (the code measured may differ)" if commit.get("dirty") else "")
+    if commit.get("built"):
+        commit_text += f", built {commit['built']}"
     load_1m = m.get("load_1m") or {}
     env = entry.get("environment") or {}
     parts = [
@@ -399,7 +401,7 @@ def latency_plot(plt, benchmarks: dict) -> bytes:
         ax.text(max(r[2], left) * 1.08, y - h / 2, f"{fmt(r[2])} ms: {r[3]}", va="center", fontsize=7, color="#505050")
     ax.set_yticks(ys, [r[0] for r in rows])
     ax.set_xscale("log")
-    ax.set_xlim(left, hi * 60)
+    ax.set_xlim(left, hi * 30)
     ax.set_xlabel("milliseconds (log scale)")
     ax.set_title("Latency by phase, next to the baseline measured in the same run")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False, fontsize=8)

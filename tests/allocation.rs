@@ -84,7 +84,8 @@ async fn allocates_in_order_writes_status_after_the_ack_and_adds_the_finalizer()
     assert_eq!(added["data"]["service"]["vips"], json!(["192.0.2.10"]));
     assert_eq!(
         added["data"]["service"]["allocation"],
-        json!({"source": "pool", "pool": "lab", "addresses": ["192.0.2.10"], "hostname": null, "reason": null})
+        json!({"source": "pool", "pool": "lab", "addresses": ["192.0.2.10"],
+            "perAddress": [{"address": "192.0.2.10", "family": "IPv4", "pool": "lab"}], "hostname": null, "reason": null})
     );
     assert_eq!(wait_k8s_event(&h.api, "a", "EnsuredLoadBalancer").await, "Ensured load balancer: 192.0.2.10");
     let reasons: Vec<String> = k8s_events(&h.api, "a").into_iter().map(|(r, _)| r).collect();
@@ -537,13 +538,9 @@ async fn a_deleted_services_address_is_reused_only_after_the_appliance_acknowled
 fn holding(name: &str, addresses: &[&str]) -> vipwatch::store::StateChange {
     let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(lb_service("ns", name, 80)).unwrap();
     let mut view = vipwatch::model::ServiceView::from_service(&svc);
-    view.allocation = Some(vipwatch_contract::Allocation {
-        source: vipwatch_contract::VipSource::Pool,
-        pool: Some("lab".into()),
-        addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
-        hostname: None,
-        reason: None,
-    });
+    view.allocation = Some(vipwatch_contract::Allocation::from_pools(
+        addresses.iter().map(|a| (a.parse().unwrap(), "lab".into())).collect(),
+    ));
     let tracked = vipwatch::model::Tracked {
         uid: format!("uid-{name}"),
         resource_version: "1".into(),
@@ -685,5 +682,201 @@ async fn events_past_a_full_queue_are_dropped_and_counted() {
     assert_eq!(h.api.events().len(), kept);
     assert_eq!(api.metric(&sample("dropped")).await, dropped as f64, "nothing more dropped");
     assert_eq!(api.metric(&sample("error")).await, 0.0);
+    running.stop().await.unwrap();
+}
+
+/// A PreferDualStack Service (`spec.ipFamilies` IPv4 then IPv6) with `annotations`.
+fn dual_stack(ns: &str, name: &str, annotations: Value) -> Value {
+    let mut svc = with_annotations(lb_service(ns, name, 80), annotations);
+    svc["spec"]["ipFamilyPolicy"] = json!("PreferDualStack");
+    svc["spec"]["ipFamilies"] = json!(["IPv4", "IPv6"]);
+    svc
+}
+
+/// The pools of the dual-stack tests: one per family.
+fn family_pools() -> Vec<PoolConfig> {
+    vec![pool("v4", &["192.0.2.0/28"]), pool("v6", &["2001:db8::/120"])]
+}
+
+/// With an IPv4 and an IPv6 pool, a Service holding an address of each (both requested) and one holding
+/// a requested IPv6 only: every field that names a pool or a family names the right one for each
+/// address — the allocation in the webhook payload and the API (`pool` stays the first address's,
+/// `perAddress` tells each), `requestedIPs` (normalized, whichever annotation carried the request),
+/// `/api/v1/services` `vips`, `/api/v1/vips` (and its `family` filter), `/api/v1/vips/{ip}`, the pool
+/// metrics and the `IPAllocated` Events.
+#[tokio::test]
+async fn each_address_names_its_own_pool_and_family_everywhere() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(dual_stack("ns", "dual", json!({"vipwatch.io/loadBalancerIPs": "192.0.2.5, 2001:db8::51"})));
+    h.api.apply(dual_stack("ns", "six", json!({"lbipam.cilium.io/ips": " 2001:DB8:0::52 "})));
+    h.api.apply(lb_service("ns", "four", 80));
+    let running = h.start(config(&h, &rx, family_pools())).await;
+    wait_ingress(
+        &h.api,
+        "ns",
+        "dual",
+        json!([{"ip": "192.0.2.5", "ipMode": "VIP"}, {"ip": "2001:db8::51", "ipMode": "VIP"}]),
+    )
+    .await;
+    wait_ingress(&h.api, "ns", "six", vip("2001:db8::52")).await;
+    wait_ingress(&h.api, "ns", "four", vip("192.0.2.0")).await;
+
+    let both = json!({"source": "pool", "pool": "v4", "addresses": ["192.0.2.5", "2001:db8::51"],
+        "perAddress": [{"address": "192.0.2.5", "family": "IPv4", "pool": "v4"},
+                       {"address": "2001:db8::51", "family": "IPv6", "pool": "v6"}],
+        "hostname": null, "reason": null});
+    let six = json!({"source": "pool", "pool": "v6", "addresses": ["2001:db8::52"],
+        "perAddress": [{"address": "2001:db8::52", "family": "IPv6", "pool": "v6"}], "hostname": null, "reason": null});
+    let added = |name: &str| {
+        rx.accepted().into_iter().map(|h| h.json()).find(|b| b["data"]["service"]["name"] == name).unwrap()
+    };
+    let payload = added("dual");
+    let service = &payload["data"]["service"];
+    assert_eq!(service["allocation"], both, "{payload}");
+    assert_eq!(
+        (&service["vips"], &service["requestedIPs"], &service["ipFamilies"]),
+        (&json!(["192.0.2.5", "2001:db8::51"]), &json!(["192.0.2.5", "2001:db8::51"]), &json!(["IPv4", "IPv6"]))
+    );
+    let payload = added("six");
+    assert_eq!(payload["data"]["service"]["allocation"], six, "{payload}");
+    assert_eq!(payload["data"]["service"]["requestedIPs"], json!(["2001:db8::52"]), "normalized: {payload}");
+
+    let api = Api::new(&running);
+    let shown = api.ok("/api/v1/services/ns/dual").await;
+    assert_eq!(shown["service"]["view"]["allocation"], both, "{shown}");
+    assert_eq!(
+        shown["service"]["vips"],
+        json!([{"address": "192.0.2.5", "source": "pool", "family": "IPv4", "pool": "v4"},
+               {"address": "2001:db8::51", "source": "pool", "family": "IPv6", "pool": "v6"}])
+    );
+    let listed = api.ok("/api/v1/services?namespace=ns").await;
+    let six_listed = listed["items"].as_array().unwrap().iter().find(|s| s["name"] == "six").unwrap();
+    assert_eq!(six_listed["view"]["requestedIPs"], json!(["2001:db8::52"]));
+    assert_eq!(
+        six_listed["vips"],
+        json!([{"address": "2001:db8::52", "source": "pool", "family": "IPv6", "pool": "v6"}])
+    );
+
+    let rows = |page: Value| -> Vec<Value> {
+        page["items"].as_array().unwrap().iter().map(|v| json!([v["ip"], v["name"], v["family"], v["pool"]])).collect()
+    };
+    let all = [
+        json!(["192.0.2.0", "four", "IPv4", "v4"]),
+        json!(["192.0.2.5", "dual", "IPv4", "v4"]),
+        json!(["2001:db8::51", "dual", "IPv6", "v6"]),
+        json!(["2001:db8::52", "six", "IPv6", "v6"]),
+    ];
+    assert_eq!(rows(api.ok("/api/v1/vips").await), all.to_vec());
+    assert_eq!(rows(api.ok("/api/v1/vips?family=IPv6").await), all[2..].to_vec());
+    assert_eq!(rows(api.ok("/api/v1/vips?family=IPv4&namespace=ns").await), all[..2].to_vec());
+    let one = api.ok("/api/v1/vips/2001:db8::51").await;
+    assert_eq!((&one["services"][0]["pool"], &one["services"][0]["family"]), (&json!("v6"), &json!("IPv6")), "{one}");
+
+    let samples = api.samples().await;
+    let gauge = |name: &str| samples.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+    assert_eq!(
+        ["in_use{pool=\"v4\"}", "in_use{pool=\"v6\"}", "free{pool=\"v4\"}", "free{pool=\"v6\"}"]
+            .map(|s| gauge(&format!("vipwatch_pool_addresses_{s}"))),
+        [Some(2.0), Some(2.0), Some(14.0), Some(254.0)]
+    );
+
+    assert_eq!(
+        wait_k8s_event(&h.api, "dual", "IPAllocated").await,
+        "Assigned 192.0.2.5 from pool v4, 2001:db8::51 from pool v6"
+    );
+    assert_eq!(wait_k8s_event(&h.api, "six", "IPAllocated").await, "Assigned 2001:db8::52 from pool v6");
+    running.stop().await.unwrap();
+}
+
+/// A Service whose addresses change gets an `IPAllocated` and an `EnsuredLoadBalancer` Event with the
+/// new addresses and pool: a repeat of a reason folds into the earlier Event's series only when its
+/// note is the same, as client-go's event recorder does; otherwise the Event would keep saying the
+/// addresses it had first.
+#[tokio::test]
+async fn new_addresses_get_events_of_their_own_naming_them_and_their_pool() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(dual_stack("ns", "moves", json!({})));
+    let running = h.start(config(&h, &rx, family_pools())).await;
+    wait_ingress(&h.api, "ns", "moves", vip("192.0.2.0")).await;
+    wait_k8s_event(&h.api, "moves", "EnsuredLoadBalancer").await;
+    h.api.update("ns", "moves", |s| {
+        s["metadata"]["annotations"] = json!({"metallb.io/loadBalancerIPs": "2001:db8::55"})
+    });
+    wait_ingress(&h.api, "ns", "moves", vip("2001:db8::55")).await;
+    let notes = |reason: &str| -> Vec<(String, Value)> {
+        k8s_event_objects(&h.api, "moves")
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .map(|e| (e["note"].as_str().unwrap_or("").to_owned(), e["series"]["count"].clone()))
+            .collect()
+    };
+    assert_eq!(
+        notes("IPAllocated"),
+        vec![
+            ("Assigned 192.0.2.0 from pool v4".to_owned(), Value::Null),
+            ("Assigned 2001:db8::55 from pool v6".to_owned(), Value::Null)
+        ]
+    );
+    wait_until("the second EnsuredLoadBalancer", || async { (notes("EnsuredLoadBalancer").len() == 2).then_some(()) })
+        .await;
+    assert_eq!(
+        notes("EnsuredLoadBalancer"),
+        vec![
+            ("Ensured load balancer: 192.0.2.0".to_owned(), Value::Null),
+            ("Ensured load balancer: 2001:db8::55".to_owned(), Value::Null)
+        ]
+    );
+    let shown = Api::new(&running).ok("/api/v1/services/ns/moves").await;
+    assert_eq!(shown["service"]["view"]["requestedIPs"], json!(["2001:db8::55"]), "{shown}");
+    assert_eq!(shown["service"]["view"]["allocation"]["pool"], "v6", "{shown}");
+    running.stop().await.unwrap();
+}
+
+/// A Service whose stored allocation predates `perAddress` (an upgrade) is not re-announced for it:
+/// the first start rewrites its row (no event, no delivery) and the API then shows each address's
+/// family and pool.
+#[tokio::test]
+async fn an_allocation_stored_without_per_address_is_completed_without_an_event() {
+    use vipwatch::store::NoOutbox;
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(lb_service("ns", "old", 80));
+    let object = h.api.get("ns", "old").unwrap();
+    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(object.clone()).unwrap();
+    let mut view = vipwatch::model::ServiceView::from_service(&svc);
+    let mut stored = vipwatch_contract::Allocation::from_pools(vec![("192.0.2.0".parse().unwrap(), "lab".into())]);
+    stored.per_address.clear();
+    view.allocation = Some(stored);
+    let tracked = vipwatch::model::Tracked {
+        uid: object["metadata"]["uid"].as_str().unwrap().to_owned(),
+        resource_version: object["metadata"]["resourceVersion"].as_str().unwrap().to_owned(),
+        view: Arc::new(view),
+        backends: Arc::default(),
+    };
+    let store = h.store().await;
+    let key = vipwatch::model::ServiceKey::new("ns", "old");
+    store
+        .apply(&[vipwatch::store::StateChange::Refresh { key, tracked: Box::new(tracked) }], &[], &NoOutbox)
+        .await
+        .unwrap();
+    store.close().await;
+    let mut config = config(&h, &rx, vec![pool("lab", &["192.0.2.0/28"])]);
+    config.backends.mode = toml::from_str::<toml::Value>("m = \"none\"").unwrap()["m"].clone().try_into().unwrap();
+    let running = h.start(config).await;
+    wait_ingress(&h.api, "ns", "old", vip("192.0.2.0")).await;
+    let api = Api::new(&running);
+    let shown = wait_until("the row completed", || async {
+        let shown = api.ok("/api/v1/services/ns/old").await;
+        (shown["service"]["view"]["allocation"]["perAddress"] != json!([])).then_some(shown)
+    })
+    .await;
+    assert_eq!(
+        shown["service"]["view"]["allocation"]["perAddress"],
+        json!([{"address": "192.0.2.0", "family": "IPv4", "pool": "lab"}])
+    );
+    assert_eq!(common::events(&running.store).await, vec![], "no event");
+    assert_eq!(rx.accepted().len(), 0, "no delivery");
     running.stop().await.unwrap();
 }

@@ -97,11 +97,14 @@ async fn services_list_the_normalized_view_with_vips_and_every_filter() {
     let all = api.ok("/api/v1/services").await;
     assert_eq!(names(&all["items"]), ["shop/db", "shop/web", "tools/ci", "tools/np"]);
     let web = &all["items"][1];
-    assert_eq!(web["vips"], json!([{"address": "192.0.2.10", "source": "status"}]));
+    assert_eq!(web["vips"], json!([{"address": "192.0.2.10", "source": "status", "family": "IPv4", "pool": null}]));
     assert_eq!(web["view"]["type"], "LoadBalancer");
     assert_eq!(web["uid"], h.api.get("shop", "web").unwrap()["metadata"]["uid"]);
     assert_eq!(web["resource_version"], h.api.get("shop", "web").unwrap()["metadata"]["resourceVersion"]);
-    assert_eq!(all["items"][0]["vips"], json!([{"address": "192.0.2.9", "source": "annotation"}]));
+    assert_eq!(
+        all["items"][0]["vips"],
+        json!([{"address": "192.0.2.9", "source": "annotation", "family": "IPv4", "pool": null}])
+    );
 
     assert_eq!(names(&api.ok("/api/v1/services?namespace=tools").await["items"]), ["tools/ci", "tools/np"]);
     assert_eq!(names(&api.ok("/api/v1/services?type=NodePort").await["items"]), ["tools/np"]);

@@ -96,6 +96,86 @@ async fn every_error_is_problem_json_with_a_stable_code() {
     vw.stop().await.unwrap();
 }
 
+/// Every GET route of the OpenAPI document answers a query parameter it does not take with 400
+/// `invalid_query` naming it (and the ones it takes): a typo or a filter the server lacks never looks
+/// like an empty or unfiltered answer. The routes are listed here exactly, so a new one is seen.
+#[tokio::test]
+async fn every_get_route_refuses_a_query_parameter_it_does_not_take() {
+    let h = Harness::new().await;
+    let mut config = h.config();
+    config.server.api_token = Some(Secret::new(TOKEN));
+    config.server.require_auth_for_reads = true;
+    let vw = h.start(config).await;
+    let api = Api::new(&vw);
+    let get = |path: String| {
+        let api = api.clone();
+        async move { api.send(reqwest::Method::GET, &path, Some(TOKEN)).await }
+    };
+    let doc = get("/openapi.json".into()).await.body;
+    let mut routes = Vec::new();
+    let param = regex::Regex::new(r"\{[^}]+\}").unwrap();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let Some(op) = item.get("get") else { continue };
+        let takes: Vec<String> = op["parameters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["in"] == "query")
+            .map(|p| format!("`{}`", p["name"].as_str().unwrap()))
+            .collect();
+        let concrete = param.replace_all(path, "1").into_owned();
+        let answer = get(format!("{concrete}?vipwatch_typo=1")).await;
+        assert_problem(&answer, 400, "invalid_query");
+        let takes = if takes.is_empty() { "none".to_owned() } else { takes.join(", ") };
+        assert_eq!(
+            answer.body["detail"],
+            format!("invalid query parameter: `vipwatch_typo` is not a parameter of GET {path} (it takes {takes})"),
+            "{path}"
+        );
+        routes.push(path.clone());
+    }
+    assert_eq!(
+        routes,
+        [
+            "/api/v1/deletions/held",
+            "/api/v1/deliveries",
+            "/api/v1/deliveries/{id}",
+            "/api/v1/events",
+            "/api/v1/events/stream",
+            "/api/v1/events/{id}",
+            "/api/v1/nodes",
+            "/api/v1/services",
+            "/api/v1/services/{namespace}/{name}",
+            "/api/v1/status",
+            "/api/v1/vips",
+            "/api/v1/vips/{ip}",
+            "/api/v1/webhooks",
+            "/api/v1/webhooks/{name}",
+            "/healthz",
+            "/metrics",
+            "/openapi.json",
+            "/readyz",
+        ]
+    );
+    let typo = get("/api/v1/events?event_id=1".into()).await;
+    assert_problem(&typo, 400, "invalid_query");
+    assert!(
+        typo.body["detail"].as_str().unwrap().starts_with("invalid query parameter: `event_id` is not"),
+        "{}",
+        typo.text
+    );
+    // A known parameter after an unknown one, an encoded name, and a parameter given without a value.
+    assert_problem(&get("/api/v1/vips?bogus&limit=1".into()).await, 400, "invalid_query");
+    let encoded = get("/api/v1/vips?fam%69ly=IPv6&x%20y=1".into()).await;
+    assert_eq!(
+        encoded.body["detail"].as_str().unwrap().split(" is not").next(),
+        Some("invalid query parameter: `x y`")
+    );
+    assert_eq!(get("/api/v1/vips?family=IPv6&limit=5".into()).await.status, 200);
+    assert_problem(&get("/api/v1/vips?family=IPv5".into()).await, 400, "invalid_query");
+    vw.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn cors_allows_only_the_configured_origins() {
     let h = Harness::new().await;

@@ -230,6 +230,31 @@ async fn a_429_or_503_with_retry_after_holds_every_delivery_to_the_endpoint() {
     }
 }
 
+/// A receiver's own reason for refusing (an RFC 9457 `detail`) reaches every place that shows the
+/// failure: the attempt's error, the delivery log and the Service's endpoint state.
+#[tokio::test]
+async fn a_receivers_reason_is_in_the_attempt_and_the_services_endpoint_state() {
+    let h = Harness::new().await;
+    let detail = "127.0.100.0:8080 is already bound by cluster a's Service eval/web";
+    let problem = json!({"type": "about:blank", "title": "Unprocessable Entity", "status": 422, "detail": detail});
+    let rx = Receiver::start(move |_, _| Reply::Body(422, problem.to_string())).await;
+    let vw = h.start(h.config_with(vec![webhook("lab", &rx.url)])).await;
+    let api = common::api::Api::new(&vw);
+    h.api.apply(lb_service("eval", "web", 8080));
+    let shown = wait_until("the failure shown on the Service", || async {
+        let answer = api.get("/api/v1/services/eval/web").await;
+        let detail: serde_json::Value = serde_json::from_str(&answer.text).ok()?;
+        detail["deliveries"][0]["last_error"].as_str().map(str::to_owned)
+    })
+    .await;
+    let expected = format!("HTTP 422 Unprocessable Entity: {detail}");
+    assert_eq!(shown, expected);
+    let row = vw.store.deliveries(&DeliveryFilter::default()).await.unwrap()[0].clone();
+    let attempts = vw.store.attempts(row.id).await.unwrap();
+    assert_eq!(attempts[0].error.as_deref(), Some(expected.as_str()));
+    vw.stop().await.unwrap();
+}
+
 /// Values from outside are kept within a bound, the cut marked: a 5,000-character `Location`.
 #[tokio::test]
 async fn a_long_location_is_kept_within_its_bound_with_a_marker() {
@@ -785,6 +810,7 @@ async fn every_attempt_error_class_is_recorded() {
                 ..AttemptRecord::default()
             },
             outcome: Outcome::Retry(now_ms() + 60_000),
+            told: None,
         })
         .collect();
     vw.store.complete(&done).await.expect("every class is accepted");

@@ -1,7 +1,9 @@
-//! Request templates (issue 15) over real sockets: the shipped examples (`examples/templates/`)
+//! Request templates over real sockets: the shipped examples (`examples/templates/`)
 //! against fake appliances on 127.0.0.1:0 that check what they receive — a generic REST API, a
-//! NetScaler NITRO-like API (207 partial failure) and an F5 AS3-like API (full-state tenant: 200,
-//! 202 then poll, 503 busy, 422) — plus the removal guard and the JSON-escaping guarantee.
+//! NetScaler NITRO-like API (207 partial failure; and a stateful ADC that refuses a second virtual
+//! server on a VIP and port, for what the endpoint was `told`) and an F5 AS3-like API (full-state
+//! tenant: 200, 202 then poll, 503 busy, 422; per application) — plus the removal guard and the
+//! JSON-escaping guarantee.
 
 mod common;
 
@@ -143,7 +145,7 @@ fn a_dot_segment_or_an_absent_value_from_an_annotation_fails_the_render_instead_
     for (owner, ok) in [("team-a", true), ("..", false), (".", false), ("", false)] {
         let mut payload: Value = serde_json::from_str(vipwatch::template::SAMPLE_PAYLOAD).unwrap();
         payload["data"]["service"]["annotations"]["example.com/owner"] = json!(owner);
-        let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), &serde_json::Map::new());
+        let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), None, &serde_json::Map::new());
         let rendered = compiled.render(&compiled.requests("ADDED")[0], &ctx);
         match rendered {
             Ok(r) if ok => assert_eq!(r.url.as_str(), "https://lb.example.net/tenants/team-a/vips/web"),
@@ -158,13 +160,80 @@ fn a_hostile_annotation_cannot_change_the_json_structure() {
     let w = example("generic-rest", "https://lb.example.net");
     let compiled = vipwatch::template::Compiled::new(&w).unwrap();
     let payload: Value = serde_json::from_str(vipwatch::template::SAMPLE_PAYLOAD).unwrap();
-    let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), &serde_json::Map::new());
+    let ctx = vipwatch::template::event_context(&payload, &w.name, &json!({}), None, &serde_json::Map::new());
     let rendered = compiled.render(&compiled.requests("MODIFIED")[0], &ctx).unwrap();
     let body: Value = serde_json::from_str(rendered.body.as_deref().unwrap()).unwrap();
     let keys: Vec<&str> = body.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(keys, ["annotations", "event_id", "labels", "name", "namespace", "pools", "ports", "uid", "vips"]);
     assert_eq!(body["annotations"], json!({ "example.com/note": HOSTILE, "example.com/owner": "team-a" }));
     assert_eq!(rendered.url.as_str(), "https://lb.example.net/vips/shop/web");
+}
+
+/// `METHOD url` of the DELETE requests the NITRO example renders for `event` of `payload` with `told`.
+fn nitro_removals(payload: &Value, event: &str, told: Option<&Value>) -> Vec<String> {
+    let w = example("netscaler-nitro", "https://adc.example.net");
+    let compiled = vipwatch::template::Compiled::new(&w).unwrap();
+    let secrets = compiled.secrets_value();
+    let ctx = vipwatch::template::event_context(payload, &w.name, &secrets, told, &serde_json::Map::new());
+    let mut out = Vec::new();
+    for req in compiled.requests(event) {
+        for r in compiled.render_all(req, &ctx).unwrap() {
+            if r.method == reqwest::Method::DELETE {
+                out.push(format!(
+                    "DELETE {}",
+                    r.url.as_str().trim_start_matches("https://adc.example.net/nitro/v1/config")
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Against the check-config sample (`told`: one port, 8080, and one member, 10.0.0.13 on port 80,
+/// more than the Service has now), the NITRO example removes exactly what went away: nothing before
+/// anything was told, every virtual server when the Service lost its VIP, and on DELETED every port
+/// told or in the last view.
+#[test]
+fn nitro_renders_the_removals_of_what_it_was_told_and_the_service_no_longer_has() {
+    let payload: Value = serde_json::from_str(vipwatch::template::SAMPLE_PAYLOAD).unwrap();
+    let told = vipwatch::template::sample_told();
+    assert_eq!(
+        nitro_removals(&payload, "MODIFIED", Some(&told)),
+        [
+            "DELETE /servicegroup_servicegroupmember_binding/sg_shop_web_80?args=ip:10.0.0.13,port:30080",
+            "DELETE /lbvserver/vs_shop_web_8080",
+            "DELETE /servicegroup/sg_shop_web_8080"
+        ]
+    );
+    assert_eq!(nitro_removals(&payload, "MODIFIED", None), Vec::<String>::new(), "nothing told, nothing to remove");
+    assert_eq!(nitro_removals(&payload, "MODIFIED", Some(&payload["data"]["service"])), Vec::<String>::new());
+
+    let mut withdrawn = payload.clone();
+    withdrawn["data"]["service"]["vips"] = json!([]);
+    assert_eq!(
+        nitro_removals(&withdrawn, "MODIFIED", Some(&told)),
+        [
+            "DELETE /servicegroup_servicegroupmember_binding/sg_shop_web_80?args=ip:10.0.0.13,port:30080",
+            "DELETE /lbvserver/vs_shop_web_80",
+            "DELETE /lbvserver/vs_shop_web_443",
+            "DELETE /lbvserver/vs_shop_web_8080",
+            "DELETE /servicegroup/sg_shop_web_8080"
+        ],
+        "the VIP went away: every virtual server told goes"
+    );
+    let mut deleted = payload.clone();
+    deleted["data"]["event"] = json!("DELETED");
+    assert_eq!(
+        nitro_removals(&deleted, "DELETED", Some(&told)),
+        [
+            "DELETE /lbvserver/vs_shop_web_80",
+            "DELETE /lbvserver/vs_shop_web_443",
+            "DELETE /lbvserver/vs_shop_web_8080",
+            "DELETE /servicegroup/sg_shop_web_80",
+            "DELETE /servicegroup/sg_shop_web_443",
+            "DELETE /servicegroup/sg_shop_web_8080"
+        ]
+    );
 }
 
 /// The generic REST fake: a map of `/vips/{ns}/{name}` → body; PUT stores, DELETE removes (404 when
@@ -231,6 +300,29 @@ async fn generic_rest_puts_the_vip_and_deletes_it_with_the_hostile_annotation_ke
     wait_until("the VIP deleted", || async { vips.lock().unwrap().is_empty().then_some(()) }).await;
     let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
     assert_eq!(deletes, ["DELETE /api/vips/shop/web -> 204"]);
+    vw.stop().await.unwrap();
+}
+
+/// In a DELETED, a DELETE the appliance answers 404 found nothing to remove; the requests after it
+/// still go out (ending the chain there as done would leave what they remove behind).
+#[tokio::test]
+async fn a_deleted_goes_on_after_a_delete_answered_404() {
+    let h = Harness::new().await;
+    let vips = Arc::new(Mutex::new(BTreeMap::new()));
+    let fake = Appliance::start(rest_appliance(vips.clone())).await;
+    let mut w = example("generic-rest", &format!("{}/api", fake.url));
+    let deleted = w.template.as_mut().unwrap().on.get_mut("DELETED").unwrap();
+    deleted[0].success = vec![200, 204];
+    let mut pool = deleted[0].clone();
+    pool.url = "/pools/{{ service.namespace|path_segment }}/{{ service.name|path_segment }}".into();
+    deleted.insert(0, pool);
+    let vw = h.start(config(&h, vec![w])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_until("the VIP PUT", || async { vips.lock().unwrap().contains_key("/api/vips/shop/web").then_some(()) }).await;
+    h.api.delete("shop", "web");
+    wait_until("the VIP deleted", || async { vips.lock().unwrap().is_empty().then_some(()) }).await;
+    let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
+    assert_eq!(deletes, ["DELETE /api/pools/shop/web -> 404", "DELETE /api/vips/shop/web -> 204"]);
     vw.stop().await.unwrap();
 }
 
@@ -656,5 +748,251 @@ async fn as3_per_app_retries_a_200_that_hides_a_failure_and_deletes_the_applicat
     wait_until("the application deleted", || async { apps.lock().unwrap().is_empty().then_some(()) }).await;
     let deletes: Vec<String> = fake.lines().into_iter().filter(|l| l.starts_with("DELETE")).collect();
     assert_eq!(deletes, ["DELETE /mgmt/shared/appsvcs/declare/k8s/applications/app_4_shop_web -> 200"]);
+    vw.stop().await.unwrap();
+}
+
+/// What the stateful NITRO fake holds: virtual servers (name → VIP and port), service groups (name →
+/// members `ip:port`) and the bindings between them.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Adc {
+    vservers: BTreeMap<String, (String, u64)>,
+    groups: BTreeMap<String, BTreeSet<String>>,
+    bound: BTreeSet<(String, String)>,
+}
+
+/// A NITRO ADC as the example drives it: idempotent adds of service groups, member bindings,
+/// virtual servers and their bindings; DELETE of a virtual server, a service group (with its
+/// bindings) or one member binding (`?args=ip:…,port:…`), 404 when absent. Like a NetScaler, it
+/// refuses a virtual server on a VIP and port another virtual server already has: 409, nothing of
+/// that call applied.
+fn stateful_nitro(adc: Arc<Mutex<Adc>>) -> impl Fn(&Req) -> (u16, String) {
+    move |r| {
+        if r.header("x-nitro-user") != "vipwatch" || r.header("x-nitro-pass") != "n1tr0-pa55" {
+            return (401, json!({"errorcode": 354, "message": "Invalid username or password"}).to_string());
+        }
+        let done = (200, json!({"errorcode": 0, "message": "Done", "severity": "NONE"}).to_string());
+        let missing = (404, json!({"errorcode": 258, "message": "No such resource", "severity": "ERROR"}).to_string());
+        let mut adc = adc.lock().unwrap();
+        let (path, query) = r.path.split_once('?').unwrap_or((&r.path, ""));
+        let text = |v: &Value| v.as_str().unwrap().to_owned();
+        match (r.method.as_str(), path.strip_prefix("/nitro/v1/config/").unwrap_or_default()) {
+            ("POST", "servicegroup") => {
+                for g in r.json()["servicegroup"].as_array().unwrap() {
+                    adc.groups.entry(text(&g["servicegroupname"])).or_default();
+                }
+                (201, done.1)
+            }
+            ("POST", "servicegroup_servicegroupmember_binding") => {
+                let members = r.json()["servicegroup_servicegroupmember_binding"].as_array().unwrap().clone();
+                if members.iter().any(|m| !adc.groups.contains_key(m["servicegroupname"].as_str().unwrap())) {
+                    return missing;
+                }
+                for m in members {
+                    let member = format!("{}:{}", text(&m["ip"]), m["port"]);
+                    adc.groups.get_mut(m["servicegroupname"].as_str().unwrap()).unwrap().insert(member);
+                }
+                (201, done.1)
+            }
+            ("POST", "lbvserver") => {
+                let vservers = r.json()["lbvserver"].as_array().unwrap().clone();
+                for v in &vservers {
+                    let (name, at) = (text(&v["name"]), (text(&v["ipv46"]), v["port"].as_u64().unwrap()));
+                    if adc.vservers.iter().any(|(other, there)| *other != name && *there == at) {
+                        let why = format!("{}:{} is in use by another virtual server", at.0, at.1);
+                        return (409, json!({"errorcode": 1322, "message": why, "severity": "ERROR"}).to_string());
+                    }
+                }
+                for v in vservers {
+                    adc.vservers.insert(text(&v["name"]), (text(&v["ipv46"]), v["port"].as_u64().unwrap()));
+                }
+                (201, done.1)
+            }
+            ("POST", "lbvserver_servicegroup_binding") => {
+                let bindings = r.json()["lbvserver_servicegroup_binding"].as_array().unwrap().clone();
+                for b in bindings {
+                    let (vs, sg) = (text(&b["name"]), text(&b["servicegroupname"]));
+                    if !adc.vservers.contains_key(&vs) || !adc.groups.contains_key(&sg) {
+                        return missing;
+                    }
+                    adc.bound.insert((vs, sg));
+                }
+                (201, done.1)
+            }
+            ("DELETE", object) => {
+                let (kind, name) = object.split_once('/').unwrap();
+                let found = match kind {
+                    "lbvserver" => {
+                        adc.bound.retain(|(vs, _)| vs != name);
+                        adc.vservers.remove(name).is_some()
+                    }
+                    "servicegroup" => {
+                        adc.bound.retain(|(_, sg)| sg != name);
+                        adc.groups.remove(name).is_some()
+                    }
+                    "servicegroup_servicegroupmember_binding" => {
+                        let args = query.strip_prefix("args=").unwrap();
+                        let (ip, port) = args.strip_prefix("ip:").unwrap().split_once(",port:").unwrap();
+                        adc.groups.get_mut(name).is_some_and(|g| g.remove(&format!("{ip}:{port}")))
+                    }
+                    _ => return (400, String::new()),
+                };
+                if found { done } else { missing }
+            }
+            _ => (400, json!({"errorcode": 1092, "message": "Invalid request"}).to_string()),
+        }
+    }
+}
+
+/// A Ready Node with one InternalIP.
+fn node(name: &str, ip: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}],
+                   "conditions": [{"type": "Ready", "status": "True"}]}})
+}
+
+/// `lb_service` with TCP ports `ports` (`p<port>`, nodePort 30000 + the port's last three digits).
+fn service_on_ports(ns: &str, name: &str, ports: &[i64]) -> Value {
+    let mut s = lb_service(ns, name, ports[0]);
+    s["spec"]["ports"] = ports
+        .iter()
+        .map(|p| json!({"name": format!("p{p}"), "protocol": "TCP", "port": p, "targetPort": 8080, "nodePort": 30000 + p % 1000}))
+        .collect();
+    s
+}
+
+/// Waits until the fake ADC holds exactly `want`.
+async fn wait_adc(adc: &Arc<Mutex<Adc>>, what: &str, want: &Adc) {
+    wait_until(what, || async { (*adc.lock().unwrap() == *want).then_some(()) }).await;
+}
+
+fn adc_of(vservers: &[(&str, &str, u64)], groups: &[(&str, &[&str])], bound: &[(&str, &str)]) -> Adc {
+    Adc {
+        vservers: vservers.iter().map(|(n, ip, p)| ((*n).to_owned(), ((*ip).to_owned(), *p))).collect(),
+        groups: groups.iter().map(|(n, m)| ((*n).to_owned(), m.iter().map(|s| (*s).to_owned()).collect())).collect(),
+        bound: bound.iter().map(|(v, g)| ((*v).to_owned(), (*g).to_owned())).collect(),
+    }
+}
+
+/// The ports in what endpoint `webhook` was last told about `ns/name` (`None`: nothing).
+async fn told_ports(store: &Store, webhook: &str, ns: &str, name: &str) -> Option<Vec<u64>> {
+    let told = store.told(webhook, &vipwatch::model::ServiceKey::new(ns, name)).await.unwrap()?;
+    let told: Value = serde_json::from_str(&told).unwrap();
+    Some(told["ports"].as_array().unwrap().iter().map(|p| p["port"].as_u64().unwrap()).collect())
+}
+
+/// The NITRO example removes what the ADC was told and the Service no longer has — ports dropped
+/// by a MODIFIED, members that left, and on DELETED every port it was told, not only those of the
+/// last view — so the freed VIP:port can go to another Service, whose virtual server the ADC would
+/// otherwise refuse (409) for ever. What the endpoint was told survives a restart and the pruning of
+/// finished deliveries.
+#[tokio::test]
+async fn nitro_removes_what_it_told_the_adc_so_a_freed_vip_port_converges_for_the_next_service() {
+    let h = Harness::new().await;
+    let adc = Arc::new(Mutex::new(Adc::default()));
+    let fake = Appliance::start(stateful_nitro(adc.clone())).await;
+    let config = || {
+        let mut c = config(&h, vec![example("netscaler-nitro", &fake.url)]);
+        // One address: the next Service gets the first one's VIP once the ADC let go of it.
+        c.pools = vec![toml::from_str("name = \"lab\"\naddresses = [\"192.0.2.10\"]\n").unwrap()];
+        c
+    };
+    h.api.apply_resource(vipwatch::fake_apiserver::Resource::Nodes, node("w1", "10.0.0.1"));
+    h.api.apply_resource(vipwatch::fake_apiserver::Resource::Nodes, node("w2", "10.0.0.2"));
+    let vw = h.start(config()).await;
+    h.api.apply(service_on_ports("eval", "alpha", &[80]));
+    let both = ["10.0.0.1:30080", "10.0.0.2:30080"];
+    let on_80 = adc_of(
+        &[("vs_eval_alpha_80", "192.0.2.10", 80)],
+        &[("sg_eval_alpha_80", &both)],
+        &[("vs_eval_alpha_80", "sg_eval_alpha_80")],
+    );
+    wait_adc(&adc, "alpha on port 80", &on_80).await;
+    wait_until("port 80 recorded as told", || async {
+        (told_ports(&vw.store, "netscaler", "eval", "alpha").await == Some(vec![80])).then_some(())
+    })
+    .await;
+    vw.stop().await.unwrap();
+
+    // What was told outlives the delivery log: prune everything finished, then start again.
+    let store = h.store().await;
+    store.prune_events(vipwatch::store::now_ms() + 1).await.unwrap();
+    assert_eq!(store.deliveries(&DeliveryFilter::default()).await.unwrap(), []);
+    assert_eq!(told_ports(&store, "netscaler", "eval", "alpha").await, Some(vec![80]));
+    drop(store);
+    let vw = h.start(config()).await;
+
+    // Ports 80 → 81 and 8443: port 80's virtual server and service group go.
+    h.api.apply(service_on_ports("eval", "alpha", &[81, 8443]));
+    let on_81_8443 = |members_81: &[&str], members_8443: &[&str]| {
+        adc_of(
+            &[("vs_eval_alpha_81", "192.0.2.10", 81), ("vs_eval_alpha_8443", "192.0.2.10", 8443)],
+            &[("sg_eval_alpha_81", members_81), ("sg_eval_alpha_8443", members_8443)],
+            &[("vs_eval_alpha_81", "sg_eval_alpha_81"), ("vs_eval_alpha_8443", "sg_eval_alpha_8443")],
+        )
+    };
+    let (both_81, both_8443) = (["10.0.0.1:30081", "10.0.0.2:30081"], ["10.0.0.1:30443", "10.0.0.2:30443"]);
+    wait_adc(&adc, "alpha on ports 81 and 8443 only", &on_81_8443(&both_81, &both_8443)).await;
+
+    // A Node goes: its members are unbound.
+    assert!(h.api.delete_resource(vipwatch::fake_apiserver::Resource::Nodes, "", "w2"));
+    wait_adc(&adc, "w2's members unbound", &on_81_8443(&["10.0.0.1:30081"], &["10.0.0.1:30443"])).await;
+    wait_until("ports 81 and 8443 recorded as told", || async {
+        (told_ports(&vw.store, "netscaler", "eval", "alpha").await == Some(vec![81, 8443])).then_some(())
+    })
+    .await;
+
+    // Deleted: everything told goes, and with it the record of what was told.
+    h.api.delete("eval", "alpha");
+    wait_adc(&adc, "nothing of alpha left", &Adc::default()).await;
+
+    // The freed VIP:80 goes to a new Service, whose virtual server the ADC takes.
+    h.api.apply(service_on_ports("eval", "beta", &[80]));
+    let beta = adc_of(
+        &[("vs_eval_beta_80", "192.0.2.10", 80)],
+        &[("sg_eval_beta_80", &["10.0.0.1:30080"])],
+        &[("vs_eval_beta_80", "sg_eval_beta_80")],
+    );
+    wait_adc(&adc, "beta on 192.0.2.10:80", &beta).await;
+    wait_until("beta's status shows the VIP", || async {
+        let svc = h.api.get("eval", "beta")?;
+        (svc.pointer("/status/loadBalancer/ingress/0/ip")? == "192.0.2.10").then_some(())
+    })
+    .await;
+    wait_until("alpha's told record removed", || async {
+        told_ports(&vw.store, "netscaler", "eval", "alpha").await.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(told_ports(&vw.store, "netscaler", "eval", "beta").await, Some(vec![80]));
+    let refused: Vec<String> = fake.lines().into_iter().filter(|l| l.ends_with("-> 409")).collect();
+    assert_eq!(refused, Vec::<String>::new(), "no virtual server collided with a leftover");
+    vw.stop().await.unwrap();
+}
+
+/// A Service that loses its VIP (its request became impossible) has nothing to declare; the
+/// per-application example deletes the Application it was told instead of leaving it on the BIG-IP
+/// with the address another Service may get next.
+#[tokio::test]
+async fn as3_per_app_deletes_the_application_of_a_service_that_lost_its_vip() {
+    let h = Harness::new().await;
+    let apps = Arc::new(Mutex::new(BTreeSet::new()));
+    let fake = Appliance::start(as3_per_app_appliance(apps.clone())).await;
+    let vw = h.start(config(&h, vec![example("f5-as3-per-app", &fake.url)])).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_until("the application declared", || async { apps.lock().unwrap().contains("app_4_shop_web").then_some(()) })
+        .await;
+    let mut impossible = lb_service("shop", "web", 80);
+    impossible["metadata"]["annotations"] = json!({"vipwatch.io/loadBalancerIPs": "198.51.100.7"});
+    h.api.apply(impossible);
+    wait_until("the application deleted", || async { apps.lock().unwrap().is_empty().then_some(()) }).await;
+    wait_until("the delivery that withdrew the VIP recorded", || async {
+        let told = vw.store.told("f5-as3-app", &vipwatch::model::ServiceKey::new("shop", "web")).await.unwrap()?;
+        let told: Value = serde_json::from_str(&told).unwrap();
+        (told["vips"] == json!([])).then_some(())
+    })
+    .await;
+    let lines = fake.lines();
+    let deletes: Vec<&String> = lines.iter().filter(|l| l.starts_with("DELETE")).collect();
+    assert_eq!(deletes, ["DELETE /mgmt/shared/appsvcs/declare/k8s/applications/app_4_shop_web -> 200"]);
+    assert!(!lines.iter().any(|l| l.ends_with("-> 422")), "no declaration without an address: {lines:#?}");
     vw.stop().await.unwrap();
 }

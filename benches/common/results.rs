@@ -189,9 +189,11 @@ fn number(v: f64) -> Value {
     json!(rounded)
 }
 
-/// The checkout's commit, `{"id": <short hash>, "dirty": <bool>}`: dirty when a tracked file other
-/// than the results and the docs differs from it (the code measured is then not quite that
-/// commit's). `null` outside a git checkout.
+/// The checkout's commit, `{"id": <short hash>, "dirty": <bool>, "built": <UTC time>}`: dirty when
+/// the code measured may not be that commit's, because a tracked file other than the results and
+/// the docs differs from it, or because a source file changed after this benchmark was built (in a
+/// checkout shared with others, or a binary run without `cargo bench`). `null` outside a git
+/// checkout.
 fn commit() -> Value {
     let dir = env!("CARGO_MANIFEST_DIR");
     let git = |args: &[&str]| {
@@ -201,7 +203,25 @@ fn commit() -> Value {
     let Some(id) = git(&["rev-parse", "--short", "HEAD"]) else { return Value::Null };
     let changes =
         git(&["status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks", ":(exclude)docs"]);
-    json!({"id": id, "dirty": changes.is_none_or(|c| !c.is_empty())})
+    // The older of this benchmark's executable and the `vipwatch` binary it runs.
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let exe = std::env::current_exe().ok();
+    let built = [exe.as_deref().and_then(modified), modified(Path::new(env!("CARGO_BIN_EXE_vipwatch")))]
+        .into_iter()
+        .flatten()
+        .min();
+    let sources = git(&["ls-files", "--", "src", "crates", "benches", "migrations", "Cargo.toml", "Cargo.lock"]);
+    let newer = match (built, sources) {
+        (Some(built), Some(files)) => {
+            files.lines().any(|f| modified(&Path::new(dir).join(f)).is_some_and(|m| m > built))
+        }
+        _ => true,
+    };
+    let built = built
+        .and_then(|t| jiff::Timestamp::try_from(t).ok())
+        .and_then(|t| jiff::Timestamp::from_second(t.as_second()).ok())
+        .map(|t| t.to_string());
+    json!({"id": id, "dirty": newer || changes.is_none_or(|c| !c.is_empty()), "built": built})
 }
 
 /// What the figures depend on: the CPU model, its cores, the memory, and the 1-minute load average

@@ -5,7 +5,8 @@
 //!
 //! Layers, outermost first: every 4xx/5xx becomes `application/problem+json`
 //! ([`error::problem_for_every_error`]); HTTP metrics; CORS (only with `server.cors_origins`); request
-//! timeout; body limit; bearer-token auth ([`auth`]); the routes. Around them all,
+//! timeout; body limit; bearer-token auth ([`auth`]); on each documented route, the refusal of query
+//! parameters it does not take ([`query`]); the routes. Around them all,
 //! `X-Vipwatch-Last-Synced` ([`status::last_synced_header`]).
 
 pub mod auth;
@@ -18,6 +19,7 @@ pub mod health;
 pub mod nodes;
 pub mod openapi;
 pub mod pagination;
+pub mod query;
 pub mod services;
 pub mod sse;
 pub mod status;
@@ -77,6 +79,9 @@ pub struct ApiState {
     pub replica: Arc<str>,
     /// What this replica does now: leads, or follows (`/readyz`, `/api/v1/status`).
     pub role: watch::Receiver<crate::leader::Role>,
+    /// Set once `/readyz` saw that some leader stored its first full lists in the database (they
+    /// stay stored, so it is not read again).
+    pub lists_stored: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ApiState {
@@ -106,6 +111,7 @@ impl ApiState {
             watch,
             replica: Arc::from("single"),
             role: watch::channel(crate::leader::Role::Single).1,
+            lists_stored: Default::default(),
         }
     }
 
@@ -141,6 +147,9 @@ impl ApiState {
 /// The whole router with its layers (see the module docs).
 pub fn router(mut state: ApiState) -> Router {
     let (routes, doc) = openapi::routes().split_for_parts();
+    // On the documented routes only: the Swagger UI's own assets are not part of the API.
+    let known = Arc::new(query::KnownParams::from_document(&doc));
+    let routes = routes.route_layer(middleware::from_fn_with_state(known, query::refuse_unknown));
     state.openapi = Bytes::from(openapi::finish(doc).to_json().unwrap_or_default());
     let server = state.config.server.clone();
     let docs = SwaggerUi::new("/docs").config(SwaggerConfig::from("/openapi.json").validator_url("none"));

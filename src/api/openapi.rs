@@ -80,7 +80,8 @@ pub fn finish(mut doc: Document) -> Document {
             };
             add(
                 "400",
-                "Invalid query, path, header or cursor (`invalid_query`, `invalid_path`, `invalid_header`, `invalid_cursor`)",
+                "Invalid query, path, header or cursor (`invalid_query`, `invalid_path`, `invalid_header`, `invalid_cursor`); \
+                 a query parameter the operation does not take is `invalid_query` too, never ignored",
             );
             if guarded || post {
                 add("401", "Missing or wrong bearer token (`unauthorized`)");

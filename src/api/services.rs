@@ -14,7 +14,7 @@ use super::error::{ApiError, Problem};
 use super::events::EventDto;
 use super::extract::{Path, Query};
 use super::pagination::{self, page, rfc3339};
-use vipwatch_contract::Backends;
+use vipwatch_contract::{Backends, IpFamily};
 
 use crate::model::backends::BackendSets;
 use crate::model::{LabelSelector, ServiceKey, ServiceView};
@@ -33,8 +33,16 @@ pub const SELECTOR_PATTERN: &str = r"^(|(!?[A-Za-z0-9._/-]+|[A-Za-z0-9._/-]+(=|=
 pub struct VipRef {
     /// IP address or hostname.
     pub address: String,
-    /// `status`, `annotation` or `spec`.
+    /// `pool` (allocated by vipwatch from a `[[pools]]` entry) or `appliance` (returned by an endpoint
+    /// with `assigns_vip`); for Services whose addresses vipwatch does not assign: `status` (published
+    /// ingress), `annotation` (requested IPs) or `spec` (`spec.loadBalancerIP`).
+    #[schema(pattern = "^(status|annotation|spec|pool|appliance)$")]
     pub source: String,
+    /// `IPv4` or `IPv6`; `null` for a hostname.
+    pub family: Option<IpFamily>,
+    /// The pool this address was allocated from (`source = pool`), else `null`: each address its own,
+    /// since a Service may hold an IPv4 and an IPv6 address of two pools.
+    pub pool: Option<String>,
 }
 
 /// One in-scope Service: identity, VIPs and the normalized view.
@@ -54,7 +62,8 @@ pub struct ServiceDto {
     /// When its row last changed (RFC 3339).
     #[schema(format = DateTime)]
     pub updated_at: String,
-    /// Its VIPs: published ingress first, then requested by annotation, then `spec.loadBalancerIP`.
+    /// Its VIPs: those vipwatch assigned (`pool`, `appliance`) when it assigns them; otherwise published
+    /// ingress first, then requested by annotation, then `spec.loadBalancerIP`.
     pub vips: Vec<VipRef>,
     /// The normalized view.
     pub view: ServiceView,
@@ -70,7 +79,13 @@ pub struct ServiceDto {
 
 impl From<ServiceRow> for ServiceDto {
     fn from(r: ServiceRow) -> Self {
-        let vips = r.view.vip_sources().into_iter().map(|(address, s)| VipRef { address, source: s.to_owned() });
+        let allocation = r.view.allocation.as_ref();
+        let vips = r.view.vip_sources().into_iter().map(|(address, s)| VipRef {
+            family: IpFamily::of_address(&address),
+            pool: allocation.and_then(|a| a.pool_of(&address)).map(str::to_owned),
+            source: s.to_owned(),
+            address,
+        });
         Self {
             namespace: r.key.namespace.into(),
             name: r.key.name.into(),
@@ -213,6 +228,10 @@ pub struct EndpointSync {
     /// Start of the newest failed attempt (RFC 3339).
     #[schema(format = DateTime)]
     pub last_failure_at: Option<String>,
+    /// Why the Service's newest delivery to this endpoint is failing: its last attempt's error,
+    /// with the receiver's own reason (e.g. the HAProxy agent's `422` naming the cluster and Service
+    /// that hold a VIP:port); `null` while it is not failing.
+    pub last_error: Option<String>,
 }
 
 /// One Service with its recent history.
@@ -260,6 +279,7 @@ pub async fn get_service(
             pending: s.pending,
             last_success_at: s.last_success_at.map(rfc3339),
             last_failure_at: s.last_failure_at.map(rfc3339),
+            last_error: s.last_error,
         })
         .collect();
     let service = dtos(&state, vec![row]).await?.pop().ok_or_else(|| ApiError::NotFound(format!("Service `{key}`")))?;

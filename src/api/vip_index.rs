@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::model::{PortView, ServiceKey, ServiceView};
 use crate::store::{Store, StoreError};
+use vipwatch_contract::IpFamily;
 
 /// Longest time a status-only VIP change may take to show.
 pub const MAX_AGE: Duration = Duration::from_secs(1);
@@ -50,8 +51,11 @@ pub struct VipEntry {
     pub ports: Vec<PortView>,
     /// `pool`, `appliance`, `status`, `annotation` or `spec` (see `ServiceView::vip_sources`).
     pub source: &'static str,
-    /// The allocation's pool, for `source = pool`.
+    /// The pool this address comes from, for `source = pool` (each address its own: a Service may hold
+    /// addresses of two pools).
     pub pool: Option<String>,
+    /// `IPv4` or `IPv6`; `None` for a hostname.
+    pub family: Option<IpFamily>,
     /// Since when this Service has this VIP (Unix ms).
     pub since: i64,
     /// The `/api/v1/vips` item of this entry, as JSON.
@@ -177,13 +181,19 @@ impl VipIndex {
                     .unwrap_or(row.updated_at);
                 next.since.insert(since_key, since);
                 let addr = Addr::parse(&address);
+                let pool = row.view.allocation.as_ref().and_then(|a| a.pool_of(&address)).map(str::to_owned);
+                let family = match &addr {
+                    Addr::Ip(ip) => Some(IpFamily::of(ip)),
+                    Addr::Host(_) => None,
+                };
                 let mut entry = VipEntry {
                     address,
                     addr: addr.clone(),
                     key: row.key.clone(),
                     ports: row.view.ports.clone(),
                     source,
-                    pool: row.view.allocation.as_ref().and_then(|a| a.pool.clone()).filter(|_| source == "pool"),
+                    pool,
+                    family,
                     since,
                     json: String::new(),
                 };

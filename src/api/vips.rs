@@ -14,7 +14,7 @@ use super::extract::{Path, Query};
 use super::pagination::{self, page, rfc3339};
 use super::vip_index::{Addr, VipEntry};
 
-use vipwatch_contract::Backends;
+use vipwatch_contract::{Backends, IpFamily};
 
 use crate::model::backends::BackendSets;
 use crate::model::{PortView, ServiceKey};
@@ -37,8 +37,11 @@ pub struct VipItem {
     /// assign: `status` (published ingress), `annotation` (requested IPs), `spec` (`spec.loadBalancerIP`).
     #[schema(pattern = "^(status|annotation|spec|pool|appliance)$")]
     pub source: String,
-    /// The pool the VIP was allocated from (`source = pool`), else `null`.
+    /// The pool this VIP was allocated from (`source = pool`), else `null`. A Service holding an IPv4
+    /// and an IPv6 address of two pools has each item name its own address's pool.
     pub pool: Option<String>,
+    /// `IPv4` or `IPv6`; `null` for a hostname.
+    pub family: Option<IpFamily>,
     /// Since when the Service has this VIP (RFC 3339).
     #[schema(format = DateTime)]
     pub since: String,
@@ -75,6 +78,9 @@ pub struct VipDetail {
 pub struct VipQuery {
     /// Only Services in this namespace.
     pub namespace: Option<String>,
+    /// Only VIPs of this family (`IPv4`, `IPv6`); hostnames have none, so they are left out.
+    #[param(inline)]
+    pub family: Option<IpFamily>,
     /// Page size, 1 to 1000.
     #[param(minimum = 1, maximum = 1000, default = 100)]
     pub limit: Option<u32>,
@@ -92,6 +98,7 @@ fn item(e: &VipEntry) -> VipItem {
         ports: e.ports.clone(),
         source: e.source.to_owned(),
         pool: e.pool.clone(),
+        family: e.family,
         since: rfc3339(e.since),
     }
 }
@@ -119,6 +126,7 @@ pub async fn list_vips(State(state): State<ApiState>, Query(q): Query<VipQuery>)
     let rows: Vec<&VipEntry> = snapshot
         .after(after)
         .filter(|e| q.namespace.as_ref().is_none_or(|ns| *ns == e.key.namespace))
+        .filter(|e| q.family.is_none_or(|f| e.family == Some(f)))
         .take(limit + 1)
         .collect();
     let (rows, next_cursor) = pagination::cut(rows, limit, "vips", |e| (&e.address, &e.key.namespace, &e.key.name));

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch as signal};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{ASSIGNMENT_QUEUE, AppError, fatal_on_error};
 use crate::config::{Config, DatabaseConfig};
@@ -143,9 +143,16 @@ pub(super) async fn elect(
                 run.await
             }
             result = &mut run => {
-                if !cancel.is_cancelled() {
-                    let why = result.as_ref().err().map(|e| super::ErrorChain(e).to_string()).unwrap_or_default();
-                    warn!(epoch, error = %why, retry_in = ?s.config.database.leader_ttl, "leader term failed; giving up the lease");
+                match &result {
+                    _ if cancel.is_cancelled() => {}
+                    // Deposed before the renewal noticed: the lease is someone else's already.
+                    Err(e) if e.is_fenced() => {
+                        info!(epoch, retry_in = ?s.config.database.leader_ttl, "leader term over: not the leader any more");
+                    }
+                    _ => {
+                        let why = result.as_ref().err().map(|e| super::ErrorChain(e).to_string()).unwrap_or_default();
+                        warn!(epoch, error = %why, retry_in = ?s.config.database.leader_ttl, "leader term failed; giving up the lease");
+                    }
                 }
                 result
             }
@@ -153,10 +160,14 @@ pub(super) async fn elect(
                 role.send_replace(Role::Follower);
                 term_cancel.cancel();
                 term.abandon();
-                if let Err(e) = run.await {
-                    warn!(epoch, error = %super::ErrorChain(&e), "the lost term's tasks ended with an error");
+                match run.await {
+                    // Their writes refused by the fence: expected once the lease is lost.
+                    Err(e) if e.is_fenced() => {}
+                    Err(e) => warn!(epoch, error = %super::ErrorChain(&e), "the lost term's tasks ended with an error"),
+                    Ok(()) => {}
                 }
-                warn!(epoch, "stood down: following, and bidding for the lease again");
+                // The loss itself was logged as a warning by the renewal that found it.
+                info!(epoch, "stood down: following, and bidding for the lease again");
                 continue;
             }
         };
@@ -333,6 +344,7 @@ async fn prune_loop(store: Store, retention: Duration, cancel: CancellationToken
         match store.prune_events(cutoff).await {
             Ok(0) => {}
             Ok(n) => info!(deleted = n, "pruned events past database.event_retention"),
+            Err(e) if e.is_fenced() => debug!(error = %e, "events not pruned: not the leader any more"),
             Err(e) => warn!(error = %e, "cannot prune events"),
         }
     }

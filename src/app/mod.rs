@@ -46,6 +46,19 @@ pub enum AppError {
     Io(#[from] std::io::Error),
 }
 
+impl AppError {
+    /// True when the error is the fence's refusal of a write ([`StoreError::Fenced`]): the task's
+    /// term was over, which is how a deposed leader stands down, not a failure of the task.
+    pub fn is_fenced(&self) -> bool {
+        let store = match self {
+            Self::Store(e) | Self::Watch(WatchError::Store(e)) | Self::Relay(RelayError::Store(e)) => e,
+            Self::Route(crate::route::RouteError::Store(e)) => e,
+            _ => return false,
+        };
+        store.is_fenced()
+    }
+}
+
 /// A running service, as returned by [`start`].
 pub struct Running {
     /// Where the API listens.
@@ -200,9 +213,17 @@ fn fatal_on_error(
 ) -> JoinHandle<Result<(), AppError>> {
     tokio::spawn(async move {
         let result = task.await;
-        if let Err(e) = &result {
-            tracing::error!(task = name, error = %ErrorChain(e), "fatal error; stopping");
-            cancel.cancel();
+        match &result {
+            // A term's task whose write the fence refused: the term is over and is being stopped.
+            Err(e) if e.is_fenced() => {
+                tracing::debug!(task = name, error = %ErrorChain(e), "not the leader any more; stopping the term");
+                cancel.cancel();
+            }
+            Err(e) => {
+                tracing::error!(task = name, error = %ErrorChain(e), "fatal error; stopping");
+                cancel.cancel();
+            }
+            Ok(()) => {}
         }
         result
     })

@@ -266,7 +266,10 @@ pub struct DatabaseConfig {
     #[schemars(with = "String", extend("x-humantime" = true))]
     pub commit_interval: Duration,
     /// PostgreSQL: how long the leader's lease lasts without renewal. A crashed, paused or cut-off leader is
-    /// replaced this long after its last renewal; it stops acting itself `max(1s, leader_renew)` before that.
+    /// replaced this long after its last renewal, found at a follower's next bid: within `leader_ttl` +
+    /// `leader_renew` of the crash; it stops acting itself `max(1s, leader_renew)` before that. Also sets the
+    /// sessions' limits, so what a stopped leader's session holds is gone by then: the server ends a write
+    /// statement after, and a transaction left idle after, (`leader_ttl` − `leader_renew`) / 2 each.
     /// 3s–5m, at least three `leader_renew`. The upstream cloud-controller-manager's default.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String", extend("x-humantime" = true))]

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use vipwatch_contract::CompactString;
 
 use super::pool::{Family, Pool, Pools, lowest};
-use super::request::{self, Request};
+use super::request::{self, Families, Request};
 use crate::model::{Allocation, ServiceKey, ServiceView, VipSource};
 
 /// Who uses an address.
@@ -184,21 +184,22 @@ impl Allocator {
         }
     }
 
-    /// The pool allocation a Service shows in `status.loadBalancer.ingress`: its IPs that lie in a pool
-    /// (pool: the first one's), or `None` when it shows none. For a terminating Service a lost database
+    /// The pool allocation a Service shows in `status.loadBalancer.ingress`: its IPs that lie in a pool,
+    /// each with its own pool, or `None` when it shows none. For a terminating Service a lost database
     /// knows nothing about: what its DELETED withdraws.
     pub fn published(&self, view: &ServiceView) -> Option<Allocation> {
-        let ips: Vec<IpAddr> =
-            view.ingress.iter().filter_map(|i| i.ip.as_ref()?.parse().ok()).filter(|ip| self.in_pools(ip)).collect();
-        let first = ips.first()?;
-        let pool = self.pools.iter().find(|p| p.contains(first))?;
-        Some(Allocation {
-            source: VipSource::Pool,
-            pool: Some(pool.name.clone()),
-            addresses: ips.iter().map(IpAddr::to_string).collect(),
-            hostname: None,
-            reason: None,
-        })
+        let ips: Vec<(IpAddr, String)> = view
+            .ingress
+            .iter()
+            .filter_map(|i| i.ip.as_ref()?.parse().ok())
+            .filter_map(|ip| Some((ip, self.pool_of(&ip)?.name.clone())))
+            .collect();
+        (!ips.is_empty()).then(|| Allocation::from_pools(ips))
+    }
+
+    /// The pool `ip` is a usable address of.
+    fn pool_of(&self, ip: &IpAddr) -> Option<&Pool> {
+        self.pools.iter().find(|p| p.contains(ip))
     }
 
     fn drop_holders(&mut self, ips: &[IpAddr], gone: impl Fn(&Holder) -> bool) {
@@ -228,20 +229,15 @@ impl Allocator {
         prefer.extend(self.reserved_for.get(key).into_iter().flatten());
         self.release(key);
         let outcome = request::read(view).and_then(|req| {
-            let (pool, ips) = self.solve(key, &req, &prefer)?;
+            let assigned = self.solve(key, &req, &prefer)?;
             let holder =
                 Holder { key: key.clone(), sharing_key: req.sharing_key.clone(), ports: req.ports, draining: None };
+            let ips: Vec<IpAddr> = assigned.iter().map(|(ip, _)| *ip).collect();
             self.take(&holder, &ips);
-            Ok((pool, ips))
+            Ok(assigned)
         });
         match outcome {
-            Ok((pool, ips)) => Allocation {
-                source: VipSource::Pool,
-                pool: Some(pool),
-                addresses: ips.iter().map(IpAddr::to_string).collect(),
-                hostname: None,
-                reason: None,
-            },
+            Ok(assigned) => Allocation::from_pools(assigned),
             Err(reason) => Allocation::pending(reason),
         }
     }
@@ -284,34 +280,60 @@ impl Allocator {
         }
     }
 
-    fn solve(&self, key: &ServiceKey, req: &Request, prefer: &[IpAddr]) -> Result<(String, Vec<IpAddr>), String> {
+    /// The addresses for `req`, each with the name of its pool: the requested ones (each from the pool
+    /// that contains it), else all from the first candidate pool that can serve the request. Errors: why
+    /// nothing can be allocated.
+    fn solve(&self, key: &ServiceKey, req: &Request, prefer: &[IpAddr]) -> Result<Vec<(IpAddr, String)>, String> {
         if !req.ips.is_empty() {
             return self.requested(key, req);
         }
         let candidates = self.candidates(key, req)?;
         for &i in &candidates {
             if let Some(ips) = self.pick_in_pool(i, key, req, prefer) {
-                return Ok((self.pools[i].name.clone(), ips));
+                let name = &self.pools[i].name;
+                return Ok(ips.into_iter().map(|ip| (ip, name.clone())).collect());
             }
         }
         let names: Vec<String> = candidates.iter().map(|&i| format!("`{}`", self.pools[i].name)).collect();
         let needed = req.families.list().iter().filter(|f| req.families.requires(**f) || candidates.len() == 1);
-        let missing: Vec<&str> = needed
-            .clone()
-            .filter(|f| !candidates.iter().any(|&i| self.pools[i].has(**f)))
-            .map(|f| f.as_str())
-            .collect();
+        let missing: Vec<&str> =
+            needed.filter(|f| !candidates.iter().any(|&i| self.pools[i].has(**f))).map(|f| f.as_str()).collect();
         if !missing.is_empty() {
             return Err(format!("no {} address in pool {}", missing.join("/"), names.join(", ")));
         }
         if candidates.len() == 1 {
             return Err(format!("address pool {} exhausted", names[0]));
         }
-        let full: Vec<&str> = needed
-            .filter(|f| !candidates.iter().any(|&i| self.find(i, **f, key, req, &[]).is_some()))
+        // Both families of a RequireDualStack come from one pool: only the pools holding both count.
+        let families = req.families.list();
+        let eligible: Vec<usize> = match req.families {
+            Families::Require(_) => {
+                candidates.iter().copied().filter(|&i| families.iter().all(|f| self.pools[i].has(*f))).collect()
+            }
+            _ => candidates.clone(),
+        };
+        if eligible.is_empty() {
+            return Err(format!(
+                "ipFamilyPolicy RequireDualStack takes an IPv4 and an IPv6 address from one pool, and none of the \
+                 address pools {} has both",
+                names.join(", ")
+            ));
+        }
+        let full: Vec<&str> = families
+            .iter()
+            .filter(|f| !eligible.iter().any(|&i| self.find(i, **f, key, req, &[]).is_some()))
             .map(|f| f.as_str())
             .collect();
-        Err(format!("no free {} address left in address pools {}", full.join("/"), names.join(", ")))
+        let listed: Vec<String> = eligible.iter().map(|&i| format!("`{}`", self.pools[i].name)).collect();
+        let (listed, both) = match req.families {
+            Families::Require(_) => (listed.join(", "), " (RequireDualStack takes both from one pool)"),
+            _ => (names.join(", "), ""),
+        };
+        if full.is_empty() {
+            return Err(format!("no address pool of {listed} has both a free IPv4 and a free IPv6 address left{both}"));
+        }
+        let or = if matches!(req.families, Families::Prefer(_)) { " or " } else { "/" };
+        Err(format!("no free {} address left in address pools {listed}{both}", full.join(or)))
     }
 
     /// The pools that may serve `req`, in config order. Errors: the named pool does not exist or does
@@ -399,8 +421,11 @@ impl Allocator {
         })
     }
 
-    fn requested(&self, key: &ServiceKey, req: &Request) -> Result<(String, Vec<IpAddr>), String> {
-        let mut pool_name: Option<String> = None;
+    /// The requested addresses, each from the pool that contains it (an IPv4 and an IPv6 may come from
+    /// two pools). Errors: an address outside every pool, in a pool that does not accept the Service or
+    /// is not the requested one, or held by a Service it may not share with.
+    fn requested(&self, key: &ServiceKey, req: &Request) -> Result<Vec<(IpAddr, String)>, String> {
+        let mut assigned = Vec::with_capacity(req.ips.len());
         for ip in &req.ips {
             let i = self
                 .pools
@@ -432,9 +457,9 @@ impl Allocator {
                     request::SHARED_IP_ANNOTATION
                 ));
             }
-            pool_name.get_or_insert_with(|| pool.name.clone());
+            assigned.push((*ip, pool.name.clone()));
         }
-        Ok((pool_name.unwrap_or_default(), req.ips.clone()))
+        Ok(assigned)
     }
 
     fn take(&mut self, holder: &Holder, ips: &[IpAddr]) {
@@ -593,6 +618,65 @@ mod tests {
         assert_eq!(v4only.assign(&key("r"), &require, &[]).reason.as_deref(), Some("no IPv6 address in pool `v4`"));
     }
 
+    /// Requested addresses come each from the pool that contains it; `pool` is the first one's.
+    #[test]
+    fn requested_addresses_of_two_pools_each_name_their_own() {
+        let mut al = allocator(&[("v4", &["192.0.2.0/28"], true), ("v6", &["2001:db8::/120"], true)]);
+        let both = svc(
+            serde_json::json!({"vipwatch.io/loadBalancerIPs": "2001:db8::51,192.0.2.5"}),
+            serde_json::json!({"ipFamilyPolicy": "PreferDualStack", "ipFamilies": ["IPv6", "IPv4"]}),
+        );
+        let a = al.assign(&key("a"), &both, &[]);
+        let each: Vec<(&str, &str, Option<&str>)> =
+            a.per_address.iter().map(|p| (p.address.as_str(), p.family.as_str(), p.pool.as_deref())).collect();
+        assert_eq!(each, vec![("2001:db8::51", "IPv6", Some("v6")), ("192.0.2.5", "IPv4", Some("v4"))]);
+        assert_eq!((addrs(&a), a.pool.as_deref()), (vec!["2001:db8::51", "192.0.2.5"], Some("v6")));
+        assert_eq!(
+            (a.pool_of("192.0.2.5"), a.pool_of("2001:db8::51"), a.pool_of("192.0.2.6")),
+            (Some("v4"), Some("v6"), None)
+        );
+        let usage: Vec<(String, u64)> = al.usage().into_iter().map(|u| (u.pool, u.in_use)).collect();
+        assert_eq!(usage, vec![("v4".to_owned(), 1), ("v6".to_owned(), 1)]);
+        let shown = svc(serde_json::json!({}), serde_json::json!({}));
+        let mut shown = shown;
+        shown.ingress = a.ingress();
+        assert_eq!(al.published(&shown), Some(a), "what the status shows, each address with its pool");
+    }
+
+    /// Dual-stack allocations that cannot be made say why: RequireDualStack takes both families from
+    /// one pool (none has both; the pools with both are full), PreferDualStack with every pool full.
+    #[test]
+    fn dual_stack_refusals_name_the_families_and_pools_that_lack_them() {
+        let require = svc(
+            serde_json::json!({}),
+            serde_json::json!({"ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv4", "IPv6"]}),
+        );
+        let prefer = svc(serde_json::json!({}), serde_json::json!({"ipFamilyPolicy": "PreferDualStack"}));
+        let mut split = allocator(&[("v4", &["192.0.2.0"], true), ("v6", &["2001:db8::"], true)]);
+        assert_eq!(
+            split.assign(&key("r"), &require, &[]).reason.as_deref(),
+            Some(
+                "ipFamilyPolicy RequireDualStack takes an IPv4 and an IPv6 address from one pool, and none of the address pools `v4`, `v6` has both"
+            )
+        );
+        assert_eq!(addrs(&split.assign(&key("a"), &prefer, &[])), vec!["192.0.2.0"]);
+        assert_eq!(
+            addrs(&split.assign(&key("b"), &prefer, &[])),
+            vec!["2001:db8::"],
+            "the next pool serves one family"
+        );
+        assert_eq!(
+            split.assign(&key("c"), &prefer, &[]).reason.as_deref(),
+            Some("no free IPv4 or IPv6 address left in address pools `v4`, `v6`")
+        );
+        let mut mixed = allocator(&[("v4", &["192.0.2.0/30"], true), ("both", &["198.51.100.0", "2001:db8::"], true)]);
+        assert_eq!(addrs(&mixed.assign(&key("r1"), &require, &[])), vec!["198.51.100.0", "2001:db8::"]);
+        assert_eq!(
+            mixed.assign(&key("r2"), &require, &[]).reason.as_deref(),
+            Some("no free IPv4/IPv6 address left in address pools `both` (RequireDualStack takes both from one pool)")
+        );
+    }
+
     #[test]
     fn preferred_addresses_win_when_free() {
         let mut al = allocator(&[("lab", &["192.0.2.0/28"], true)]);
@@ -695,6 +779,7 @@ mod tests {
             source: VipSource::Pool,
             pool: Some("b".into()),
             addresses: vec![address.into()],
+            per_address: Vec::new(),
             hostname: None,
             reason: None,
         });

@@ -51,6 +51,7 @@ mod tests {
             source,
             pool: None,
             addresses: addresses.iter().map(|s| s.to_string()).collect(),
+            per_address: Vec::new(),
             hostname: None,
             reason: None,
         });

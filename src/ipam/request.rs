@@ -6,8 +6,9 @@ use std::net::IpAddr;
 use vipwatch_contract::CompactString;
 
 use super::pool::Family;
+use crate::model::ServiceView;
 use crate::model::bounded::{QUOTE, bounded};
-use crate::model::{REQUESTED_IP_ANNOTATIONS, ServiceView};
+use vipwatch_contract::requested_ip_entries;
 
 pub use crate::model::annotations::{POOL_ANNOTATION, SHARED_IP_ANNOTATION};
 
@@ -79,14 +80,15 @@ pub fn read(view: &ServiceView) -> Result<Request, String> {
     })
 }
 
+/// The addresses of the requested-IP annotation that counts (read as the view's `requestedIPs` is,
+/// [`requested_ip_entries`], but refusing an entry that is not an address), else `spec.loadBalancerIP`.
 fn requested_ips(view: &ServiceView) -> Result<Vec<IpAddr>, String> {
-    let found = REQUESTED_IP_ANNOTATIONS.iter().find_map(|k| view.annotations.get(*k).map(|v| (*k, v)));
-    let ips: Vec<IpAddr> = match found {
-        Some((key, value)) => value
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| s.parse().map_err(|_| format!("`{}` in annotation {key} is not an IP address", bounded(s, QUOTE))))
+    let ips: Vec<IpAddr> = match requested_ip_entries(&view.annotations) {
+        Some((key, entries)) => entries
+            .into_iter()
+            .map(|s| {
+                s.parse().map_err(|_| format!("`{}` in annotation {key} is not an IP address", bounded(s, QUOTE)))
+            })
             .collect::<Result<_, _>>()?,
         None => view.load_balancer_ip.iter().filter_map(|s| s.parse().ok()).collect(),
     };

@@ -242,7 +242,11 @@ pub struct Term {
 impl Term {
     /// The store whose writes are fenced by this term.
     pub fn fenced(&self, store: &Store) -> Store {
-        store.fenced(Fence { holder: self.elector.holder.clone(), epoch: self.epoch })
+        let trust = self.trust.clone();
+        store.fenced(
+            Fence { holder: self.elector.holder.clone(), epoch: self.epoch },
+            Box::new(move || trust.is_valid()),
+        )
     }
 
     /// Resolves when the term is over: the lease was found gone, or the trust ran out.

@@ -99,7 +99,11 @@ impl Reason {
             Self::DeletedLoadBalancer => {
                 "Every subscribed endpoint acknowledged the Service's DELETED; vipwatch's finalizer is removed."
             }
-            Self::IPAllocated => "The Service got addresses from a pool (the note names them and the pool).",
+            Self::IPAllocated => {
+                "The Service got new addresses (the note names them and where each comes from: `Assigned \
+                 192.0.2.10 from pool lab`, or `Assigned 192.0.2.5 from pool v4, 2001:db8::51 from pool v6` \
+                 when requested addresses come from two pools, or `by the appliance`)."
+            }
             Self::AllocationFailed => {
                 "The Service gets no VIP; the note says why: an address outside every pool or taken by another \
                  Service, an unknown pool, a pool that does not accept the namespace, an exhausted pool. It gets \

@@ -68,8 +68,21 @@ pub fn changed_fields(old: &ServiceView, new: &ServiceView) -> Vec<&'static str>
     check(old.requested_ips != new.requested_ips, "requestedIPs");
     check(old.labels != new.labels, "labels");
     check(old.annotations != new.annotations, "annotations");
-    check(old.allocation != new.allocation, "allocation");
+    check(allocation_differs(old.allocation.as_ref(), new.allocation.as_ref()), "allocation");
     out
+}
+
+/// Whether the allocation changed. One stored before allocations listed each address's family and
+/// pool (`perAddress` empty, addresses set) is the same as the new one when all else is equal: the
+/// Service holds the same addresses from the same pools, so the first start after the upgrade
+/// rewrites its row (no event) instead of re-announcing every Service with a pool address.
+fn allocation_differs(old: Option<&Allocation>, new: Option<&Allocation>) -> bool {
+    match (old, new) {
+        (Some(o), Some(n)) if o.per_address.is_empty() && !o.addresses.is_empty() => {
+            Allocation { per_address: n.per_address.clone(), ..o.clone() } != *n
+        }
+        _ => old != new,
+    }
 }
 
 #[cfg(test)]
@@ -87,6 +100,23 @@ mod tests {
             "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.1"}]}}}));
         assert_ne!(a, b);
         assert_eq!(changed_fields(&a, &b), Vec::<&str>::new());
+    }
+
+    /// An allocation stored before `perAddress` existed is not a change by itself (the upgrade
+    /// rewrites the row without an event); any other difference still is.
+    #[test]
+    fn an_allocation_stored_without_per_address_changes_only_when_something_else_does() {
+        let lb = || view(serde_json::json!({"metadata": {"name": "a"}, "spec": {"type": "LoadBalancer"}}));
+        let with = |allocation: Allocation| ServiceView { allocation: Some(allocation), ..lb() };
+        let now = Allocation::from_pools(vec![("192.0.2.1".parse().unwrap(), "lab".into())]);
+        let stored = Allocation { per_address: Vec::new(), ..now.clone() };
+        assert_eq!(changed_fields(&with(stored.clone()), &with(now.clone())), Vec::<&str>::new());
+        assert_ne!(with(stored.clone()), with(now.clone()), "the row is rewritten");
+        let moved = Allocation::from_pools(vec![("192.0.2.2".parse().unwrap(), "lab".into())]);
+        assert_eq!(changed_fields(&with(stored.clone()), &with(moved)), vec!["allocation"]);
+        let renamed = Allocation::from_pools(vec![("192.0.2.1".parse().unwrap(), "other".into())]);
+        assert_eq!(changed_fields(&with(stored), &with(renamed.clone())), vec!["allocation"]);
+        assert_eq!(changed_fields(&with(now), &with(renamed)), vec!["allocation"]);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -143,6 +143,12 @@ impl Publisher {
                     continue;
                 }
                 Ok(false) => backoff = None,
+                // The term is over (the store logged the refusal once): the term's tasks are being
+                // stopped; nothing to retry or report.
+                Err(PublishError::Store(e)) if e.is_fenced() => {
+                    debug!(error = %e, "write-back stopped: not the leader any more")
+                }
+                Err(e @ PublishError::NotLeader) => debug!(error = %e, "write-back stopped"),
                 Err(PublishError::Store(e)) if e.is_transient() => {
                     use backon::BackoffBuilder;
                     let delay = backoff.get_or_insert_with(|| self.store.write_backoff().build()).next();

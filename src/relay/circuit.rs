@@ -175,7 +175,7 @@ mod tests {
 
     fn answered(status: Option<u16>) -> AttemptResult {
         let record = AttemptRecord { status_code: status, ..AttemptRecord::default() };
-        AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new() }
+        AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new(), told: None }
     }
 
     #[test]

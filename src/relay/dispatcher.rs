@@ -30,7 +30,7 @@ use super::templated::Transport;
 use crate::config::{RelayConfig, RetryConfig};
 use crate::metrics::Metrics;
 use crate::model::Feedback;
-use crate::store::{Circuits, Claimed, Completion, Outcome, StandingClaim, Store, StoreError, Taken, now_ms};
+use crate::store::{Circuits, Claimed, Completion, Outcome, StandingClaim, Store, StoreError, Taken, Told, now_ms};
 
 /// Everything one endpoint's loop needs.
 pub(super) struct Dispatcher {
@@ -80,12 +80,16 @@ struct StoreRetry {
     backoff: Option<backon::ExponentialBackoff>,
     /// No database write before this.
     until: Option<tokio::time::Instant>,
+    /// The last failure was the fence's refusal: this replica's term is over (the store logged it
+    /// once; here it is no error).
+    fenced: bool,
 }
 
 impl StoreRetry {
-    /// A write failed: waits the next backoff delay before the next one.
-    fn failed(&mut self, store: &Store) -> Duration {
+    /// A write failed with `e`: waits the next backoff delay before the next one.
+    fn failed(&mut self, store: &Store, e: &StoreError) -> Duration {
         use backon::BackoffBuilder;
+        self.fenced = e.is_fenced();
         let delay = self.backoff.get_or_insert_with(|| store.write_backoff().build()).next().unwrap_or_default();
         self.until = Some(tokio::time::Instant::now() + delay);
         delay
@@ -328,8 +332,12 @@ impl Dispatcher {
                 }
             }
             Err(e) => {
-                let retry_in = store.failed(&self.store);
-                warn!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, attempts = store.unrecorded.len(), "still cannot record attempts; kept in memory, not sent again");
+                let retry_in = store.failed(&self.store, &e);
+                if e.is_fenced() {
+                    debug!(webhook = %self.name, error = %e, attempts = store.unrecorded.len(), "attempts not recorded: not the leader any more");
+                } else {
+                    warn!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, attempts = store.unrecorded.len(), "still cannot record attempts; kept in memory, not sent again");
+                }
             }
         }
     }
@@ -353,8 +361,12 @@ impl Dispatcher {
                 self.start(claimed, in_flight, circuit);
             }
             Err(e) => {
-                let retry_in = store.failed(&self.store);
-                error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, "cannot claim deliveries; backing off");
+                let retry_in = store.failed(&self.store, &e);
+                if e.is_fenced() {
+                    debug!(webhook = %self.name, error = %e, "no claim: not the leader any more");
+                } else {
+                    error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, "cannot claim deliveries; backing off");
+                }
             }
         }
     }
@@ -455,7 +467,7 @@ impl Dispatcher {
     /// catch-up): then the next pass need not claim again.
     async fn finish(
         &self,
-        done: Vec<(Claimed, AttemptResult)>,
+        mut done: Vec<(Claimed, AttemptResult)>,
         health: &mut Health,
         store: &mut StoreRetry,
         refill: Option<&mut InFlight>,
@@ -464,7 +476,9 @@ impl Dispatcher {
         let now = now_ms();
         let mut completions = Vec::with_capacity(done.len());
         let mut recovered = false;
-        for (claimed, result) in &done {
+        for (claimed, result) in &mut done {
+            let (claimed, told) = (&*claimed, result.told.take());
+            let result = &*result;
             let outcome = self.outcome(claimed, result, now).await;
             health.disabled_now |= result.verdict == Verdict::Gone;
             self.observe(claimed, result, outcome, now);
@@ -491,7 +505,13 @@ impl Dispatcher {
                     }
                 }
             }
-            completions.push(Completion { delivery_id: claimed.id, attempt: result.record.clone(), outcome });
+            // What a templated event-mode endpoint holds now: recorded with the success only.
+            let told = told.filter(|_| outcome == Outcome::Succeeded).map(|value| Told {
+                webhook: self.name.clone(),
+                key: claimed.key.clone(),
+                value,
+            });
+            completions.push(Completion { delivery_id: claimed.id, attempt: result.record.clone(), outcome, told });
         }
         let mut claimed = false;
         if !store.unrecorded.is_empty() || store.waiting() {
@@ -506,8 +526,12 @@ impl Dispatcher {
             let claim = (free > 0).then(|| (self.name.as_str(), now_ms(), self.lease_ms(), free));
             match self.store.complete_and_claim(&completions, claim).await {
                 Err(e) => {
-                    let retry_in = store.failed(&self.store);
-                    error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, attempts = completions.len(), "cannot record attempts; kept in memory and recorded when the database takes writes again (not sent again)");
+                    let retry_in = store.failed(&self.store, &e);
+                    if e.is_fenced() {
+                        debug!(webhook = %self.name, error = %e, attempts = completions.len(), "attempts not recorded: not the leader any more");
+                    } else {
+                        error!(webhook = %self.name, error = %e, reason = %e.reason(), ?retry_in, attempts = completions.len(), "cannot record attempts; kept in memory and recorded when the database takes writes again (not sent again)");
+                    }
                     store.unrecorded = completions;
                 }
                 Ok(taken) => {
@@ -541,8 +565,12 @@ impl Dispatcher {
             Verdict::Permanent => Outcome::Failed,
             Verdict::Gone => {
                 warn!(webhook = %self.name, url = %self.url, "receiver answered 410 Gone: endpoint disabled until re-enabled");
-                if let Err(e) = self.disable().await {
-                    error!(webhook = %self.name, error = %e, "cannot record the endpoint as disabled");
+                match self.disable().await {
+                    Err(e) if e.is_fenced() => {
+                        debug!(webhook = %self.name, error = %e, "endpoint not recorded as disabled: not the leader any more");
+                    }
+                    Err(e) => error!(webhook = %self.name, error = %e, "cannot record the endpoint as disabled"),
+                    Ok(()) => {}
                 }
                 Outcome::Retry(now)
             }
@@ -603,6 +631,9 @@ impl Dispatcher {
         match self.store.make_due(&self.name, now).await {
             Ok(0) => {}
             Ok(n) => info!(webhook = %self.name, deliveries = n, "endpoint recovered: waiting deliveries are due now"),
+            Err(e) if e.is_fenced() => {
+                debug!(webhook = %self.name, error = %e, "waiting deliveries not rescheduled: not the leader any more");
+            }
             Err(e) => error!(webhook = %self.name, error = %e, "cannot reschedule waiting deliveries"),
         }
     }
@@ -632,7 +663,13 @@ impl Dispatcher {
     }
 
     fn warn_unrecorded(&self, store: &StoreRetry) {
-        if !store.unrecorded.is_empty() {
+        if store.unrecorded.is_empty() {
+            return;
+        }
+        if store.fenced {
+            // A deposed leader: the next one sends them again, as it would after a crash.
+            info!(webhook = %self.name, attempts = store.unrecorded.len(), "standing down with attempts this term could not record; the next leader sends those deliveries again (same webhook-id)");
+        } else {
             warn!(webhook = %self.name, attempts = store.unrecorded.len(), "stopping with attempts the database did not take; those deliveries are sent again after the restart (same webhook-id)");
         }
     }

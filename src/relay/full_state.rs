@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Map;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::RelayError;
 use super::sender::failure;
@@ -73,8 +73,14 @@ impl FullState {
             if captured.is_empty() { ctx.clone() } else { with_captured(&ctx, captured) }
         };
         t.run(&c.msg_id, std::slice::from_ref(req), ctx, log).await?;
-        if let Err(e) = self.store.full_state_told(&self.name, &keys).await {
-            warn!(webhook = %self.name, error = %e, "declaration accepted, but cannot record it as the removal guard's reference");
+        match self.store.full_state_told(&self.name, &keys).await {
+            Err(e) if e.is_fenced() => {
+                debug!(webhook = %self.name, error = %e, "declaration accepted, not recorded: not the leader any more");
+            }
+            Err(e) => {
+                warn!(webhook = %self.name, error = %e, "declaration accepted, but cannot record it as the removal guard's reference")
+            }
+            Ok(()) => {}
         }
         self.metrics.template_held(&self.name, false);
         Ok(())
@@ -113,8 +119,12 @@ impl FullState {
                 warn!(webhook = %self.name, removed, total, "full-state declaration held by the removal guard; confirm it through the API if intended")
             }
         }
-        if let Err(e) = self.store.full_state_hold(&self.name, digest, removed, total).await {
-            warn!(webhook = %self.name, error = %e, "cannot record the held declaration");
+        match self.store.full_state_hold(&self.name, digest, removed, total).await {
+            Err(e) if e.is_fenced() => {
+                debug!(webhook = %self.name, error = %e, "held declaration not recorded: not the leader any more");
+            }
+            Err(e) => warn!(webhook = %self.name, error = %e, "cannot record the held declaration"),
+            Ok(()) => {}
         }
         self.metrics.template_held(&self.name, true);
         Box::new(failure("held", why))
@@ -161,6 +171,9 @@ pub async fn resend_loop(store: Store, config: &Config, cancel: CancellationToke
                         info!(webhook = %name, "full-state declaration enqueued (then every resend_interval)")
                     }
                     Ok(()) => {}
+                    Err(e) if e.is_fenced() => {
+                        debug!(webhook = %name, error = %e, "full-state declaration not enqueued: not the leader any more");
+                    }
                     Err(e) => warn!(webhook = %name, error = %e, "cannot enqueue the full-state declaration; trying at the next resend"),
                 }
                 why = "resend";

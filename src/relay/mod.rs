@@ -84,7 +84,7 @@ pub async fn start(
                 let full = (t.mode == crate::config::TemplateMode::FullState)
                     .then(|| full_state::FullState::new(config, w, store.clone(), metrics.clone()))
                     .transpose()?;
-                templated::Transport::Template(Box::new(templated::TemplateSender::new(w, full)?))
+                templated::Transport::Template(Box::new(templated::TemplateSender::new(w, full, store.clone())?))
             }
         };
         let d = dispatcher::Dispatcher {

@@ -13,7 +13,7 @@ use super::policy::{Verdict, parse_retry_after};
 use super::resolve::{ForbiddenAddress, GuardedResolver, Lookup, system_lookup};
 use crate::config::WebhookConfig;
 use crate::model::bounded::{self, bound};
-use crate::store::{AttemptRecord, now_ms};
+use crate::store::{AttemptRecord, ToldValue, now_ms};
 
 /// Most response-body bytes read per attempt (64 KiB); the rest is dropped with the connection.
 pub const MAX_BODY_READ: usize = 64 * 1024;
@@ -32,6 +32,9 @@ pub struct AttemptResult {
     pub verdict: Verdict,
     /// The body read (at most [`MAX_BODY_READ`] bytes).
     pub body: Vec<u8>,
+    /// Templated event-mode endpoints: what the endpoint holds for the Service should this attempt
+    /// complete the delivery (recorded in table `told` only then); `None` for every other endpoint.
+    pub told: Option<ToldValue>,
 }
 
 /// Sends deliveries to one endpoint.
@@ -181,11 +184,35 @@ pub(super) async fn read_response(mut response: reqwest::Response) -> AttemptRes
         Verdict::Gone
     } else {
         record.error_class = Some("http");
-        record.error = Some(format!("HTTP {status}"));
+        record.error = Some(match reason(&body) {
+            Some(why) => format!("HTTP {status}: {why}"),
+            None => format!("HTTP {status}"),
+        });
         Verdict::Retry { retry_after: header(RETRY_AFTER).and_then(|v| retry_after(status.as_u16(), &v)) }
     };
-    AttemptResult { record, verdict, body }
+    AttemptResult { record, verdict, body, told: None }
 }
+
+/// The receiver's own reason for refusing, from its body: the `detail` (else `title`) of an RFC
+/// 9457 problem, a JSON object's `message` or `error`, or a one-line text; bounded. It goes into the
+/// attempt's error, so the delivery log, the Service's endpoint state and the
+/// `SyncLoadBalancerFailed` Event all say why (the HAProxy agent names the Service that holds a
+/// VIP:port, for one).
+fn reason(body: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?.trim();
+    let why = match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(json) => ["detail", "message", "error", "title"]
+            .iter()
+            .find_map(|k| json.get(k).and_then(|v| v.as_str()).filter(|s| !s.is_empty()))?
+            .to_owned(),
+        Err(_) if !text.is_empty() && !text.contains('\n') && !text.starts_with('<') => text.to_owned(),
+        Err(_) => return None,
+    };
+    Some(bound(why, REASON))
+}
+
+/// The most of a receiver's reason kept in an attempt's error (bytes).
+const REASON: usize = 512;
 
 /// The attempt whose answer began (`status`) but whose body did not arrive whole (`e`).
 fn incomplete(status: reqwest::StatusCode, e: &reqwest::Error) -> AttemptResult {
@@ -214,7 +241,7 @@ pub fn install_crypto_provider() {
 pub(super) fn failure(class: &'static str, error: String) -> AttemptResult {
     let error = Some(bound(error, bounded::MESSAGE));
     let record = AttemptRecord { error_class: Some(class), error, ..AttemptRecord::default() };
-    AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new() }
+    AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new(), told: None }
 }
 
 /// `timeout`, `forbidden_address`, `tls` or `connect` for a transport error.

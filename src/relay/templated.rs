@@ -1,6 +1,11 @@
 //! Templated endpoints: one attempt of a delivery is the template's requests in order
 //! (each judged by its own success rules, polled when asynchronous, its captures passed on), all
 //! logged in the attempt's `request` (secrets redacted). Plain endpoints keep [`Sender`].
+//!
+//! In event mode the templates also see `told`, what the endpoint last acknowledged for the
+//! Service (`store::told`, read per attempt when a template uses it), and each attempt says what
+//! the endpoint will hold once it completes the delivery ([`AttemptResult::told`]): the dispatcher
+//! records that in the transaction that records the success.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -15,7 +20,7 @@ use super::policy::Verdict;
 use super::resolve::system_lookup;
 use super::sender::{self, AttemptResult, Sender, failure, read_response};
 use crate::config::WebhookConfig;
-use crate::store::{Claimed, now_ms};
+use crate::store::{Claimed, Store, ToldValue, now_ms};
 use crate::template::{Compiled, CompiledRequest, Judgement, Rendered, TemplateError, capture, judge, matches};
 
 /// How one endpoint's deliveries go out.
@@ -44,6 +49,8 @@ pub struct TemplateSender {
     signer: Option<standardwebhooks::Webhook>,
     timeout: Duration,
     full_state: Option<FullState>,
+    /// Where event mode reads `told`.
+    store: Store,
 }
 
 /// One HTTP exchange of an attempt, as the delivery log shows it.
@@ -68,6 +75,8 @@ pub(super) struct Log {
     vips: Vec<String>,
     /// `Retry-After` of the last response that had one.
     retry_after: Option<Duration>,
+    /// The attempt is of a `DELETED`: a `DELETE` answered 404 or 410 is done ([`gone`]).
+    deleted: bool,
 }
 
 /// An attempt cut short: its result.
@@ -75,14 +84,15 @@ type Stop = Box<AttemptResult>;
 
 impl TemplateSender {
     /// Compiles `cfg.template` and builds the endpoint's client (and signer, when `sign`); a
-    /// full-state endpoint reads Services through `full_state`. Errors: [`RelayError::Endpoint`]
-    /// for templates that do not compile, TLS material, a missing secret.
-    pub fn new(cfg: &WebhookConfig, full_state: Option<FullState>) -> Result<Self, RelayError> {
+    /// full-state endpoint reads Services through `full_state`, an event-mode one what it was
+    /// `told` through `store`. Errors: [`RelayError::Endpoint`] for templates that do not compile,
+    /// TLS material, a missing secret.
+    pub fn new(cfg: &WebhookConfig, full_state: Option<FullState>, store: Store) -> Result<Self, RelayError> {
         let err = |reason: String| RelayError::Endpoint { name: cfg.name.clone(), reason };
         let compiled = std::sync::Arc::new(Compiled::new(cfg).map_err(|e| err(e.to_string()))?);
         let signer = if cfg.signs() { Some(sender::signer(cfg)?) } else { None };
         let client = sender::client(cfg, system_lookup())?;
-        Ok(Self { name: cfg.name.clone(), client, compiled, signer, timeout: cfg.timeout, full_state })
+        Ok(Self { name: cfg.name.clone(), client, compiled, signer, timeout: cfg.timeout, full_state, store })
     }
 
     /// One attempt of delivery `c`: the requests of its event type rendered from its payload, or
@@ -90,27 +100,48 @@ impl TemplateSender {
     pub async fn send(&self, c: &Claimed) -> AttemptResult {
         let (started_at, clock) = (now_ms(), Instant::now());
         let mut log = Log::default();
+        let mut told = None;
         let verdict = match &self.full_state {
             Some(fs) => fs.send(self, c, &mut log).await,
-            None => self.send_event(c, &mut log).await,
+            None => self.send_event(c, &mut told, &mut log).await,
         };
         let mut result = finish(verdict, log);
+        result.told = told;
         result.record.started_at = started_at;
         result.record.duration_ms = i64::try_from(clock.elapsed().as_millis()).unwrap_or(i64::MAX);
         result
     }
 
-    async fn send_event(&self, c: &Claimed, log: &mut Log) -> Result<(), Stop> {
+    /// One attempt of event delivery `c`: its event type's requests, rendered with `told` (read
+    /// first, when a template uses it). Sets `told_now` to what the endpoint holds for the Service
+    /// once the delivery completes: its `service` value, or [`ToldValue::Withdrawn`] for a DELETED
+    /// (also when a 404 completes it).
+    async fn send_event(&self, c: &Claimed, told_now: &mut Option<ToldValue>, log: &mut Log) -> Result<(), Stop> {
         let payload: Json = serde_json::from_str(&c.payload)
             .map_err(|e| template_failure(TemplateError::Setup(format!("the stored payload is not JSON: {e}"))))?;
         let event = payload["data"]["event"].as_str().unwrap_or_default().to_owned();
-        if payload["data"]["service"].is_null() {
+        let service = &payload["data"]["service"];
+        if service.is_null() {
             return Ok(()); // `sync.completed`: nothing for an appliance API
         }
+        log.deleted = c.kind == "DELETED";
+        *told_now = Some(if log.deleted { ToldValue::Withdrawn } else { ToldValue::Service(service.to_string()) });
+        let told = if self.compiled.uses_told() { self.told(c).await? } else { None };
         let secrets = self.compiled.secrets_value();
-        let ctx =
-            |captured: &Map<String, Json>| crate::template::event_context(&payload, &self.name, &secrets, captured);
+        let ctx = |captured: &Map<String, Json>| {
+            crate::template::event_context(&payload, &self.name, &secrets, told.as_ref(), captured)
+        };
         self.run(&c.msg_id, self.compiled.requests(&event), ctx, log).await
+    }
+
+    /// What this endpoint last acknowledged for `c`'s Service (`None`: nothing). A database that
+    /// cannot be read fails the attempt, retried (class `template`: no request went out, so it does
+    /// not count against the endpoint's circuit).
+    async fn told(&self, c: &Claimed) -> Result<Option<Json>, Stop> {
+        let unreadable =
+            |e: String| Box::new(failure("template", format!("cannot read what the endpoint was told: {e}")));
+        let text = self.store.told(&self.name, &c.key).await.map_err(|e| unreadable(e.to_string()))?;
+        text.map(|t| serde_json::from_str(&t)).transpose().map_err(|e| unreadable(e.to_string()))
     }
 
     /// Sends `requests` in order; `ctx` builds the template context from the captures so far.
@@ -153,6 +184,7 @@ impl TemplateSender {
         let (status, body) = self.exchange(msg_id, name, rendered, log).await?;
         let body = match judge(req, status, &body) {
             Judgement::Success => body,
+            _ if gone(log, req, status) => return Ok(()),
             Judgement::Poll => self.poll(msg_id, req, &body, &with_item, log).await?,
             Judgement::Permanent(why) => return Err(http_failure(status, why, Verdict::Permanent)),
             Judgement::Retry(why) => return Err(http_failure(status, why, retry_verdict(log))),
@@ -314,7 +346,7 @@ fn finish(outcome: Result<(), Stop>, log: Log) -> AttemptResult {
                 response_body: last.and_then(|s| s.response.clone()),
                 ..Default::default()
             };
-            AttemptResult { record, verdict: Verdict::Success, body }
+            AttemptResult { record, verdict: Verdict::Success, body, told: None }
         }
         Err(stop) => *stop,
     };
@@ -323,6 +355,14 @@ fn finish(outcome: Result<(), Stop>, log: Log) -> AttemptResult {
     }
     result.record.request = Some(serde_json::to_string(&log.steps).unwrap_or_default());
     result
+}
+
+/// Whether `req`'s answer `status` leaves nothing to do: in a `DELETED`, a `DELETE` answered 404 or
+/// 410 found the object gone, which is what it asks for, and the requests after it still go out (the
+/// dispatcher's rule for a whole delivery, [`super::policy::already_gone`], would end the chain there
+/// as done and leave what they remove behind).
+fn gone(log: &Log, req: &CompiledRequest, status: u16) -> bool {
+    log.deleted && req.method == reqwest::Method::DELETE && matches!(status, 404 | 410)
 }
 
 /// `Retry`, with the last response's `Retry-After` when it had one.

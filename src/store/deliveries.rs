@@ -63,6 +63,10 @@ pub struct Completion {
     pub attempt: AttemptRecord,
     /// What the delivery becomes.
     pub outcome: Outcome,
+    /// Templated event-mode endpoints: what the endpoint holds for the Service once this attempt is
+    /// acknowledged (table `told`, written only when `outcome` is [`Outcome::Succeeded`]); `None` for
+    /// every other endpoint.
+    pub told: Option<super::Told>,
 }
 
 /// A delivery-log row.
@@ -459,8 +463,9 @@ const COMPLETE: Dual = Dual {
 const ATTEMPT_INSERT: &str = "INSERT INTO attempts (delivery_id, started_at, duration_ms, status_code, error_class, \
     error, location, response_body, request)";
 
-/// Records each attempt of `done` and the delivery's new state, then supersedes the retried ones a
-/// DELETED or SYNCED queued behind makes redundant.
+/// Records each attempt of `done` and the delivery's new state, and what the succeeded ones leave
+/// their templated endpoint holding (`store::told`), then supersedes the retried ones a DELETED or
+/// SYNCED queued behind makes redundant.
 pub(super) async fn record_attempts(s: &mut Script<'_>, now: i64, done: &[Completion]) -> Result<(), StoreError> {
     // A few statements per round rather than two per attempt, all in the round's one script (see
     // `store::script`): a relay round of 32 attempts once made 64 round trips to SQLite's connection
@@ -508,6 +513,7 @@ pub(super) async fn record_attempts(s: &mut Script<'_>, now: i64, done: &[Comple
         let rows = serde_json::Value::Array(rows).to_string();
         s.run(Stmt::dual(s.backend(), &COMPLETE).bind(rows)).await?;
     }
+    super::told::record_told(s, now, done).await?;
     super::outbox::supersede_retried(s, now, &retried).await
 }
 
@@ -565,7 +571,7 @@ mod tests {
         store.writer().await.unwrap().execute(supersede.bind(id)).await.unwrap();
 
         for outcome in [Outcome::Succeeded, Outcome::Retry(now_ms()), Outcome::Failed] {
-            let done = Completion { delivery_id: id, attempt: AttemptRecord::default(), outcome };
+            let done = Completion { delivery_id: id, attempt: AttemptRecord::default(), outcome, told: None };
             store.complete(&[done]).await.unwrap();
         }
         let row = store.delivery(id).await.unwrap().unwrap();

@@ -28,9 +28,11 @@ pub enum StoreError {
         /// The lock file.
         lock: PathBuf,
     },
-    /// This replica's lease ended (another replica leads now, or it expired): the leader's write was
-    /// refused by the fence and nothing was committed.
-    #[error("not the leader any more (lease epoch {epoch} is over); the write was not committed")]
+    /// This replica's lease ended (another replica leads now, or it expired): the fence refused the
+    /// leader's write and nothing of it was committed; or the write failed after the term's trust
+    /// ran out (what it committed, if anything, came before the next leader's first write: the
+    /// fence orders them). Either way the term's writes are over; the next leader makes them.
+    #[error("not the leader any more (lease epoch {epoch} is over)")]
     Fenced {
         /// The epoch this replica led with.
         epoch: i64,

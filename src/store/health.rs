@@ -112,6 +112,25 @@ impl StoreError {
         matches!(self, Self::Fenced { .. })
     }
 
+    /// True when the connection failed rather than the database: the socket broke (an I/O error),
+    /// or PostgreSQL ended the session (SQLSTATE class 08, `57P01`–`57P03`, `57P05`, and `25P03`,
+    /// the idle-in-transaction limit). The pool replaces such a connection before it is used again
+    /// (see `Store::open_postgres`), so one write that succeeds afterwards shows the database
+    /// writable.
+    pub fn is_connection_lost(&self) -> bool {
+        match self {
+            Self::Sqlx(sqlx::Error::Io(_)) => true,
+            Self::Sqlx(sqlx::Error::Database(db))
+                if db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some() =>
+            {
+                let code = db.code();
+                let code = code.as_deref().unwrap_or("");
+                code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "57P05" | "25P03")
+            }
+            _ => false,
+        }
+    }
+
     /// The underlying reason in a few words, e.g. SQLite's `database or disk is full`.
     pub fn reason(&self) -> String {
         match self {
@@ -162,7 +181,8 @@ fn postgres_fault(sqlstate: &str) -> Option<FaultKind> {
         "55P03" => Some(FaultKind::Locked),                   // lock_not_available
         "40001" | "40P01" | "53300" => Some(FaultKind::Busy), // serialization, deadlock, too many connections
         "57014" => Some(FaultKind::Timeout),                  // query_canceled (statement_timeout)
-        s if s.starts_with("08") || s.starts_with("57P") || s.starts_with("58") => Some(FaultKind::Io), // connection, shutdown, system
+        // connection, shutdown, system; a session the server ended for idling in a transaction
+        s if s.starts_with("08") || s.starts_with("57P") || s.starts_with("58") || s == "25P03" => Some(FaultKind::Io),
         s if s.starts_with("23") || s.starts_with("22") => None, // constraint, data exception: not the storage's fault
         _ => Some(FaultKind::Other),
     }
@@ -191,6 +211,9 @@ struct Failure {
     reason: String,
     since: Instant,
     last: Instant,
+    /// Whether a success clears it only after a quiet window (see `Health::succeeded`): false while
+    /// every failure of this outage was a lost connection, which a new connection replaces.
+    quiet: bool,
 }
 
 /// Shared write-health state of one [`Store`] (every clone shares it).
@@ -226,11 +249,13 @@ impl Health {
     /// full disk still has while the bigger batches keep failing; every failing writer retries within
     /// `database.write_retry_max_delay`, so a quiet window that long means they succeed too. Without it
     /// readiness and `vipwatch_store_writable` flapped, and an alert on `== 0 for 1m` never fired.
+    /// An outage of lost PostgreSQL connections only (a restart of the server, a session it ended)
+    /// clears at the first success: that write went over a new connection, as every later one will.
     fn succeeded(&self) {
         let quiet = *self.retry_max_delay.lock().unwrap_or_else(std::sync::PoisonError::into_inner) + QUIET_MARGIN;
         let mut failure = self.failure();
         if let Some(f) = failure.as_ref() {
-            if f.last.elapsed() < quiet {
+            if f.quiet && f.last.elapsed() < quiet {
                 return;
             }
             info!(after_s = f.since.elapsed().as_secs(), "database writable again");
@@ -242,27 +267,29 @@ impl Health {
         }
     }
 
-    /// A write failed with `e`: counted; a transient fault marks the database unwritable.
-    fn failed(&self, e: &StoreError) {
+    /// A write failed with `e`: counted; a transient fault marks the database unwritable. `quiet`:
+    /// whether a success clears it only after the quiet window ([`Health::succeeded`]).
+    fn failed(&self, e: &StoreError, quiet: bool) {
         let Some(kind) = e.fault() else { return };
         if let Some(m) = self.metrics.get() {
             m.store_write_error(kind.as_str());
         }
         if kind.is_transient() && kind != FaultKind::Fenced {
-            self.unwritable(kind, e.reason());
+            self.unwritable(kind, e.reason(), quiet);
         }
     }
 
-    fn unwritable(&self, kind: FaultKind, reason: String) {
+    fn unwritable(&self, kind: FaultKind, reason: String, quiet: bool) {
         let now = Instant::now();
         let mut failure = self.failure();
         match failure.as_mut() {
             Some(f) => {
                 (f.kind, f.reason, f.last) = (kind, reason, now);
+                f.quiet |= quiet;
             }
             None => {
                 error!(kind = kind.as_str(), %reason, "database not writable; writes are retried with backoff");
-                *failure = Some(Failure { kind, reason, since: now, last: now });
+                *failure = Some(Failure { kind, reason, since: now, last: now, quiet });
             }
         }
         if let Some(m) = self.metrics.get() {
@@ -280,21 +307,26 @@ impl Health {
 pub(super) struct WriteConn {
     conn: super::db::Pooled,
     _turn: super::turns::Turn,
-    fence: Option<Arc<super::Fence>>,
+    fence: Option<Arc<super::lease::Fencing>>,
 }
 
 impl WriteConn {
     /// Starts a write transaction. On PostgreSQL its first statement is the guard: the order lock
     /// and, on a leader's store, the fence. Errors: [`StoreError::Fenced`] when the fence finds the
-    /// lease over (the transaction is rolled back).
+    /// lease over (the transaction is rolled back), or at once, before anything is sent, when the
+    /// term's trust is over (it stopped acting: no write starts, as no webhook attempt does).
     pub(super) async fn begin(&mut self) -> Result<super::db::Tx<'_>, StoreError> {
+        if let Some(f) = self.fence.as_ref().filter(|f| !f.trusted()) {
+            return Err(f.refusal());
+        }
         let mut tx = self.conn.begin().await?;
         if tx.backend() == super::Backend::Postgres {
-            let fenced = super::lease::guard(self.fence.as_deref()).fetch_optional(tx.exec()).await?.is_none();
+            let fence = self.fence.as_deref().map(|f| &f.fence);
+            let fenced = super::lease::guard(fence).fetch_optional(tx.exec()).await?.is_none();
             if fenced {
                 tx.rollback().await?;
-                let epoch = self.fence.as_ref().map_or(0, |f| f.epoch);
-                return Err(StoreError::Fenced { epoch });
+                let epoch = fence.map_or(0, |f| f.epoch);
+                return Err(self.fence.as_ref().map_or(StoreError::Fenced { epoch }, |f| f.refusal()));
             }
         }
         Ok(tx)
@@ -391,17 +423,29 @@ impl Store {
                     self.health.succeeded();
                 }
             }
-            Ok(Err(e)) => self.health.failed(&e),
+            Ok(Err(e)) => self.failed(&e),
             Err(_) => {
                 if let Some(m) = self.health.metrics.get() {
                     m.store_write_error(FaultKind::Timeout.as_str());
                 }
                 let reason =
                     format!("write lock not obtained within {} ms (database is locked)", PROBE_TIMEOUT.as_millis());
-                self.health.unwritable(FaultKind::Timeout, reason);
+                self.health.unwritable(FaultKind::Timeout, reason, true);
             }
         }
         self.health.report()
+    }
+
+    /// `/readyz`'s database check on a PostgreSQL follower, which writes nothing of its own: one
+    /// read on a read connection (at most [`PROBE_TIMEOUT`]; the pool replaces a connection the
+    /// server ended). Returns why the database cannot be read, or `None`. Never looks at the write
+    /// health: a writer's fault is not what a follower serves.
+    pub async fn check_readable(&self) -> Option<String> {
+        match tokio::time::timeout(PROBE_TIMEOUT, self.read_one(self.backend.query("SELECT 1"))).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!("not readable: {}", e.reason())),
+            Err(_) => Some(format!("not readable: no answer within {} ms", PROBE_TIMEOUT.as_millis())),
+        }
     }
 
     async fn probe(&self, write: bool) -> Result<(), StoreError> {
@@ -439,8 +483,8 @@ impl Store {
         match self.pools.write().await {
             Ok(conn) => Ok(WriteConn { conn, _turn: turn, fence: self.fence.clone() }),
             Err(e) => {
-                let e = StoreError::from(e);
-                self.health.failed(&e);
+                let e = self.judge(StoreError::from(e));
+                self.failed(&e);
                 Err(e)
             }
         }
@@ -448,16 +492,35 @@ impl Store {
 
     /// Ends a write on `conn` with its `result`: success marks the database writable; failure is
     /// recorded and closes the connection, so no transaction SQLite left active (or sqlx's bookkeeping
-    /// of it) outlives the failed write — closing rolls back whatever was not committed.
+    /// of it) outlives the failed write — closing rolls back whatever was not committed. On a
+    /// leader's store a failure after its term's trust ran out is the fence's refusal
+    /// ([`StoreError::Fenced`]), not a database fault.
     pub(super) fn settle<T>(&self, mut conn: WriteConn, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        let result = result.map_err(|e| self.judge(e));
         match &result {
             Ok(_) => self.health.succeeded(),
             Err(e) => {
-                self.health.failed(e);
+                self.failed(e);
                 conn.conn.close_on_drop();
             }
         }
         result
+    }
+
+    /// `e` as the outcome of this store's write: on a leader's store, the fence's refusal once its
+    /// term is over (see `lease::Fencing::judge`); else `e`.
+    fn judge(&self, e: StoreError) -> StoreError {
+        match &self.fence {
+            Some(f) => f.judge(e),
+            None => e,
+        }
+    }
+
+    /// Records the failed write `e` in the write health; a lost PostgreSQL connection clears at the
+    /// next success (see `Health::succeeded`).
+    fn failed(&self, e: &StoreError) {
+        let lost = self.backend == super::Backend::Postgres && e.is_connection_lost();
+        self.health.failed(e, !lost);
     }
 }
 
@@ -502,12 +565,41 @@ mod tests {
     #[test]
     fn a_success_clears_a_fault_only_after_a_quiet_window() {
         let health = Health::default();
-        health.unwritable(FaultKind::Full, "database or disk is full".into());
+        health.unwritable(FaultKind::Full, "database or disk is full".into(), true);
         health.succeeded();
         assert!(health.report().is_some(), "a small write right after a failed batch proves nothing");
         let past = Instant::now() - Duration::from_secs(7);
         health.failure().as_mut().unwrap().last = past;
         health.succeeded();
         assert!(health.report().is_none(), "no failure for 5 s + 1 s: writable again");
+    }
+
+    /// A PostgreSQL connection the server ended (or whose socket broke) is replaced by the pool: the
+    /// first write that succeeds after it clears the fault. An outage that also had a disk fault
+    /// keeps the quiet window.
+    #[test]
+    fn a_lost_connection_clears_at_the_next_success_unless_the_outage_had_another_fault() {
+        let broken = StoreError::Sqlx(sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::BrokenPipe)));
+        assert!(broken.is_connection_lost());
+        assert!(!StoreError::Sqlx(sqlx::Error::PoolTimedOut).is_connection_lost());
+        let health = Health::default();
+        health.failed(&broken, false);
+        assert_eq!(health.report().map(|u| u.kind), Some(FaultKind::Io));
+        health.succeeded();
+        assert_eq!(health.report(), None, "writable again at the first success");
+
+        health.unwritable(FaultKind::Full, "could not extend file".into(), true);
+        health.failed(&broken, false);
+        health.succeeded();
+        assert!(health.report().is_some(), "the disk fault of this outage keeps the quiet window");
+    }
+
+    /// The server ending a session left idle in a transaction (SQLSTATE 25P03) is a lost connection
+    /// (`io`), retried like one, not `other`.
+    #[test]
+    fn a_session_ended_for_idling_in_a_transaction_is_an_io_fault() {
+        assert_eq!(postgres_fault("25P03"), Some(FaultKind::Io));
+        assert_eq!(postgres_fault("57P01"), Some(FaultKind::Io));
+        assert_eq!(postgres_fault("23505"), None);
     }
 }

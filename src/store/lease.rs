@@ -83,11 +83,67 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// Whether a leader's term may still act, as the replica itself sees it (`crate::leader::Trust`).
+pub type Trusted = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// A leader's fence with its term's trust, as the store that writes for the term holds it.
+pub(super) struct Fencing {
+    /// What the database checks.
+    pub fence: Fence,
+    /// Whether the term may still act. Once not, the store starts no write, and a write that fails
+    /// is the fence's refusal whatever its error (the paused leader's session was ended by the
+    /// server, its connection is gone): the term's writes are over either way.
+    trusted: Trusted,
+    /// Set when the refusal was logged: once per term.
+    told: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Fencing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fencing").field("fence", &self.fence).field("trusted", &self.trusted()).finish_non_exhaustive()
+    }
+}
+
+impl Fencing {
+    /// Whether the term may still write, as far as this replica knows (its trust).
+    pub(super) fn trusted(&self) -> bool {
+        (self.trusted)()
+    }
+
+    /// The refusal of a write of this term: [`StoreError::Fenced`]. Logged once per term, at info:
+    /// a deposed leader's refused writes are how it learns, or confirms, that its term is over; the
+    /// loss of the lease itself is logged by `crate::leader`.
+    pub(super) fn refusal(&self) -> StoreError {
+        let epoch = self.fence.epoch;
+        if !self.told.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!(replica = %self.fence.holder, epoch,
+                "not the leader any more: this term's writes are refused and left to the next leader");
+        }
+        StoreError::Fenced { epoch }
+    }
+
+    /// `e` as the outcome of a write of this term: the fence's refusal when it is one, or when the
+    /// term's trust is over (whatever failed, the term was over); else `e`.
+    pub(super) fn judge(&self, e: StoreError) -> StoreError {
+        if e.is_fenced() || !self.trusted() {
+            if !e.is_fenced() {
+                tracing::debug!(error = %e, epoch = self.fence.epoch, "a write failed after the term's trust ran out");
+            }
+            return self.refusal();
+        }
+        e
+    }
+}
+
 impl Store {
     /// A clone whose write transactions are fenced by `fence` (PostgreSQL): once another replica took
     /// the lease, or it expired, each fails with [`StoreError::Fenced`] and commits nothing.
-    pub fn fenced(&self, fence: Fence) -> Store {
-        Store { fence: Some(std::sync::Arc::new(fence)), ..self.clone() }
+    /// `trusted` is the term's own view (its trust window): once it says no, no write starts, and a
+    /// write that fails is reported as [`StoreError::Fenced`] too (not as a database fault: the
+    /// database is fine, the term is over).
+    pub fn fenced(&self, fence: Fence, trusted: Trusted) -> Store {
+        let fencing = Fencing { fence, trusted, told: Default::default() };
+        Store { fence: Some(std::sync::Arc::new(fencing)), ..self.clone() }
     }
 
     /// Takes the lease for `holder` for `ttl` if nobody holds it unexpired. Returns the new epoch, or

@@ -30,6 +30,7 @@ mod riders;
 mod script;
 mod state;
 mod statistics;
+mod told;
 mod turns;
 
 pub use checkpoint::{CHECKPOINT_INTERVAL, Checkpointed, WRITER_AUTOCHECKPOINT_BYTES};
@@ -43,15 +44,16 @@ pub use events::{EventFilter, EventRow};
 pub use full_state::FullStateRow;
 pub use health::{FaultKind, PROBE_TIMEOUT, Unwritable};
 pub use held::HeldDeletion;
-pub use lease::{EVENTS_CHANNEL, Fence, LEADER_CHANNEL, LeaseRow};
+pub use lease::{EVENTS_CHANNEL, Fence, LEADER_CHANNEL, LeaseRow, Trusted};
 pub use nodes::NodeRow;
-pub use open::WriterLock;
+pub use open::{SessionLimits, WriterLock};
 pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, RecordedEvent, new_msg_id};
 pub use progress::{ProgressRow, WatchProgress};
 pub use publish::{Acks, CleanupWork, PublishWork, ReleaseWork, Reservation, StatusWork};
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};
 pub use riders::{BACKLOG_COMMIT_INTERVAL, DEFAULT_COMMIT_INTERVAL, StandingClaim, Taken};
 pub use state::{Cleanup, Prepared, ServiceRow, StateChange};
+pub use told::{Told, ToldValue};
 
 /// Handle on the database. Cheap to clone. Reads use a pool of connections; every write goes
 /// through one dedicated connection, so writers queue in-process instead of meeting SQLite's busy
@@ -70,7 +72,7 @@ pub struct Store {
     log_id: std::sync::Arc<str>,
     health: std::sync::Arc<health::Health>,
     /// Set on a leader's store (PostgreSQL): every write transaction is fenced by it ([`Store::fenced`]).
-    fence: Option<std::sync::Arc<Fence>>,
+    fence: Option<std::sync::Arc<lease::Fencing>>,
     /// The group-commit interval ([`Store::commit_interval`]).
     commit_interval: std::time::Duration,
 }

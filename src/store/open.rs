@@ -54,12 +54,51 @@ const WRITE_STATEMENTS: usize = 48;
 /// How long opening PostgreSQL waits for the server, and each pool for a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a PostgreSQL session of vipwatch may keep what it locked once its process stops
+/// answering (SIGSTOP, a frozen VM, a network partition: the server still sees the session open).
+/// The leader's write transaction locks the lease row `FOR SHARE` and takes the advisory lock that
+/// orders writes, and holds the row locks of what it writes (outbox, state): a follower's bid for
+/// the lease waits for the first, the new leader's writes for the others. The server ends a
+/// statement of the write connection after [`SessionLimits::statement`] (a wait for a lock
+/// included) and any session left idle inside a transaction after
+/// [`SessionLimits::idle_in_transaction`]; either way the transaction rolls back and every lock
+/// goes. The lease's own statements have tighter limits (200 ms for a lock, 400 ms in all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// `statement_timeout` of the write connection.
+    pub statement: Duration,
+    /// `idle_in_transaction_session_timeout` of every connection.
+    pub idle_in_transaction: Duration,
+}
+
+impl SessionLimits {
+    /// The limits for a lease of `ttl` renewed every `renew`: each half of `ttl - renew`. A leader
+    /// that stops with a transaction open stopped at most `renew` after its last renewal, and the
+    /// server ends that transaction at most `statement + idle_in_transaction = ttl - renew` after
+    /// its last statement: no later than its lease expires (`ttl` after that renewal), when a
+    /// follower may take the lease. So nothing the stopped leader held delays a takeover: a
+    /// follower takes over within `ttl + renew` of the stop, as after a crash. The configuration's
+    /// bounds (`ttl` at least 3 s and three `renew`) keep each limit at 1 s or more.
+    pub fn for_lease(ttl: Duration, renew: Duration) -> Self {
+        let half = ttl.saturating_sub(renew) / 2;
+        Self { statement: half, idle_in_transaction: half }
+    }
+}
+
+/// `d` as a PostgreSQL setting in whole milliseconds (at least 1: 0 would mean no limit).
+fn millis(d: Duration) -> String {
+    format!("{}ms", d.as_millis().max(1))
+}
+
 impl Store {
     /// Opens the database `config` names: PostgreSQL when `database.url` is set, else the SQLite file
     /// `database.path`. Errors: as [`Store::open`] and [`Store::open_postgres`].
     pub async fn connect(config: &crate::config::DatabaseConfig) -> Result<Self, StoreError> {
         match &config.url {
-            Some(url) => Self::open_postgres(url.expose()).await,
+            Some(url) => {
+                let limits = SessionLimits::for_lease(config.leader_ttl, config.leader_renew);
+                Self::open_postgres_limited(url.expose(), limits).await
+            }
             None => Self::open(&config.path).await,
         }
     }
@@ -67,19 +106,33 @@ impl Store {
     /// Connects to the PostgreSQL database at `url` (`postgres://user:password@host:port/db`, or a
     /// unix socket with `?host=/dir`) and applies the migrations embedded from
     /// `migrations/postgres` (sqlx holds an advisory lock meanwhile, so replicas starting together
-    /// migrate once). Errors: [`StoreError::Open`] naming the URL without its password, wrapping why
-    /// it cannot connect or migrate.
+    /// migrate once). Its sessions get the [`SessionLimits`] of the default lease (`leader_ttl` 15 s,
+    /// `leader_renew` 2 s). Errors: [`StoreError::Open`] naming the URL without its password,
+    /// wrapping why it cannot connect or migrate.
     pub async fn open_postgres(url: &str) -> Result<Self, StoreError> {
-        Self::open_postgres_inner(url).await.map_err(|e| StoreError::Open { target: redact(url), source: Box::new(e) })
+        let d = crate::config::DatabaseConfig::default();
+        Self::open_postgres_limited(url, SessionLimits::for_lease(d.leader_ttl, d.leader_renew)).await
     }
 
-    async fn open_postgres_inner(url: &str) -> Result<Self, StoreError> {
-        // A session stopped inside a transaction (SIGSTOP, a partition) holds the lease row FOR SHARE:
-        // the server ends it after 5 s, so a takeover waits at most that long.
+    /// [`Store::open_postgres`] with the session limits `limits` (see [`SessionLimits`]).
+    pub async fn open_postgres_limited(url: &str, limits: SessionLimits) -> Result<Self, StoreError> {
+        Self::open_postgres_inner(url, limits)
+            .await
+            .map_err(|e| StoreError::Open { target: redact(url), source: Box::new(e) })
+    }
+
+    async fn open_postgres_inner(url: &str, limits: SessionLimits) -> Result<Self, StoreError> {
+        // Every session: a transaction left idle (its process stopped, a partition) is ended by the
+        // server, which releases its locks (see `SessionLimits`).
         let options = PgConnectOptions::from_str(url)?
             .application_name("vipwatch")
-            .options([("idle_in_transaction_session_timeout", "5s")]);
-        let pool = |n| PgPoolOptions::new().max_connections(n).acquire_timeout(CONNECT_TIMEOUT);
+            .options([("idle_in_transaction_session_timeout", millis(limits.idle_in_transaction))]);
+        // `test_before_acquire` (sqlx's default, stated here because the SQLite pools turn it off):
+        // a connection the server ended while it sat in the pool (a restart, the idle limit above)
+        // is found by a ping when it is taken, and replaced by a new one then, not handed to a
+        // write or a read to fail on.
+        let pool =
+            |n| PgPoolOptions::new().max_connections(n).acquire_timeout(CONNECT_TIMEOUT).test_before_acquire(true);
         // One connection of its own first: a pool that cannot connect reports only "pool timed out
         // while waiting for an open connection", hiding why (refused, unknown database, password).
         let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await;
@@ -87,9 +140,16 @@ impl Store {
             let why = format!("the server did not answer within {} s", CONNECT_TIMEOUT.as_secs());
             sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
         })??;
+        // Migrations on this connection, without the writer's statement limit: a migration of a
+        // large table may take longer, and it locks nothing a takeover waits for.
+        let mut first = first;
+        sqlx::migrate!("./migrations/postgres").run(&mut first).await?;
         let _ = first.close().await;
-        let write = pool(1).connect_with(options.clone()).await?;
-        sqlx::migrate!("./migrations/postgres").run(&write).await?;
+        // The writer's statements end within the statement limit, waits for a lock included.
+        let write_options = options.clone().options([("statement_timeout", millis(limits.statement))]);
+        let write = pool(1).connect_with(write_options).await?;
+        // Reads hold no lock a writer or a takeover waits for, and the API's may be long (a page of
+        // the event log, the VIP index's rebuild): no statement limit.
         let read = pool(READ_CONNECTIONS).connect_lazy_with(options.clone());
         // A bid or renewal gives up on a lock within 200 ms and on the statement within 400 ms,
         // server-side: one abandoned by the client's own timeout could otherwise still commit later,
@@ -248,10 +308,12 @@ fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use sqlx::Connection as _;
     use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode};
 
-    use super::{PAGE_SIZE, Store};
+    use super::{PAGE_SIZE, SessionLimits, Store};
     use crate::store::db::Pools;
 
     /// `PRAGMA page_size` of the file at `path`.
@@ -301,5 +363,23 @@ mod tests {
         assert_eq!((store.next_event_id().await.unwrap(), autocheckpoint(&store).await), (2, 16_384));
         store.close().await;
         assert_eq!(page_size(&old).await, 4096);
+    }
+
+    /// Each limit is half of TTL − renew: with the shortest lease the configuration accepts (3 s,
+    /// renewed every 1 s) 1 s, with the defaults (15 s, 2 s) 6.5 s; their sum plus one renewal
+    /// interval is the TTL, so a stopped leader's transaction is over when its lease expires.
+    #[test]
+    fn the_session_limits_end_a_stopped_leaders_transaction_by_the_time_its_lease_expires() {
+        let (s, ms) = (Duration::from_secs, Duration::from_millis);
+        assert_eq!(SessionLimits::for_lease(s(3), s(1)), SessionLimits { statement: s(1), idle_in_transaction: s(1) });
+        assert_eq!(
+            SessionLimits::for_lease(s(15), s(2)),
+            SessionLimits { statement: ms(6_500), idle_in_transaction: ms(6_500) }
+        );
+        for (ttl, renew) in [(s(3), s(1)), (s(3), ms(100)), (s(15), s(2)), (s(300), s(60)), (s(300), ms(100))] {
+            let l = SessionLimits::for_lease(ttl, renew);
+            assert!(l.statement + l.idle_in_transaction + renew <= ttl, "{ttl:?}/{renew:?}");
+            assert!(l.statement >= s(1) && l.idle_in_transaction >= s(1), "{ttl:?}/{renew:?}");
+        }
     }
 }

@@ -731,8 +731,12 @@ mod tests {
             tokio::task::yield_now().await; // the 1 ms lease running out
         }
         enqueue(&store, "MODIFIED", 2).await;
-        let done =
-            Completion { delivery_id: claimed.id, attempt: AttemptRecord::default(), outcome: Outcome::Succeeded };
+        let done = Completion {
+            delivery_id: claimed.id,
+            attempt: AttemptRecord::default(),
+            outcome: Outcome::Succeeded,
+            told: None,
+        };
         store.complete(&[done]).await.unwrap();
         let [first, second] = <[_; 2]>::try_from(rows(&store).await).unwrap();
         assert_eq!((first.0, first.2, first.3.as_str()), (1, Some(1), "superseded"));

@@ -58,6 +58,16 @@ pub(super) async fn write_progress(s: &mut Script<'_>, now: i64, p: &WatchProgre
 }
 
 impl Store {
+    /// Whether some leader has stored its first full lists in this database: a scope's
+    /// `last_list_at` is set. The recorder writes the progress of every first list in the last
+    /// transaction of the batch that stores them all, so one is set only once all are. Followers
+    /// are ready from then on (`/readyz`): what they serve is a complete picture, if perhaps an old
+    /// one. Errors: [`StoreError`] from the read.
+    pub async fn lists_stored(&self) -> Result<bool, StoreError> {
+        let sql = "SELECT EXISTS (SELECT 1 FROM watch_progress WHERE last_list_at IS NOT NULL)";
+        Ok(self.read_one(self.backend.query(sql)).await?.get::<bool, _>(0))
+    }
+
     /// Every `watch_progress` row ordered by scope.
     pub async fn watch_progress(&self) -> Result<Vec<ProgressRow>, StoreError> {
         let sql = "SELECT scope, resource_version, last_list_at, relist_count FROM watch_progress ORDER BY scope";

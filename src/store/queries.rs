@@ -37,6 +37,9 @@ pub struct ServiceDeliveryState {
     pub last_success_at: Option<i64>,
     /// Start of the newest failed attempt (Unix ms).
     pub last_failure_at: Option<i64>,
+    /// Why the Service's newest delivery to the endpoint is failing (its last attempt's error, the
+    /// receiver's reason included); `None` when that delivery succeeded or was not tried yet.
+    pub last_error: Option<String>,
 }
 
 /// Newest attempt outcomes of one endpoint.
@@ -74,7 +77,9 @@ const DELIVERY_STATES: &str = "SELECT webhook, COUNT(*) FILTER (WHERE state = 'p
     (SELECT MAX(a.started_at) FROM attempts a JOIN deliveries y ON y.id = a.delivery_id WHERE y.webhook = d.webhook \
        AND y.namespace = $1 AND y.name = $2 AND a.error_class IS NULL) AS last_success, \
     (SELECT MAX(a.started_at) FROM attempts a JOIN deliveries y ON y.id = a.delivery_id WHERE y.webhook = d.webhook \
-       AND y.namespace = $1 AND y.name = $2 AND a.error_class IS NOT NULL) AS last_failure \
+       AND y.namespace = $1 AND y.name = $2 AND a.error_class IS NOT NULL) AS last_failure, \
+    (SELECT CASE WHEN x.state <> 'succeeded' THEN x.last_error END FROM deliveries x WHERE x.webhook = d.webhook \
+       AND x.namespace = $1 AND x.name = $2 AND x.state <> 'superseded' ORDER BY x.id DESC LIMIT 1) AS last_error \
     FROM deliveries d WHERE namespace = $1 AND name = $2 GROUP BY webhook ORDER BY webhook";
 
 /// A number that changes whenever anything was written: SQLite's `total_changes()` on the write
@@ -182,6 +187,7 @@ impl Store {
                 last_finished_failed: r.get::<Option<bool>, _>("last_failed").unwrap_or(false),
                 last_success_at: r.get("last_success"),
                 last_failure_at: r.get("last_failure"),
+                last_error: r.get("last_error"),
             })
             .collect())
     }

@@ -377,7 +377,7 @@ mod tests {
     }
 
     fn succeeded(delivery_id: i64) -> Completion {
-        Completion { delivery_id, attempt: AttemptRecord::default(), outcome: Outcome::Succeeded }
+        Completion { delivery_id, attempt: AttemptRecord::default(), outcome: Outcome::Succeeded, told: None }
     }
 
     /// Holds the write connection's turn, lines up an (empty) watch write and then a relay round
@@ -504,6 +504,7 @@ mod tests {
             delivery_id: 1,
             attempt: AttemptRecord { duration_ms: ms, ..AttemptRecord::default() },
             outcome: Outcome::Succeeded,
+            told: None,
         };
         let failed = Completion { outcome: Outcome::Retry(now_ms() + 1_000), ..quick(1) };
         let interval = Duration::from_millis(15);

@@ -1,6 +1,7 @@
 //! The data model templates see (docs/reference/templates.md). Event mode: the default payload's
-//! fields lifted to the top (`service`, `previous`, `changed`, `backends`, `vips`, ...); full-state
-//! mode: `services`, every in-scope Service in the same shape as `service`.
+//! fields lifted to the top (`service`, `previous`, `changed`, `backends`, `vips`, ...) and `told`,
+//! what this endpoint last acknowledged for the Service; full-state mode: `services`, every in-scope
+//! Service in the same shape as `service`.
 
 use minijinja::Value;
 use minijinja::value::Serde;
@@ -12,10 +13,18 @@ use crate::store::ServiceRow;
 /// The context of an event-mode request, from the stored default payload `payload` (the outbox's
 /// exact JSON): `type`, `timestamp`, `event`, `event_id`, `cause`, `log_id`, `service`, `previous`,
 /// `changed`, `backends` (= `service.backends`), `backends_diff`, `vips` (= `service.vips`), `sync`,
-/// `cluster` (the cluster's name, `data.cluster`),
-/// plus `webhook.name`, `secrets` and `captured` (values captured by earlier requests). Absent fields
-/// are `none`, so `{% if previous %}` works under strict undefined.
-pub fn event_context(payload: &Json, webhook: &str, secrets: &Json, captured: &Map<String, Json>) -> Value {
+/// `cluster` (the cluster's name, `data.cluster`), plus `told` (the `service` value of the last
+/// delivery of this Service the endpoint acknowledged, from table `told`; `None`, `none` to
+/// templates, when it never acknowledged one or acknowledged its `DELETED` since), `webhook.name`,
+/// `secrets` and `captured` (values captured by earlier requests). Absent fields are `none`, so
+/// `{% if previous %}` works under strict undefined.
+pub fn event_context(
+    payload: &Json,
+    webhook: &str,
+    secrets: &Json,
+    told: Option<&Json>,
+    captured: &Map<String, Json>,
+) -> Value {
     let data = &payload["data"];
     let service = &data["service"];
     let ctx = json!({
@@ -33,6 +42,7 @@ pub fn event_context(payload: &Json, webhook: &str, secrets: &Json, captured: &M
         "backends_diff": data["backendsDiff"],
         "vips": service.get("vips").cloned().unwrap_or_else(|| json!([])),
         "sync": data["sync"],
+        "told": told,
         "webhook": {"name": webhook},
         "secrets": secrets,
         "captured": captured,

@@ -67,6 +67,8 @@ pub struct Compiled {
     full_state: Option<CompiledRequest>,
     secrets: BTreeMap<String, Secret>,
     auth: Option<Secret>,
+    /// Whether any template reads `told` (only then is it read from the store per attempt).
+    uses_told: bool,
     /// The template settings as configured.
     pub config: TemplateConfig,
 }
@@ -130,7 +132,15 @@ impl Compiled {
             None => None,
         };
         let base = w.url.clone();
-        Ok(Self { env, base, allow_link_local: w.allow_link_local, events, full_state, secrets, auth, config })
+        let uses_told = env.templates().any(|(_, t)| t.undeclared_variables(false).contains("told"));
+        let allow_link_local = w.allow_link_local;
+        Ok(Self { env, base, allow_link_local, events, full_state, secrets, auth, uses_told, config })
+    }
+
+    /// Whether any of the endpoint's templates reads `told` (what the endpoint last acknowledged for
+    /// the Service): the relay reads it from the store for each attempt only then.
+    pub fn uses_told(&self) -> bool {
+        self.uses_told
     }
 
     /// The requests of event type `event` (`ADDED`, `MODIFIED`, `DELETED`, `SYNCED`), in order.

@@ -17,7 +17,7 @@ pub use context::{event_context, full_state_context, service_value};
 pub use engine::{Compiled, CompiledRequest, Rendered, redact, with_item};
 pub use filters::environment;
 pub use rules::{Judgement, capture, judge, matches, pointer_values};
-pub use sample::{SAMPLE_PAYLOAD, check_config, sample_services};
+pub use sample::{SAMPLE_PAYLOAD, check_config, sample_services, sample_told};
 
 /// A template that cannot be compiled or rendered, or a request it rendered that cannot be sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,7 +1,8 @@
 //! `vipwatch check-config` for templates: compile every endpoint's templates and render each request
 //! against a sample Service (`shop/web`, whose annotation tries to break out of its JSON string),
 //! shaped per event type ([`sample_payload`]), so a typo, an undefined variable or a body that is not
-//! JSON fails before `serve`.
+//! JSON fails before `serve`. Templates that read `told` render twice: with `told` none (nothing
+//! acknowledged yet) and with [`sample_told`].
 
 use serde_json::{Map, Value, json};
 
@@ -52,10 +53,28 @@ pub fn sample_payload(event: &str) -> Value {
     payload
 }
 
+/// What the endpoint was `told` in the sample: the sample's Service as acknowledged before, with one
+/// port more (`admin`, 8080/TCP, one member) and one member more on port 80 (`10.0.0.13`), so that
+/// requests over what went away since render something.
+pub fn sample_told() -> Value {
+    let payload: Value = serde_json::from_str(SAMPLE_PAYLOAD).expect("the sample is JSON");
+    let mut told = payload["data"]["service"].clone();
+    told["resourceVersion"] = json!("1200");
+    let admin = json!({"name": "admin", "protocol": "TCP", "port": 8080, "targetPort": "8080", "nodePort": 30880,
+                       "appProtocol": null});
+    told["ports"].as_array_mut().expect("the sample has ports").push(admin);
+    let member = |address: &str, port: i64| json!({"address": address, "port": port, "state": "active", "nodeName": "node-c", "zone": "z3"});
+    let ports = told["backends"]["ports"].as_array_mut().expect("the sample has members");
+    ports[0]["members"].as_array_mut().expect("port 80 has members").push(member("10.0.0.13", 30080));
+    ports.push(json!({"name": "admin", "protocol": "TCP", "port": 8080, "members": [member("10.0.0.11", 30880)]}));
+    told
+}
+
 /// Compiles the templates of every enabled endpoint of `config` and renders each request against
-/// the sample (every event type; for full state, two Services). Returns one line per rendered
-/// request (`webhook: request METHOD url, N body bytes`). Errors: [`ConfigError::Webhook`] with key
-/// `template` and the template's name, line and reason.
+/// the sample (every event type, with `told` none and [`sample_told`] when a template reads it; for
+/// full state, two Services). Returns one line per request rendered (`webhook: request METHOD url,
+/// N body bytes`; those with [`sample_told`] when a template reads `told`). Errors:
+/// [`ConfigError::Webhook`] with key `template` and the template's name, line and reason.
 pub fn check_config(config: &Config) -> Result<Vec<String>, ConfigError> {
     let mut lines = Vec::new();
     for w in config.webhooks.iter().filter(|w| w.enabled && w.template.is_some()) {
@@ -81,9 +100,21 @@ fn check_endpoint(w: &WebhookConfig) -> Result<Vec<String>, TemplateError> {
     };
     match compiled.config.mode {
         TemplateMode::Event => {
+            let told = sample_told();
             for event in TEMPLATE_EVENTS {
                 let payload = sample_payload(event);
-                let ctx = event_context(&payload, &w.name, &secrets, &captured);
+                if compiled.uses_told() {
+                    // Nothing acknowledged yet: checked, not printed.
+                    let ctx = event_context(&payload, &w.name, &secrets, None, &captured);
+                    for req in compiled.requests(event) {
+                        compiled.render_all(req, &ctx).map_err(told_none)?;
+                        if req.poll.is_some() {
+                            compiled.render_poll(req, &ctx).map_err(told_none)?;
+                        }
+                    }
+                }
+                let told = compiled.uses_told().then_some(&told);
+                let ctx = event_context(&payload, &w.name, &secrets, told, &captured);
                 for req in compiled.requests(event) {
                     for r in compiled.render_all(req, &ctx)? {
                         line(&req.name, &r);
@@ -115,6 +146,18 @@ fn check_endpoint(w: &WebhookConfig) -> Result<Vec<String>, TemplateError> {
         }
     }
     Ok(lines)
+}
+
+/// `e`, saying that it happened with `told` none.
+fn told_none(e: TemplateError) -> TemplateError {
+    const NONE: &str = "(with `told` none: nothing acknowledged yet)";
+    match e {
+        TemplateError::Template { template, line, reason } => {
+            TemplateError::Template { template, line, reason: format!("{reason} {NONE}") }
+        }
+        TemplateError::Output { template, what } => TemplateError::Output { template, what: format!("{what} {NONE}") },
+        TemplateError::Setup(why) => TemplateError::Setup(why),
+    }
 }
 
 /// `captured.<name>` = `"sample-<name>"` for every capture any request declares.

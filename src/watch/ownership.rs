@@ -79,13 +79,7 @@ impl Ownership {
     /// The view of `t` with the appliance's addresses, as an observation to decide on.
     pub fn assigned(t: &Tracked, a: Assignment) -> Observed {
         let mut view = (*t.view).clone();
-        view.allocation = Some(Allocation {
-            source: VipSource::Appliance,
-            pool: None,
-            addresses: a.addresses,
-            hostname: a.hostname,
-            reason: None,
-        });
+        view.allocation = Some(Allocation::from_appliance(a.addresses, a.hostname));
         let (uid, resource_version, backends) = (t.uid.clone(), t.resource_version.clone(), t.backends.clone());
         Observed { key: a.key, uid, resource_version, view: view.into(), in_scope: true, backends }
     }
@@ -122,16 +116,27 @@ impl Ownership {
                 out.push(notice(Reason::AllocationFailed, reason.clone()));
             }
         } else if was.map(|a| (&a.addresses, &a.hostname)) != Some((&now.addresses, &now.hostname)) {
-            let what: Vec<&str> = now.addresses.iter().chain(&now.hostname).map(String::as_str).collect();
-            let from =
-                now.pool.as_ref().map(|p| format!(" from pool {p}")).unwrap_or_else(|| " by the appliance".into());
-            out.push(notice(Reason::IPAllocated, format!("Assigned {}{from}", what.join(", "))));
+            out.push(notice(Reason::IPAllocated, allocated_note(now)));
         }
         if ensures(e.kind, &e.changed) {
             out.push(notice(Reason::EnsuringLoadBalancer, "Ensuring load balancer".into()));
         }
         out
     }
+}
+
+/// The note of an `IPAllocated` Event: the addresses and where they come from. `Assigned 192.0.2.5,
+/// 2001:db8::5 from pool lab` when one pool gave them all, `Assigned 192.0.2.5 from pool v4,
+/// 2001:db8::51 from pool v6` when each comes from another, `… by the appliance` for an appliance's.
+fn allocated_note(a: &Allocation) -> String {
+    let pools: Vec<Option<&str>> = a.addresses.iter().map(|ip| a.pool_of(ip)).collect();
+    let from = |pool: Option<&str>| pool.map_or_else(|| " by the appliance".to_owned(), |p| format!(" from pool {p}"));
+    if pools.windows(2).all(|w| w[0] == w[1]) {
+        let what: Vec<&str> = a.addresses.iter().chain(&a.hostname).map(String::as_str).collect();
+        return format!("Assigned {}{}", what.join(", "), from(pools.first().copied().flatten()));
+    }
+    let each: Vec<String> = a.addresses.iter().zip(pools).map(|(ip, pool)| format!("{ip}{}", from(pool))).collect();
+    format!("Assigned {}", each.join(", "))
 }
 
 /// Whether a recorded change makes the appliance ensure the load balancer anew, which

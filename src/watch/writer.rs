@@ -304,7 +304,13 @@ impl Writer {
                         self.next_id = None;
                         tokio::time::sleep(wait).await;
                     }
-                    Err(e) if e.is_fenced() || self.signals.term.is_cancelled() => {
+                    // The store logged the fence's refusal once; the next leader re-lists.
+                    Err(e) if e.is_fenced() => {
+                        debug!(error = %e, "not leading any more: changes left to the next leader (it re-lists)");
+                        self.next_id = None;
+                        return;
+                    }
+                    Err(e) if self.signals.term.is_cancelled() => {
                         warn!(error = %e, "not leading any more: changes left to the next leader (it re-lists)");
                         self.next_id = None;
                         return;

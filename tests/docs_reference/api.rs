@@ -113,10 +113,17 @@ fn schema_section(name: &str, schema: &Value) -> String {
         .flatten()
         .map(|(field, s)| {
             let optional = if required.contains(&field.as_str()) && !nullable(s) { "" } else { "?" };
-            vec![format!("`{field}`{optional}"), type_name(s), cell(s["description"].as_str().unwrap_or_default())]
+            vec![format!("`{field}`{optional}"), type_name(s), cell(description(s))]
         })
         .collect();
     if rows.is_empty() { out } else { out + &table(&["field", "type", "meaning"], &rows) }
+}
+
+/// A field's description: its own, or, for a nullable reference (`oneOf` the reference and `null`),
+/// the one utoipa puts beside the reference.
+fn description(s: &Value) -> &str {
+    let beside = || s["oneOf"].as_array()?.iter().find_map(|o| o["description"].as_str());
+    s["description"].as_str().or_else(beside).unwrap_or_default()
 }
 
 fn nullable(s: &Value) -> bool {

@@ -25,7 +25,12 @@ struct Replica {
     name: &'static str,
     api: String,
     child: tokio::process::Child,
+    /// Every line it logged so far.
+    logs: Logs,
 }
+
+/// The lines a replica logged (its stderr), in order.
+type Logs = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
 impl Replica {
     /// Starts replica `name` on `h`'s database, delivering to `rx`, with addresses from 10.9.0.0/22.
@@ -61,7 +66,29 @@ impl Replica {
             .spawn()
             .unwrap();
         let stderr = child.stderr.take().unwrap();
-        Self { name, api: api_url(name, stderr).await, child }
+        let logs = Logs::default();
+        Self { name, api: api_url(name, stderr, logs.clone()).await, child, logs }
+    }
+
+    /// How many lines it logged so far: a mark for [`Replica::logged_since`].
+    fn log_mark(&self) -> usize {
+        self.logs.lock().unwrap().len()
+    }
+
+    /// The lines it logged after `mark`.
+    fn logged_since(&self, mark: usize) -> Vec<String> {
+        self.logs.lock().unwrap()[mark..].to_vec()
+    }
+
+    /// `GET /readyz`: the status and the body (the problem's `detail` when not ready).
+    async fn readyz(&self) -> (u16, String) {
+        let resp = reqwest::get(format!("{}/readyz", self.api)).await.unwrap();
+        let status = resp.status().as_u16();
+        let body = resp.text().await.unwrap();
+        match serde_json::from_str::<Value>(&body) {
+            Ok(problem) => (status, problem["detail"].as_str().unwrap_or_default().to_owned()),
+            Err(_) => (status, body),
+        }
     }
 
     /// `GET /api/v1/status`'s `leader`, when the replica answers.
@@ -97,13 +124,15 @@ impl Replica {
 
 /// The API's base URL, from the replica's `API listening addr=…` log line (it listens on port 0: a
 /// port picked here and bound later by the child could be given to another test meanwhile). The
-/// child's log goes on to this process's stderr, as if inherited.
-async fn api_url(name: &str, stderr: tokio::process::ChildStderr) -> String {
+/// child's log goes on to this process's stderr, as if inherited, and into `logs`.
+async fn api_url(name: &str, stderr: tokio::process::ChildStderr, logs: Logs) -> String {
     use tokio::io::AsyncBufReadExt;
     let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let keep = logs.clone();
     let find = async {
         while let Some(line) = lines.next_line().await.unwrap() {
             eprintln!("{line}");
+            keep.lock().unwrap().push(line.clone());
             if let Some((_, rest)) = line.split_once("API listening addr=") {
                 return rest.split_whitespace().next().unwrap().to_owned();
             }
@@ -114,6 +143,7 @@ async fn api_url(name: &str, stderr: tokio::process::ChildStderr) -> String {
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
             eprintln!("{line}");
+            logs.lock().unwrap().push(line);
         }
     });
     format!("http://{addr}")
@@ -580,4 +610,236 @@ async fn reads_answer_503_database_unavailable_while_postgresql_is_down() {
             "{path}"
         );
     }
+}
+
+/// The lease of the fail-over edge tests, as the field check ran it: `leader_ttl` 3 s renewed every
+/// 1 s (so the session limits are 1 s each, `SessionLimits::for_lease`), with the lease, fencing and
+/// store logged at info and everything else at warn.
+const LEASE_3S_1S: &[(&str, &str)] = &[
+    ("VIPWATCH_DATABASE__LEADER_TTL", "3s"),
+    ("VIPWATCH_DATABASE__LEADER_RENEW", "1s"),
+    ("VIPWATCH_LOG", "warn,vipwatch::app=info,vipwatch::leader=info,vipwatch::store=info"),
+];
+/// `leader_renew` in [`LEASE_3S_1S`].
+const RENEW: Duration = Duration::from_secs(1);
+/// The session limits of [`LEASE_3S_1S`]: each half of `leader_ttl - leader_renew`.
+const SESSION_LIMIT: Duration = Duration::from_secs(1);
+/// What a measured bound may exceed its terms by: the status polls (every 20 ms), a bid's round
+/// trip, and a loaded test machine.
+const SLACK: Duration = Duration::from_millis(500);
+
+/// The advisory lock every PostgreSQL write transaction takes first (the store's `ORDER_LOCK`),
+/// together with the fence's `FOR SHARE` lock on the lease row on a leader's store. `pg_locks`
+/// shows a bigint key as `classid` (its high 32 bits) and `objid` (its low 32 bits).
+const ORDER_LOCK: i64 = 0x7669_7077_6f72_6472;
+
+/// The state (`pg_stat_activity.state`) of the session in this test's database that holds the
+/// write-order lock, if one does: the replica with a write transaction open.
+async fn order_lock_holder(pool: &sqlx::PgPool) -> Option<String> {
+    let sql = "SELECT a.state FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+               WHERE l.locktype = 'advisory' AND l.granted AND l.classid::bigint = $1 AND l.objid::bigint = $2 \
+               AND l.objsubid = 1 AND a.datname = current_database()";
+    sqlx::query_scalar(sql).bind(ORDER_LOCK >> 32).bind(ORDER_LOCK & 0xffff_ffff).fetch_optional(pool).await.unwrap()
+}
+
+/// Stops `r` (SIGSTOP) at a moment its write connection has a transaction open: it then holds the
+/// lease row `FOR SHARE` and the write-order lock until the server ends its session. Stops it,
+/// waits up to 300 ms for the session to show `idle in transaction` with the lock (a statement sent
+/// before the stop still runs first), else resumes it and tries again a little later. Returns when
+/// it was stopped.
+async fn stop_inside_a_write_transaction(r: &Replica, pool: &sqlx::PgPool) -> Instant {
+    for attempt in 0..50u64 {
+        r.signal(libc::SIGSTOP);
+        let stopped = Instant::now();
+        let idle_in_transaction = async {
+            loop {
+                if order_lock_holder(pool).await.as_deref() == Some("idle in transaction") {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await; // ok: polling interval
+            }
+        };
+        if tokio::time::timeout(Duration::from_millis(300), idle_in_transaction).await.is_ok() {
+            eprintln!("{} stopped inside a write transaction (attempt {})", r.name, attempt + 1);
+            return stopped;
+        }
+        r.signal(libc::SIGCONT);
+        // ok: not a wait for anything; moves the next stop to another phase of the writer's cycle.
+        tokio::time::sleep(Duration::from_millis(20 + 17 * (attempt % 7))).await;
+    }
+    panic!("{} never stopped inside a write transaction", r.name);
+}
+
+/// A stream of changes to the simulated API at about `per_second`: 50 Services, each updated in
+/// turn (a label), so the leader writes events and deliveries continuously. Stops when dropped.
+struct Load(tokio::task::JoinHandle<()>);
+
+impl Load {
+    fn start(api: &vipwatch::fake_apiserver::FakeApiServer, per_second: u64) -> Self {
+        for i in 0..50 {
+            api.apply(lb_service("load", &format!("svc-{i:02}"), 80));
+        }
+        let api = api.clone();
+        Self(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(1000 / per_second));
+            for n in 0u64.. {
+                tick.tick().await;
+                let name = format!("svc-{:02}", n % 50);
+                api.update("load", &name, |o| {
+                    o["metadata"]["labels"]["round"] = serde_json::json!((n / 50).to_string())
+                });
+            }
+        }))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A leader stopped (SIGSTOP) inside a write transaction, under 60 changes/s, holds the lease row
+/// `FOR SHARE` and the write-order lock. The server ends that transaction within the session limit
+/// (1 s with a 3 s lease renewed every 1 s), before the lease expires, so the follower takes over
+/// within `leader_ttl + leader_renew` of the stop, as after a crash, and delivers. (With the fixed
+/// 5 s idle-in-transaction limit the takeover waited for it: 5.0–5.6 s.)
+#[tokio::test]
+async fn a_leader_stopped_inside_a_write_transaction_is_replaced_within_the_ttl_plus_one_renewal() {
+    let h = Harness::new().await;
+    let (rx_a, rx_b) = (Receiver::ok().await, Receiver::ok().await);
+    let a = Replica::start_with(&h, "a", &rx_a, LEASE_3S_1S).await;
+    a.wait_role("leader").await;
+    let b = Replica::start_with(&h, "b", &rx_b, LEASE_3S_1S).await;
+    b.wait_role("follower").await;
+    let pool = sqlx::PgPool::connect(h.pg_url.as_deref().unwrap()).await.unwrap();
+    let _load = Load::start(&h.api, 60);
+    wait_until("a delivers the load", || async { (rx_a.accepted().len() >= 100).then_some(()) }).await;
+
+    let stopped = stop_inside_a_write_transaction(&a, &pool).await;
+    wait_until("the server ended the stopped leader's transaction", || async {
+        order_lock_holder(&pool).await.is_none().then_some(())
+    })
+    .await;
+    let released = stopped.elapsed();
+    b.wait_role("leader").await;
+    let takeover = stopped.elapsed();
+    let before = rx_b.accepted().len();
+    wait_until("b delivers", || async { (rx_b.accepted().len() > before).then_some(()) }).await;
+    let delivering = stopped.elapsed();
+    eprintln!("after the stop: locks released {released:?}, takeover {takeover:?}, b delivering {delivering:?}");
+    assert!(released < SESSION_LIMIT + SLACK, "the stopped leader's locks went after {released:?}");
+    assert!(takeover < TTL + RENEW + SLACK, "takeover took {takeover:?}");
+    a.signal(libc::SIGCONT);
+    a.wait_role("follower").await;
+}
+
+/// The leader stopped inside a write transaction resumes after the server ended that transaction
+/// and a follower took over. Its open write fails (the connection is gone): that is its term's
+/// end, not a database fault. It follows, and `/readyz` answers 200 throughout (a follower is
+/// ready while it can read; its writes' connection is replaced at once). Its log has no ERROR line
+/// from the resume on, and tells the fence's refusal once, at info, with the epoch. (Before, it
+/// answered 503 `database: not writable: … Broken pipe` for about 6 s and logged the stand-down at
+/// ERROR.)
+#[tokio::test]
+async fn a_deposed_leader_resumed_after_its_session_was_ended_stays_ready_and_logs_no_error() {
+    let h = Harness::new().await;
+    let (rx_a, rx_b) = (Receiver::ok().await, Receiver::ok().await);
+    let a = Replica::start_with(&h, "a", &rx_a, LEASE_3S_1S).await;
+    a.wait_role("leader").await;
+    let b = Replica::start_with(&h, "b", &rx_b, LEASE_3S_1S).await;
+    b.wait_role("follower").await;
+    let pool = sqlx::PgPool::connect(h.pg_url.as_deref().unwrap()).await.unwrap();
+    let _load = Load::start(&h.api, 60);
+    wait_until("a delivers the load", || async { (rx_a.accepted().len() >= 100).then_some(()) }).await;
+    assert_eq!(a.readyz().await, (200, "ready".to_owned()));
+
+    stop_inside_a_write_transaction(&a, &pool).await;
+    b.wait_role("leader").await;
+    wait_until("the server ended the stopped leader's transaction", || async {
+        order_lock_holder(&pool).await.is_none().then_some(())
+    })
+    .await;
+    let mark = a.log_mark();
+    a.signal(libc::SIGCONT);
+    let resumed = Instant::now();
+    let mut answers = Vec::new();
+    while resumed.elapsed() < Duration::from_secs(3) {
+        answers.push(a.readyz().await);
+        tokio::time::sleep(Duration::from_millis(50)).await; // ok: the polling interval of a probe
+    }
+    let not_ready: Vec<_> = answers.iter().filter(|(status, _)| *status != 200).collect();
+    assert_eq!(not_ready, Vec::<&(u16, String)>::new(), "a answered /readyz {} times", answers.len());
+    assert_eq!(a.role().await.as_deref(), Some("follower"));
+
+    let logged = a.logged_since(mark);
+    let errors: Vec<&String> = logged.iter().filter(|l| l.contains(" ERROR ")).collect();
+    assert_eq!(errors, Vec::<&String>::new(), "no ERROR line after the resume");
+    let refusals: Vec<&String> =
+        logged.iter().filter(|l| l.contains("not the leader any more: this term's writes are refused")).collect();
+    assert_eq!(refusals.len(), 1, "the refusal logged once: {refusals:?}");
+    assert!(refusals[0].contains(" INFO ") && refusals[0].contains("epoch=1"), "{}", refusals[0]);
+}
+
+/// While writes wait (a session of the test holds the write-order lock), the leader's `/readyz`
+/// says the database is not writable, and the follower's says ready: it serves reads, which
+/// answer, and writes nothing of its own. (Before, the follower ran the leader's write probe and
+/// answered 503 too.)
+#[tokio::test]
+async fn a_follower_is_ready_while_reads_answer_even_when_writes_wait() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    let a = Replica::start(&h, "a", &rx).await;
+    a.wait_role("leader").await;
+    let b = Replica::start(&h, "b", &rx).await;
+    b.wait_role("follower").await;
+    h.api.apply(lb_service("shop", "web", 80));
+    wait_until("the ADDED delivered", || async { (rx.accepted().len() == 1).then_some(()) }).await;
+    for r in [&a, &b] {
+        wait_until(&format!("{} ready", r.name), || async { (r.readyz().await.0 == 200).then_some(()) }).await;
+    }
+
+    use sqlx::Connection as _;
+    let mut blocker = sqlx::PgConnection::connect(h.pg_url.as_deref().unwrap()).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)").bind(ORDER_LOCK).execute(&mut blocker).await.unwrap();
+    let locked = "not ready: database: not writable: write lock not obtained within 800 ms (database is locked)";
+    let (status, detail) =
+        wait_until("a not ready", || async { Some(a.readyz().await).filter(|(s, _)| *s == 503) }).await;
+    // The detail ends with how long writes have failed, ` (since N s)`.
+    assert_eq!((status, detail.rsplit_once(" (since ").map(|(d, _)| d)), (503, Some(locked)));
+    assert_eq!(b.readyz().await, (200, "ready".to_owned()));
+
+    sqlx::query("SELECT pg_advisory_unlock($1)").bind(ORDER_LOCK).execute(&mut blocker).await.unwrap();
+    wait_until("a ready again", || async { (a.readyz().await.0 == 200).then_some(()) }).await;
+}
+
+/// A follower on a database where no leader has stored its first lists yet is not ready: what it
+/// would serve is no complete picture (here the leader cannot reach Kubernetes). Once a leader has
+/// stored them, every replica is ready, the cut-off one too now that it follows. (Before, the
+/// follower answered 200 at once, serving an empty state as if it were current.)
+#[tokio::test]
+async fn a_follower_is_ready_only_once_some_leader_stored_its_first_lists() {
+    let h = Harness::new().await;
+    let rx = Receiver::ok().await;
+    h.api.apply(lb_service("shop", "web", 80));
+    let refused = Refused::new();
+    let dead = refused.addr;
+    let cut_off =
+        [("VIPWATCH_KUBERNETES__URL", &*format!("http://{dead}")), ("VIPWATCH_DATABASE__LEADER_STEP_DOWN_AFTER", "5s")];
+    let a = Replica::start_with(&h, "a", &rx, &cut_off).await;
+    a.wait_role("leader").await;
+    let b = Replica::start(&h, "b", &rx).await;
+    b.wait_role("follower").await;
+    assert_eq!(
+        b.readyz().await,
+        (503, "not ready: watch: no leader has stored its first full lists in this database yet".to_owned())
+    );
+    assert_eq!(a.readyz().await, (503, "not ready: watch: waiting for the first full list".to_owned()));
+
+    b.wait_role("leader").await;
+    wait_until("b ready", || async { (b.readyz().await.0 == 200).then_some(()) }).await;
+    wait_until("the ADDED delivered", || async { (rx.accepted().len() == 1).then_some(()) }).await;
+    assert_eq!(rx.accepted()[0].event().0, "ADDED");
+    a.wait_role("follower").await;
+    assert_eq!(a.readyz().await, (200, "ready".to_owned()));
 }

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use compact_str::{CompactString, ToCompactString};
 
-use crate::view::{IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap, string_map};
+use crate::view::{IngressView, PortView, ServiceView, StringMap, requested_ip_entries, string_map};
 
 impl ServiceView {
     /// Normalizes a Kubernetes Service. Never fails: absent fields take Kubernetes' defaults (type
@@ -39,7 +39,7 @@ impl ServiceView {
             ip_families: compact(spec.ip_families.unwrap_or_default()),
             ip_family_policy: spec.ip_family_policy.map(CompactString::from),
             allocate_load_balancer_node_ports: spec.allocate_load_balancer_node_ports,
-            load_balancer_ip: spec.load_balancer_ip.filter(|ip| is_ip(ip)),
+            load_balancer_ip: spec.load_balancer_ip.as_deref().and_then(canonical),
             requested_ips: requested_ips(&annotations),
             ingress,
             labels: string_map(meta.labels.unwrap_or_default()),
@@ -75,17 +75,19 @@ fn compact(strings: Vec<String>) -> Vec<CompactString> {
     strings.into_iter().map(CompactString::from).collect()
 }
 
+/// The requested IPs of [`requested_ip_entries`], normalized by [`canonical`].
 fn requested_ips(annotations: &StringMap) -> Vec<String> {
-    let Some(value) = REQUESTED_IP_ANNOTATIONS.iter().find_map(|k| annotations.get(*k)) else {
-        return Vec::new();
-    };
-    value.split(',').map(str::trim).filter(|s| is_ip(s)).map(str::to_owned).collect()
+    requested_ip_entries(annotations)
+        .map(|(_, entries)| entries.into_iter().filter_map(canonical).collect())
+        .unwrap_or_default()
 }
 
-/// Whether `s` is an IPv4 or IPv6 address. Anything else in `spec.loadBalancerIP` or a requested-IP
+/// `s` (trimmed) in the canonical form of its IP address (`2001:DB8:0::1` → `2001:db8::1`, the form
+/// the allocation and the status use, so the same address compares equal wherever it shows), or `None`
+/// when it is not an IPv4 or IPv6 address: anything else in `spec.loadBalancerIP` or a requested-IP
 /// annotation is not an address an appliance can bind, and is left out of the view.
-fn is_ip(s: &str) -> bool {
-    s.parse::<std::net::IpAddr>().is_ok()
+fn canonical(s: &str) -> Option<String> {
+    s.trim().parse::<std::net::IpAddr>().ok().map(|ip| ip.to_string())
 }
 
 fn ingress_views(svc: &Service) -> Vec<IngressView> {
@@ -162,6 +164,20 @@ mod tests {
                 ("2001:db8::1".to_owned(), "annotation")
             ]
         );
+    }
+
+    /// Whichever of the requested-IP annotations carries the request (the first present), the view
+    /// shows it normalized: trimmed, canonical, without the entries that are not addresses; as it
+    /// shows `spec.loadBalancerIP`.
+    #[test]
+    fn requested_ips_are_normalized_whichever_annotation_carries_them() {
+        for key in crate::REQUESTED_IP_ANNOTATIONS {
+            let v = view(serde_json::json!({"metadata": {"name": "a", "annotations": {
+                key: " 2001:DB8:0:0::51 ,, 192.0.2.7/32, 192.000.2.8, 192.0.2.9 ", "other": "2001:db8::1"}},
+                "spec": {"type": "LoadBalancer", "loadBalancerIP": " 2001:DB8::0:52"}}));
+            assert_eq!(v.requested_ips, vec!["2001:db8::51", "192.0.2.9"], "{key}");
+            assert_eq!(v.load_balancer_ip.as_deref(), Some("2001:db8::52"), "{key}");
+        }
     }
 
     /// A Service that changed type away from LoadBalancer keeps the status it had until someone

@@ -25,6 +25,6 @@ pub use backends::{
 pub use compact_str::{CompactString, ToCompactString};
 pub use payload::{Cause, EventKind, PayloadType, SyncMarker, WebhookPayload, WebhookPayloadData, WebhookService};
 pub use view::{
-    Allocation, IngressView, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap, VipSource, compact_map,
-    object, string_map,
+    AllocatedAddress, Allocation, IngressView, IpFamily, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap,
+    VipSource, compact_map, object, requested_ip_entries, string_map,
 };

@@ -2,6 +2,8 @@
 //! with Kubernetes defaults filled in so that equal Services compare equal. Serialized in camelCase,
 //! as Kubernetes spells the fields.
 
+use std::net::IpAddr;
+
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +16,14 @@ pub const REQUESTED_IP_ANNOTATIONS: [&str; 4] = [
     "metallb.universe.tf/loadBalancerIPs",
     "lbipam.cilium.io/ips",
 ];
+
+/// The requested-IP annotation that counts in `annotations` — the first of [`REQUESTED_IP_ANNOTATIONS`]
+/// present — and its entries: comma-separated, trimmed, empty ones left out. One reading for the view's
+/// `requestedIPs` and for the allocator, so both follow the same annotation.
+pub fn requested_ip_entries(annotations: &StringMap) -> Option<(&'static str, Vec<&str>)> {
+    let (key, value) = REQUESTED_IP_ANNOTATIONS.iter().find_map(|k| annotations.get(*k).map(|v| (*k, v)))?;
+    Some((key, value.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()))
+}
 
 /// One Service port as the load balancer sees it (`spec.ports[]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,18 +82,70 @@ impl VipSource {
     }
 }
 
+/// An IP address family, spelt as `spec.ipFamilies` spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum IpFamily {
+    /// IPv4.
+    IPv4,
+    /// IPv6.
+    IPv6,
+}
+
+impl IpFamily {
+    /// The family of `ip`.
+    pub fn of(ip: &IpAddr) -> Self {
+        if ip.is_ipv4() { Self::IPv4 } else { Self::IPv6 }
+    }
+
+    /// The family of `address` when it is an IP address (`None` for a DNS name or anything else).
+    pub fn of_address(address: &str) -> Option<Self> {
+        address.parse().ok().map(|ip| Self::of(&ip))
+    }
+
+    /// `IPv4` or `IPv6`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::IPv4 => "IPv4",
+            Self::IPv6 => "IPv6",
+        }
+    }
+}
+
+/// One address of an allocation, with its family and the pool it comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AllocatedAddress {
+    /// The address, as in `addresses`.
+    pub address: String,
+    /// Its family.
+    pub family: IpFamily,
+    /// The pool it comes from (`source = pool`); `null` for an appliance-assigned address.
+    pub pool: Option<String>,
+}
+
 /// The addresses vipwatch assigned to a Service (or why it has none yet). Part of the view, so a
 /// change of allocation is a MODIFIED (`changed: ["allocation"]`) and reaches the appliance.
+///
+/// A Service may hold addresses of two pools: addresses it requested explicitly (an IPv4 in one pool,
+/// an IPv6 in another) are each taken from the pool that contains them, while an allocation vipwatch
+/// chooses takes every address from one pool. `pool` names the first address's pool, as it always
+/// did; `perAddress` says which pool each address comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Allocation {
     /// `pool` or `appliance`.
     pub source: VipSource,
-    /// The pool the addresses come from (`source = pool`).
+    /// The pool of the first address (`source = pool`); `null` while pending and for `appliance`. The
+    /// pool of every address when they all come from one; otherwise see `perAddress`.
     pub pool: Option<String>,
     /// The VIPs, primary family first; empty while pending.
     pub addresses: Vec<String>,
+    /// Each of `addresses`, in the same order, with its family and pool. Empty only in an allocation
+    /// stored by a vipwatch before this field (completed at the first start after the upgrade).
+    #[serde(default)]
+    pub per_address: Vec<AllocatedAddress>,
     /// A DNS name instead of addresses (`source = appliance` only).
     pub hostname: Option<String>,
     /// Why there is no address (impossible request, pool exhausted); `None` once allocated.
@@ -93,7 +155,48 @@ pub struct Allocation {
 impl Allocation {
     /// A pool allocation with no address, for `reason`.
     pub fn pending(reason: String) -> Self {
-        Self { source: VipSource::Pool, pool: None, addresses: Vec::new(), hostname: None, reason: Some(reason) }
+        Self {
+            source: VipSource::Pool,
+            pool: None,
+            addresses: Vec::new(),
+            per_address: Vec::new(),
+            hostname: None,
+            reason: Some(reason),
+        }
+    }
+
+    /// A pool allocation of `addresses`, each with the name of the pool it comes from, primary family
+    /// first. `pool` is the first one's.
+    pub fn from_pools(addresses: Vec<(IpAddr, String)>) -> Self {
+        let pool = addresses.first().map(|(_, p)| p.clone());
+        let per_address: Vec<AllocatedAddress> = addresses
+            .into_iter()
+            .map(|(ip, pool)| AllocatedAddress { address: ip.to_string(), family: IpFamily::of(&ip), pool: Some(pool) })
+            .collect();
+        let addresses = per_address.iter().map(|a| a.address.clone()).collect();
+        Self { source: VipSource::Pool, pool, addresses, per_address, hostname: None, reason: None }
+    }
+
+    /// The addresses or DNS name an appliance returned (`source = appliance`). `addresses` that are not
+    /// IP addresses have no `perAddress` entry (the relay accepts only IP addresses).
+    pub fn from_appliance(addresses: Vec<String>, hostname: Option<String>) -> Self {
+        let per_address = addresses
+            .iter()
+            .filter_map(|a| Some(AllocatedAddress { address: a.clone(), family: IpFamily::of_address(a)?, pool: None }))
+            .collect();
+        Self { source: VipSource::Appliance, pool: None, addresses, per_address, hostname, reason: None }
+    }
+
+    /// The pool `address` (one of `addresses`) comes from: its `perAddress` entry's, or `pool` for an
+    /// allocation stored without `perAddress`; `None` for an appliance's address or one not allocated.
+    pub fn pool_of(&self, address: &str) -> Option<&str> {
+        if self.source != VipSource::Pool || !self.addresses.iter().any(|a| a == address) {
+            return None;
+        }
+        if self.per_address.is_empty() {
+            return self.pool.as_deref();
+        }
+        self.per_address.iter().find(|a| a.address == address).and_then(|a| a.pool.as_deref())
     }
 
     /// The `status.loadBalancer.ingress` this allocation publishes: one `{ip, ipMode: "VIP"}` per
@@ -193,12 +296,16 @@ pub struct ServiceView {
     pub ip_family_policy: Option<CompactString>,
     /// `spec.allocateLoadBalancerNodePorts`.
     pub allocate_load_balancer_node_ports: Option<bool>,
-    /// `spec.loadBalancerIP` (deprecated upstream, still honoured); `None` unless it is an IP address.
-    /// JSON `loadBalancerIP`, as in Kubernetes and `changed` (`loadBalancerIp` is still read).
+    /// `spec.loadBalancerIP` (deprecated upstream, still honoured), in the canonical form of its address
+    /// (as `requestedIPs`); `None` unless it is an IP address. JSON `loadBalancerIP`, as in Kubernetes and `changed` (`loadBalancerIp` is still read).
     #[serde(rename = "loadBalancerIP", alias = "loadBalancerIp")]
     pub load_balancer_ip: Option<String>,
-    /// IPs requested by annotation (first of [`REQUESTED_IP_ANNOTATIONS`] present), trimmed, in order;
-    /// entries that are not IP addresses are dropped. JSON `requestedIPs`, the name `changed` uses
+    /// IPs requested by annotation (the first present of `vipwatch.io/loadBalancerIPs`,
+    /// `metallb.io/loadBalancerIPs`, `metallb.universe.tf/loadBalancerIPs`, `lbipam.cilium.io/ips`),
+    /// in order, normalized: trimmed and written in the canonical form (`2001:DB8:0::1` becomes
+    /// `2001:db8::1`, the form the allocation and the status use); entries that are not IP addresses
+    /// are dropped (the allocation's `reason` names them). The deprecated `spec.loadBalancerIP` is not
+    /// repeated here: it is `loadBalancerIP`. JSON `requestedIPs`, the name `changed` uses
     /// (`requestedIps` is still read).
     #[serde(rename = "requestedIPs", alias = "requestedIps")]
     pub requested_ips: Vec<String>,
@@ -245,6 +352,7 @@ impl ServiceView {
         }
         if let Some(a) = &mut self.allocation {
             a.addresses.shrink_to_fit();
+            a.per_address.shrink_to_fit();
         }
     }
 

@@ -379,11 +379,13 @@ mod tests {
             "/apis/discovery.k8s.io/v1/namespaces/x/endpointslices/y/status",
             "/api/v1/endpointslices",
             "/api/v1/watch/nodes/w1/status",
-            "/api/v1/namespaces/x",
             "/apis/apps/v1/deployments",
         ] {
             assert!(parse(wrong).is_none(), "{wrong}");
         }
+        // One namespace is readable (a controller reads kube-system's uid), nothing below it that is
+        // not a resource.
+        assert!(matches!(parse("/api/v1/namespaces/kube-system"), Some(Route::Namespace("kube-system"))));
     }
 
     #[test]
