@@ -2,10 +2,11 @@
 //! `batch_window` share one render and one apply; each gets its answer only once the change is live
 //! (the Runtime API commands answered without error, or the reload is confirmed and the new binds
 //! accept connections). A batch HAProxy refuses is re-applied one delivery at a time, so only the
-//! bad Service fails. Between batches it checks HAProxy every second and restarts it from the last
-//! applied configuration when it is gone.
+//! bad Service fails. Each delivery is first judged by who sent it ([`crate::clusters`]): a cluster
+//! name another vipwatch holds is refused (409) before anything is applied. Between batches it
+//! checks HAProxy every second and restarts it from the last applied configuration when it is gone.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::clusters::{Change, Claim, Clusters, Liveness, Sender};
 use crate::config::AgentConfig;
 use crate::haproxy::{Haproxy, HaproxyError};
 use crate::metrics::Metrics;
@@ -33,6 +35,8 @@ pub enum Outcome {
     Ignored(String),
     /// HAProxy can never serve it as asked (422).
     Rejected(String),
+    /// Another vipwatch holds the delivery's cluster name (409).
+    Conflict(String),
     /// Transient trouble: HAProxy down, a reload failed or timed out (503).
     Unavailable(String),
 }
@@ -61,6 +65,9 @@ pub struct Status {
     /// The applied desired state.
     #[serde(skip)]
     pub desired: Desired,
+    /// Per cluster name: when its bound event log last delivered, and the refusals of its name.
+    #[serde(skip)]
+    pub liveness: BTreeMap<String, Liveness>,
 }
 
 /// Why an activation failed.
@@ -78,6 +85,7 @@ pub struct Applier {
     config: AgentConfig,
     state_path: PathBuf,
     syncs: Syncs,
+    clusters: Clusters,
     metrics: Arc<Metrics>,
     status: watch::Sender<Status>,
     /// Sweeps of completed resyncs not yet live.
@@ -125,6 +133,7 @@ impl Applier {
             }
         }
         let (status, rx) = watch::channel(Status::default());
+        let clusters = Clusters::new(config.cluster_takeover_after, Instant::now());
         let applier = Self {
             desired,
             applied,
@@ -133,6 +142,7 @@ impl Applier {
             config,
             state_path,
             syncs: Syncs::default(),
+            clusters,
             metrics,
             status,
             sweeps: Vec::new(),
@@ -191,12 +201,14 @@ impl Applier {
     async fn apply_batch(&mut self, jobs: Vec<Job>) {
         let mut candidate = self.desired.clone();
         let mut pending = Vec::new();
+        let mut changes = Vec::new();
         for job in jobs {
-            match self.take(&mut candidate, &job.payload) {
+            match self.take(&mut candidate, &job.payload, &mut changes) {
                 Ok(()) => pending.push(job),
                 Err(outcome) => self.answer(job, outcome),
             }
         }
+        self.publish_liveness();
         // Completed resyncs sweep what they did not include; kept until a batch carrying them is live.
         self.sweeps.extend(self.syncs.take_sweeps());
         for sweep in &self.sweeps {
@@ -211,7 +223,16 @@ impl Applier {
             Ok(()) => {
                 if !self.sweeps.is_empty() {
                     let removed = self.desired.services.keys().filter(|k| !candidate.services.contains_key(*k)).count();
+                    let clusters: Vec<&str> = self
+                        .sweeps
+                        .iter()
+                        .filter_map(|s| match s {
+                            crate::state::Intent::Sweep { cluster, .. } => Some(cluster.as_str()),
+                            _ => None,
+                        })
+                        .collect();
                     info!(
+                        clusters = clusters.join(","),
                         removed,
                         services = candidate.services.len(),
                         "resync complete: removed what it did not include"
@@ -219,6 +240,8 @@ impl Applier {
                 }
                 self.sweeps.clear();
                 self.desired = candidate;
+                self.clusters.committed(&changes, &self.desired, Instant::now());
+                self.log_changes(&changes);
                 if let Err(e) = self.desired.save(&self.state_path) {
                     warn!(error = %e, path = %self.state_path.display(), "cannot save the state; a restart would roll back to the previous one");
                 }
@@ -248,10 +271,24 @@ impl Applier {
         }
     }
 
-    /// Folds one delivery into `candidate`. Errors: its outcome when it changes nothing (stale,
-    /// rejected).
-    fn take(&mut self, candidate: &mut Desired, payload: &WebhookPayload) -> Result<(), Outcome> {
-        let intents = self.syncs.intents(payload);
+    /// Folds one delivery into `candidate`, first judging who sent it (its cluster's binding may
+    /// change: `changes`). Errors: its outcome when it changes nothing (a cluster name another
+    /// vipwatch holds, stale, rejected).
+    fn take(
+        &mut self,
+        candidate: &mut Desired,
+        payload: &WebhookPayload,
+        changes: &mut Vec<Change>,
+    ) -> Result<(), Outcome> {
+        let cluster = match self.clusters.claim(candidate, Sender::of(payload), Instant::now()) {
+            Claim::Accepted { cluster, changes: made } => {
+                changes.extend(made);
+                cluster
+            }
+            Claim::Invalid(why) => return Err(Outcome::Rejected(why)),
+            Claim::Conflict(why) => return Err(Outcome::Conflict(why)),
+        };
+        let intents = self.syncs.intents(payload, &cluster);
         if intents.is_empty() {
             // `sync.completed`: applied with the batch (its sweep, if it completed the resync).
             return if payload.kind == vipwatch_contract::PayloadType::SyncCompleted {
@@ -272,22 +309,29 @@ impl Applier {
     fn answer(&self, job: Job, outcome: Outcome) {
         let d = &job.payload.data;
         let service = d.service.as_ref().map(|s| format!("{}/{}", s.namespace, s.name)).unwrap_or_default();
+        let cluster = d.cluster.as_deref().unwrap_or(crate::state::DEFAULT_CLUSTER);
         match &outcome {
             Outcome::Applied if d.service.is_none() => {
                 let sync = d.sync.as_ref().map(|s| s.id.as_str()).unwrap_or_default();
-                info!(sync, kind = job.payload.kind.as_str(), "resync marker noted");
+                info!(cluster, sync, kind = job.payload.kind.as_str(), "resync marker noted");
             }
             Outcome::Applied => {
                 self.metrics.apply_seconds.observe(job.received.elapsed().as_secs_f64());
-                info!(service, event = d.event.as_str(), kind = job.payload.kind.as_str(), "applied");
+                info!(cluster, service, event = d.event.as_str(), kind = job.payload.kind.as_str(), "applied");
             }
-            Outcome::Ignored(why) => info!(service, event = d.event.as_str(), reason = %why, "ignored"),
+            Outcome::Ignored(why) => info!(cluster, service, event = d.event.as_str(), reason = %why, "ignored"),
             Outcome::Rejected(why) => {
                 self.metrics.rejected.inc();
-                warn!(service, event = d.event.as_str(), reason = %why, "refused: HAProxy cannot serve it");
+                warn!(cluster, service, event = d.event.as_str(), reason = %why, "refused: HAProxy cannot serve it");
+            }
+            Outcome::Conflict(why) => {
+                let labels = crate::metrics::ClusterLabels { cluster: cluster.to_owned() };
+                self.metrics.cluster_conflicts.get_or_create(&labels).inc();
+                let log_id = d.log_id.as_deref().unwrap_or_default();
+                warn!(cluster, log_id, service, event = d.event.as_str(), reason = %why, "refused: another vipwatch holds this cluster name");
             }
             Outcome::Unavailable(why) => {
-                warn!(service, event = d.event.as_str(), reason = %why, "not applied; vipwatch retries")
+                warn!(cluster, service, event = d.event.as_str(), reason = %why, "not applied; vipwatch retries")
             }
         }
         let _ = job.reply.send(outcome);
@@ -384,14 +428,67 @@ impl Applier {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(self.applied.text.as_bytes());
         let config_sha256 = format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>());
-        self.metrics.services.set(i64::try_from(self.desired.services.len()).unwrap_or(i64::MAX));
+        self.metrics.set_services(&self.desired.services_per_cluster());
         self.status.send_replace(Status {
             haproxy_up: up,
             last_error: error,
             config_sha256,
             services: self.desired.services.len(),
             desired: self.desired.clone(),
+            liveness: self.liveness(),
         });
+    }
+
+    /// Every cluster's liveness, for `/state`.
+    fn liveness(&self) -> BTreeMap<String, Liveness> {
+        self.clusters.all().iter().map(|(c, l)| (c.clone(), l.clone())).collect()
+    }
+
+    /// Publishes the clusters' liveness alone (a delivery heard, a name refused).
+    fn publish_liveness(&self) {
+        let liveness = self.liveness();
+        self.status.send_if_modified(|s| {
+            let changed = s.liveness != liveness;
+            s.liveness = liveness;
+            changed
+        });
+    }
+
+    /// Logs who speaks for which cluster now, once live.
+    fn log_changes(&self, changes: &[Change]) {
+        for change in changes {
+            match change {
+                Change::Bound { cluster, log_id } => {
+                    let log_id = log_id.as_deref().unwrap_or_default();
+                    info!(cluster, log_id, "a new cluster: its name is bound to the event log that delivered it");
+                }
+                Change::TakenOver { cluster, from, to, silent } => {
+                    let labels = crate::metrics::ClusterLabels { cluster: cluster.clone() };
+                    self.metrics.cluster_takeovers.get_or_create(&labels).inc();
+                    warn!(
+                        cluster,
+                        from = from.as_deref().unwrap_or_default(),
+                        to = to.as_deref().unwrap_or_default(),
+                        silent = %humantime::format_duration(Duration::from_secs(silent.as_secs())),
+                        "cluster name taken over by another vipwatch (event log) after the bound one fell silent: expected when that vipwatch's database was replaced; otherwise two clusters share a cluster.name"
+                    );
+                }
+                Change::Renamed { from, to, services } => {
+                    info!(
+                        from,
+                        to,
+                        services,
+                        "a vipwatch renamed its cluster (cluster.name changed): its Services moved under the new name"
+                    )
+                }
+                Change::Adopted { cluster, services } => {
+                    info!(
+                        cluster,
+                        services, "Services stored before clusters adopted by the cluster of their event log"
+                    )
+                }
+            }
+        }
     }
 }
 

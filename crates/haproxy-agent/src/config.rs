@@ -89,6 +89,14 @@ pub struct AgentConfig {
     pub hard_stop_after: Duration,
     /// HAProxy's `mworker-max-reloads`: a worker that survived this many reloads is stopped.
     pub mworker_max_reloads: u32,
+    /// How long the event log bound to a cluster name must have been silent before another vipwatch (another
+    /// `data.log_id`) may take the name over, e.g. a vipwatch whose database was replaced. Until then its
+    /// deliveries are refused with 409: two vipwatch claiming one `cluster.name` is a mistake to fix (give each
+    /// cluster its own name), not something to apply. Silence is counted from the bound log's last delivery, or
+    /// from the agent's start. At least `1s`.
+    #[serde(with = "humantime_serde")]
+    #[schemars(with = "String", extend("x-humantime" = true))]
+    pub cluster_takeover_after: Duration,
     /// Stop HAProxy when the agent stops. `false`: traffic keeps flowing while the agent is restarted or upgraded,
     /// and the next agent attaches to the running HAProxy. `true` also has the kernel stop it when the agent is
     /// killed (SIGKILL included): for demos and tests.
@@ -113,6 +121,7 @@ impl Default for AgentConfig {
             answer_timeout: Duration::from_secs(8),
             hard_stop_after: Duration::from_secs(30 * 60),
             mworker_max_reloads: 50,
+            cluster_takeover_after: Duration::from_secs(10 * 60),
             stop_haproxy_on_exit: false,
         }
     }
@@ -169,6 +178,12 @@ impl AgentConfig {
         }
         if self.hard_stop_after < Duration::from_secs(1) {
             return bad("hard_stop_after", "must be at least 1s (0 would cut every connection at each reload)");
+        }
+        if self.cluster_takeover_after < Duration::from_secs(1) {
+            return bad(
+                "cluster_takeover_after",
+                "must be at least 1s (0 would let any vipwatch take any cluster's name)",
+            );
         }
         if self.dir.as_os_str().is_empty() {
             return bad("dir", "must not be empty");

@@ -4,8 +4,9 @@
 //!
 //! Answers (docs/reference/agent-api.md): 200 once the change is live (or when it is a duplicate or
 //! stale, with the reason); 401 for a bad or old signature; 400 for a signed body that is not a
-//! vipwatch delivery; 422 (problem+json, with the reason) for a Service HAProxy can never serve;
-//! 503 with `Retry-After` for transient trouble. Never 410, which would make vipwatch disable the
+//! vipwatch delivery; 409 (problem+json, with the reason) for a cluster name another vipwatch holds
+//! (see [`crate::clusters`]); 422 (problem+json, with the reason) for a Service HAProxy can never
+//! serve; 503 with `Retry-After` for transient trouble. Never 410, which would make vipwatch disable the
 //! endpoint.
 
 use std::collections::{HashSet, VecDeque};
@@ -143,6 +144,7 @@ async fn deliver(
             answer(StatusCode::OK, json!({"status": "ignored", "reason": why}), &http)
         }
         Ok(Ok(Outcome::Rejected(why))) => problem(StatusCode::UNPROCESSABLE_ENTITY, &why, &http),
+        Ok(Ok(Outcome::Conflict(why))) => problem(StatusCode::CONFLICT, &why, &http),
         Ok(Ok(Outcome::Unavailable(why))) => unavailable(&why, &http),
         Ok(Err(_)) => unavailable("the agent is stopping", &http),
         Err(_) => unavailable("the change was not live in time", &http),
@@ -193,9 +195,29 @@ async fn healthz(State(http): State<Http>) -> Response {
     }
 }
 
-/// The applied state: per Service its uid, version, VIPs, ports and member count; the config hash.
+/// The applied state: per cluster its bound event log, Service count, last delivery and the
+/// refusals of its name; per Service its cluster, uid, version, VIPs, ports and member count; the
+/// config hash (shape: docs/reference/agent-api.md).
 async fn state(State(http): State<Http>) -> Response {
     let s = http.status.borrow().clone();
+    let now = Instant::now();
+    let ago = |t: Instant| now.duration_since(t).as_secs();
+    let counts = s.desired.services_per_cluster();
+    let clusters: Vec<serde_json::Value> = s
+        .desired
+        .clusters
+        .iter()
+        .map(|(name, b)| {
+            let live = s.liveness.get(name).cloned().unwrap_or_default();
+            let last_conflict = live.last_conflict.map(|c| {
+                json!({"logId": c.log_id, "secondsAgo": ago(c.at), "reason": c.reason})
+            });
+            json!({"cluster": name, "logId": b.log_id, "services": counts.get(&Some(name.clone())).copied().unwrap_or(0),
+                   "lastDeliverySecondsAgo": live.last_delivery.map(ago),
+                   "formerNames": b.former_names.keys().collect::<Vec<_>>(),
+                   "conflicts": live.conflicts, "lastConflict": last_conflict, "takeovers": live.takeovers})
+        })
+        .collect();
     let services: Vec<serde_json::Value> = s
         .desired
         .services
@@ -204,12 +226,13 @@ async fn state(State(http): State<Http>) -> Response {
             let members = a.service.backends.as_ref().map_or(0, |b| b.members().count());
             let ports: Vec<String> =
                 a.service.view.ports.iter().map(|p| format!("{}/{}", p.port, p.protocol)).collect();
-            json!({"service": key, "uid": a.service.uid, "resourceVersion": a.version.resource_version,
-                   "eventId": a.version.event_id, "vips": a.service.vips, "ports": ports, "members": members})
+            json!({"cluster": key.cluster, "service": key.service(), "uid": a.service.uid,
+                   "resourceVersion": a.version.resource_version, "eventId": a.version.event_id,
+                   "logId": a.version.log_id, "vips": a.service.vips, "ports": ports, "members": members})
         })
         .collect();
     let body = json!({"haproxyUp": s.haproxy_up, "lastError": s.last_error, "configSha256": s.config_sha256,
-                      "services": services});
+                      "clusters": clusters, "services": services});
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 

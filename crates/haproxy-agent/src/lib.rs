@@ -2,11 +2,14 @@
 //! to a real HAProxy. It keeps the desired state on disk ([`state`]), renders a deterministic
 //! `haproxy.cfg` ([`render`]), applies member changes through the Runtime API and everything else
 //! through a checked, confirmed, hitless reload ([`haproxy`], [`apply`]), and answers each delivery
-//! only once the change is live ([`http`]). It depends on the webhook contract alone: no Kubernetes
+//! only once the change is live ([`http`]). One agent serves several clusters, each with its own
+//! vipwatch: Services are keyed by cluster, namespace and name, and each cluster name is bound to
+//! the vipwatch (event log) that delivers it ([`clusters`]). It depends on the webhook contract alone: no Kubernetes
 //! client, no database, nothing of the controller.
 
 pub mod apply;
 pub mod cli;
+pub mod clusters;
 pub mod config;
 pub mod haproxy;
 pub mod http;

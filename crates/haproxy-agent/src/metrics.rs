@@ -21,6 +21,14 @@ pub struct AnswerLabels {
     pub status: String,
 }
 
+/// Labels of the per-cluster metrics.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabels {
+    /// The cluster (`data.cluster`; `default` for a vipwatch that sends none; empty for Services
+    /// stored before clusters and not yet claimed by one).
+    pub cluster: String,
+}
+
 /// Every metric of the agent.
 pub struct Metrics {
     registry: Registry,
@@ -35,12 +43,20 @@ pub struct Metrics {
     pub rejected: Counter,
     /// `vipwatch_haproxy_deliveries_total{status}`: deliveries by the status answered.
     pub deliveries: Family<AnswerLabels, Counter>,
-    /// `vipwatch_haproxy_services`: Services in the applied configuration.
-    pub services: Gauge,
+    /// `vipwatch_haproxy_services{cluster}`: Services in the applied configuration, per cluster.
+    pub services: Family<ClusterLabels, Gauge>,
+    /// `vipwatch_haproxy_cluster_conflicts_total{cluster}`: deliveries refused (409) because another
+    /// vipwatch (another event log) holds the cluster name.
+    pub cluster_conflicts: Family<ClusterLabels, Counter>,
+    /// `vipwatch_haproxy_cluster_takeovers_total{cluster}`: a new event log took a cluster name over
+    /// after the bound one fell silent.
+    pub cluster_takeovers: Family<ClusterLabels, Counter>,
     /// `vipwatch_haproxy_workers`: HAProxy workers (old ones still draining included).
     pub workers: Gauge,
     /// `vipwatch_haproxy_up`: 1 while the HAProxy master answers.
     pub up: Gauge,
+    /// The clusters `services` has a series for.
+    known_clusters: std::sync::Mutex<std::collections::HashSet<ClusterLabels>>,
 }
 
 impl Metrics {
@@ -53,9 +69,12 @@ impl Metrics {
             apply_seconds: Histogram::new([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
             rejected: Counter::default(),
             deliveries: Family::default(),
-            services: Gauge::default(),
+            services: Family::default(),
+            cluster_conflicts: Family::default(),
+            cluster_takeovers: Family::default(),
             workers: Gauge::default(),
             up: Gauge::default(),
+            known_clusters: Default::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -83,7 +102,22 @@ impl Metrics {
             "Deliveries by the HTTP `status` answered (`200`, `401`, `422`, `503`, ...)",
             m.deliveries.clone(),
         );
-        r.register("services", "Services in the applied configuration", m.services.clone());
+        r.register(
+            "services",
+            "Services in the applied configuration, per `cluster` (every cluster the agent knows, 0 when it has none)",
+            m.services.clone(),
+        );
+        r.register(
+            "cluster_conflicts",
+            "Deliveries refused (409) because another vipwatch (another event log) holds the `cluster` name",
+            m.cluster_conflicts.clone(),
+        );
+        r.register(
+            "cluster_takeovers",
+            "Takeovers of a `cluster` name by a new event log after the bound one fell silent (a vipwatch whose \
+             database was replaced, or a second vipwatch claiming a quiet cluster's name)",
+            m.cluster_takeovers.clone(),
+        );
         r.register("workers", "HAProxy workers, old ones still draining included", m.workers.clone());
         r.register("up", "1 while the HAProxy master answers its CLI, else 0", m.up.clone());
         m
@@ -95,6 +129,9 @@ impl Metrics {
         let m = Self::new();
         let _ = m.reloads.get_or_create(&Default::default());
         let _ = m.deliveries.get_or_create(&Default::default());
+        let _ = m.services.get_or_create(&Default::default());
+        let _ = m.cluster_conflicts.get_or_create(&Default::default());
+        let _ = m.cluster_takeovers.get_or_create(&Default::default());
         m.render()
     }
 
@@ -103,6 +140,23 @@ impl Metrics {
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+impl Metrics {
+    /// Sets `vipwatch_haproxy_services{cluster}` to `counts` (by cluster; `None`: unclaimed), and
+    /// removes the series of clusters no longer there.
+    pub fn set_services(&self, counts: &std::collections::BTreeMap<Option<String>, usize>) {
+        let label = |c: &Option<String>| ClusterLabels { cluster: c.clone().unwrap_or_default() };
+        let wanted: std::collections::HashSet<ClusterLabels> = counts.keys().map(label).collect();
+        let mut stale = self.known_clusters.lock().unwrap_or_else(|p| p.into_inner());
+        for gone in stale.difference(&wanted) {
+            self.services.remove(gone);
+        }
+        for (c, n) in counts {
+            self.services.get_or_create(&label(c)).set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+        *stale = wanted;
     }
 }
 

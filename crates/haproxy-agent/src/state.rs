@@ -1,24 +1,173 @@
 //! The desired state: every Service vipwatch delivered and the agent accepted, the uids it deleted,
-//! and which server slot of each backend holds which member. Kept in `state.json` (written
-//! atomically), so a restarted agent renders the very same `haproxy.cfg` without asking anyone.
+//! which server slot of each backend holds which member, and which event log speaks for which
+//! cluster. Kept in `state.json` (written atomically), so a restarted agent renders the very same
+//! `haproxy.cfg` without asking anyone.
+//!
+//! A Service is identified by cluster, namespace and name ([`ServiceKey`]): one agent serves several
+//! clusters, each with its own vipwatch, and the same `namespace/name` in two of them are two
+//! Services. A delivery without `data.cluster` (a vipwatch before 0.2) counts as cluster
+//! [`DEFAULT_CLUSTER`]. A `state.json` written before clusters (keys `namespace/name`) loads with
+//! its Services unclaimed (`cluster: None`): served as before until a cluster claims them
+//! ([`crate::clusters`]).
 //!
 //! Rules for a delivery (docs/reference/agent-api.md):
-//! - a delivery older than what was accepted for the same uid is stale and ignored (resourceVersions
-//!   compared as numbers, then event ids: [`Version::older_than`]);
-//! - a DELETED removes the Service and leaves a tombstone, so a late delivery for that uid is stale;
-//!   deleting something unknown is fine;
+//! - a delivery older than what was accepted for the same uid in the same cluster is stale and
+//!   ignored (resourceVersions compared as numbers, then event ids: [`Version::older_than`]);
+//! - a DELETED removes the Service and leaves a tombstone for its cluster and uid, so a late delivery
+//!   for that uid is stale; deleting something unknown is fine;
 //! - a Service HAProxy cannot serve (a UDP or SCTP port, a VIP that is a hostname, a VIP:port another
-//!   Service binds) is refused on its own, never taking the others down.
+//!   Service binds, in this cluster or another) is refused on its own, never taking the others down.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use vipwatch_contract::{MemberState, WebhookService};
 
-/// Tombstones kept at most (the oldest are forgotten first).
+/// Tombstones kept at most per cluster. Beyond it, the cluster's tombstone with the lowest uid is
+/// forgotten (uids are random, so an arbitrary one); one cluster's deletions never push out
+/// another's.
 const MAX_TOMBSTONES: usize = 10_000;
+
+/// The cluster of a delivery without `data.cluster` (a vipwatch before 0.2, which knew no cluster).
+pub const DEFAULT_CLUSTER: &str = "default";
+
+/// Whether `s` is a DNS-1123 label (lower-case letters, digits and `-`, at most 63, no `-` at
+/// either end): what Kubernetes requires of namespace names and vipwatch of `cluster.name`, and
+/// what keeps the `_`-separated HAProxy names and the `/`-separated state keys unambiguous.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A Service's identity in the agent: cluster, namespace and name. In `state.json` it is the string
+/// `cluster/namespace/name`; `cluster: None` (written `namespace/name`) is a Service an agent stored
+/// before clusters existed, not yet claimed by one. None of the three parts can hold `/` (they are
+/// DNS labels), so the two forms never mix up.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceKey {
+    /// The cluster (`data.cluster`); `None`: unclaimed, from before clusters.
+    pub cluster: Option<String>,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl ServiceKey {
+    /// The key of `svc` in `cluster`.
+    pub fn of(cluster: &str, svc: &WebhookService) -> Self {
+        Self { cluster: Some(cluster.to_owned()), namespace: svc.namespace.clone(), name: svc.name.clone() }
+    }
+
+    /// `namespace/name`.
+    pub fn service(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The same Service in `cluster`.
+    pub fn in_cluster(&self, cluster: &str) -> Self {
+        Self { cluster: Some(cluster.to_owned()), ..self.clone() }
+    }
+
+    /// How a log line or a refusal names it: `Service shop/web of cluster east` (`Service shop/web`
+    /// while unclaimed).
+    pub fn describe(&self) -> String {
+        match &self.cluster {
+            Some(c) => format!("Service {}/{} of cluster {c}", self.namespace, self.name),
+            None => {
+                format!("Service {}/{} (stored before clusters, not yet claimed by one)", self.namespace, self.name)
+            }
+        }
+    }
+}
+
+impl fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.cluster {
+            Some(c) => write!(f, "{c}/{}/{}", self.namespace, self.name),
+            None => write!(f, "{}/{}", self.namespace, self.name),
+        }
+    }
+}
+
+impl std::str::FromStr for ServiceKey {
+    type Err = String;
+
+    /// `cluster/namespace/name`, or `namespace/name` (unclaimed).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let bad = || format!("`{s}` is not a Service key (`cluster/namespace/name` or `namespace/name`)");
+        match parts[..] {
+            [c, ns, name] if !c.is_empty() && !ns.is_empty() && !name.is_empty() => {
+                Ok(Self { cluster: Some(c.to_owned()), namespace: ns.to_owned(), name: name.to_owned() })
+            }
+            [ns, name] if !ns.is_empty() && !name.is_empty() => {
+                Ok(Self { cluster: None, namespace: ns.to_owned(), name: name.to_owned() })
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// A deleted object in a cluster: `cluster/uid` in `state.json`; `cluster: None` (written `uid`) is
+/// a tombstone stored before clusters, which holds in every cluster until one claims it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UidKey {
+    /// The cluster; `None`: from before clusters.
+    pub cluster: Option<String>,
+    /// `metadata.uid`.
+    pub uid: String,
+}
+
+impl fmt::Display for UidKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.cluster {
+            Some(c) => write!(f, "{c}/{}", self.uid),
+            None => f.write_str(&self.uid),
+        }
+    }
+}
+
+impl std::str::FromStr for UidKey {
+    type Err = String;
+
+    /// `cluster/uid`, or `uid` (from before clusters).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((c, uid)) if !c.is_empty() && !uid.is_empty() && !uid.contains('/') => {
+                Ok(Self { cluster: Some(c.to_owned()), uid: uid.to_owned() })
+            }
+            None if !s.is_empty() => Ok(Self { cluster: None, uid: s.to_owned() }),
+            _ => Err(format!("`{s}` is not a tombstone key (`cluster/uid` or `uid`)")),
+        }
+    }
+}
+
+/// Serde as the `Display`/`FromStr` string, so the keys stay JSON object keys.
+macro_rules! string_serde {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+string_serde!(ServiceKey);
+string_serde!(UidKey);
 
 /// Where a delivery stands in its object's history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,36 +214,66 @@ pub struct Accepted {
     pub version: Version,
 }
 
+/// Which vipwatch speaks for a cluster name: the event log (`data.log_id`) that first delivered
+/// it, kept until that log renames its cluster or another log takes the name over (rules in
+/// [`crate::clusters`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    /// The bound event log; `None`: a vipwatch that sends none (before 0.1).
+    pub log_id: Option<String>,
+    /// The highest event id accepted from that log for this cluster.
+    #[serde(default)]
+    pub last_event_id: Option<i64>,
+    /// Names this log delivered under before it renamed its cluster, each with the event id at the
+    /// rename: a delivery under such a name whose event id is not above it was made before the
+    /// rename (vipwatch renders a delivery when it enqueues it) and is applied under the current name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub former_names: BTreeMap<String, Option<i64>>,
+}
+
 /// The desired state (see the module docs). `PartialEq`: an unchanged state needs no apply.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Desired {
-    /// Accepted Services by `namespace/name`.
-    pub services: BTreeMap<String, Accepted>,
-    /// Deleted uids and the version of their DELETED.
-    pub tombstones: BTreeMap<String, Version>,
+    /// Accepted Services by cluster, namespace and name.
+    pub services: BTreeMap<ServiceKey, Accepted>,
+    /// Deleted uids per cluster and the version of their DELETED.
+    pub tombstones: BTreeMap<UidKey, Version>,
     /// Per backend name, slot `i` holds the member `address:port` (`None`: empty slot).
     pub slots: BTreeMap<String, Vec<Option<String>>>,
+    /// Per cluster name, the event log bound to it.
+    #[serde(default)]
+    pub clusters: BTreeMap<String, Binding>,
 }
 
 /// What a delivery asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Intent {
     /// Create or replace a Service.
-    Upsert(Box<WebhookService>, Version),
+    Upsert {
+        /// The Service's cluster.
+        cluster: String,
+        /// The Service.
+        service: Box<WebhookService>,
+        /// The delivery's version.
+        version: Version,
+    },
     /// Remove a Service.
     Delete {
-        /// `namespace/name`.
-        key: String,
+        /// The Service.
+        key: ServiceKey,
         /// The deleted object's uid.
         uid: String,
         /// The DELETED's version.
         version: Version,
     },
-    /// The end of a complete resync: remove every Service not in `keep` whose last change is not newer
-    /// than the resync (event id at most `as_of`).
+    /// The end of a complete resync of one cluster: remove every Service of `cluster` not in `keep`
+    /// whose last change is not newer than the resync (event id at most `as_of`). Other clusters'
+    /// Services are not the resync's to judge.
     Sweep {
-        /// The keys the resync announced.
-        keep: BTreeSet<String>,
+        /// The cluster the resync came from.
+        cluster: String,
+        /// The Services the resync announced.
+        keep: BTreeSet<ServiceKey>,
         /// The newest event id the resync included.
         as_of: Option<i64>,
         /// The event log `as_of` belongs to: a Service last changed under another log (vipwatch's
@@ -103,14 +282,14 @@ pub enum Intent {
     },
 }
 
-/// `namespace/name` of a Service.
-pub fn key_of(s: &WebhookService) -> String {
-    format!("{}/{}", s.namespace, s.name)
-}
-
-/// The backend name of Service port `port` of `key`: `be_<namespace>_<name>_<port>`.
-pub fn backend_name(key: &str, port: i32) -> String {
-    format!("be_{}_{port}", key.replace('/', "_"))
+/// The backend name of Service port `port` of `key`: `be_<cluster>_<namespace>_<name>_<port>`
+/// (`be_<namespace>_<name>_<port>` while unclaimed, as agents before clusters named it). Unique:
+/// the parts are DNS labels, which hold no `_`.
+pub fn backend_name(key: &ServiceKey, port: i32) -> String {
+    match &key.cluster {
+        Some(c) => format!("be_{c}_{}_{}_{port}", key.namespace, key.name),
+        None => format!("be_{}_{}_{port}", key.namespace, key.name),
+    }
 }
 
 /// A member's slot key, `address:port` (`[v6]:port`).
@@ -125,12 +304,11 @@ impl Desired {
     /// Why a delivery of `intent` is not applied: `Some("stale")` or `None` when it should be.
     pub fn ignore(&self, intent: &Intent) -> Option<&'static str> {
         match intent {
-            Intent::Upsert(svc, version) => {
-                let tomb = self.tombstones.get(&svc.uid);
-                if tomb.is_some_and(|t| !t.older_than(version)) {
+            Intent::Upsert { cluster, service: svc, version } => {
+                if self.tombstone(cluster, &svc.uid).is_some_and(|t| !t.older_than(version)) {
                     return Some("stale: the object was deleted");
                 }
-                let current = self.services.get(&key_of(svc)).filter(|a| a.service.uid == svc.uid);
+                let current = self.services.get(&ServiceKey::of(cluster, svc)).filter(|a| a.service.uid == svc.uid);
                 current.filter(|a| version.older_than(&a.version)).map(|_| "stale: a newer version is applied")
             }
             Intent::Delete { key, uid, version } => {
@@ -141,33 +319,75 @@ impl Desired {
         }
     }
 
+    /// The tombstone of `uid` in `cluster`, or one stored before clusters.
+    fn tombstone(&self, cluster: &str, uid: &str) -> Option<&Version> {
+        let key = |cluster: Option<&str>| UidKey { cluster: cluster.map(str::to_owned), uid: uid.to_owned() };
+        self.tombstones.get(&key(Some(cluster))).or_else(|| self.tombstones.get(&key(None)))
+    }
+
     /// Applies `intent`. Errors: the reason HAProxy could never serve the Service (the state is then
     /// unchanged).
     pub fn apply(&mut self, intent: Intent) -> Result<(), String> {
         match intent {
-            Intent::Upsert(svc, version) => {
-                self.servable(&svc)?;
-                let key = key_of(&svc);
-                self.services.insert(key, Accepted { service: *svc, version });
+            Intent::Upsert { cluster, service, version } => {
+                let key = ServiceKey::of(&cluster, &service);
+                self.servable(&key, &service)?;
+                self.drop_unclaimed(&service.uid);
+                self.services.insert(key, Accepted { service: *service, version });
             }
             Intent::Delete { key, uid, version } => {
                 if self.services.get(&key).is_some_and(|a| a.service.uid == uid) {
                     self.services.remove(&key);
                 }
-                self.tombstones.insert(uid, version);
-                while self.tombstones.len() > MAX_TOMBSTONES {
-                    self.tombstones.pop_first();
-                }
+                self.drop_unclaimed(&uid);
+                self.tombstones.insert(UidKey { cluster: key.cluster.clone(), uid }, version);
+                self.cap_tombstones(&key.cluster, MAX_TOMBSTONES);
             }
-            Intent::Sweep { keep, as_of, log_id } => {
-                self.services.retain(|k, a| keep.contains(k) || a.version.after(log_id.as_deref(), as_of))
-            }
+            Intent::Sweep { cluster, keep, as_of, log_id } => self.services.retain(|k, a| {
+                k.cluster.as_deref() != Some(cluster.as_str())
+                    || keep.contains(k)
+                    || a.version.after(log_id.as_deref(), as_of)
+            }),
         }
         Ok(())
     }
 
-    /// Checks that HAProxy can serve `svc` next to the other accepted Services.
-    fn servable(&self, svc: &WebhookService) -> Result<(), String> {
+    /// Forgets `cluster`'s tombstones beyond `max`, lowest uids first (see [`MAX_TOMBSTONES`]).
+    fn cap_tombstones(&mut self, cluster: &Option<String>, max: usize) {
+        let first = UidKey { cluster: cluster.clone(), uid: String::new() };
+        let of_cluster = || self.tombstones.range(first.clone()..).take_while(|(k, _)| k.cluster == *cluster);
+        let excess = of_cluster().count().saturating_sub(max);
+        let forget: Vec<UidKey> = of_cluster().take(excess).map(|(k, _)| k.clone()).collect();
+        for k in forget {
+            self.tombstones.remove(&k);
+        }
+    }
+
+    /// Removes the unclaimed Service (stored before clusters) with `uid`: a cluster's delivery of
+    /// the same object supersedes it. Unclaimed keys sort first, so only they are looked at.
+    fn drop_unclaimed(&mut self, uid: &str) {
+        let unclaimed = self.services.iter().take_while(|(k, _)| k.cluster.is_none());
+        let same: Vec<ServiceKey> = unclaimed.filter(|(_, a)| a.service.uid == uid).map(|(k, _)| k.clone()).collect();
+        for k in same {
+            self.services.remove(&k);
+        }
+    }
+
+    /// Whether any Service or tombstone is still unclaimed (stored before clusters). Unclaimed keys
+    /// sort first.
+    pub fn has_unclaimed(&self) -> bool {
+        self.services.keys().next().is_some_and(|k| k.cluster.is_none())
+            || self.tombstones.keys().next().is_some_and(|k| k.cluster.is_none())
+    }
+
+    /// Checks that HAProxy can serve `svc` as `key` next to the other accepted Services, of every
+    /// cluster (an unclaimed one of the same uid is the same object, about to be replaced).
+    fn servable(&self, key: &ServiceKey, svc: &WebhookService) -> Result<(), String> {
+        for (what, part) in [("namespace", &svc.namespace), ("name", &svc.name)] {
+            if !is_dns_label(part) {
+                return Err(format!("Service {what} `{part}` is not a DNS-1123 label"));
+            }
+        }
         if let Some(p) = svc.view.ports.iter().find(|p| p.protocol != "TCP") {
             return Err(format!("port {}/{}: HAProxy proxies TCP only", p.port, p.protocol));
         }
@@ -176,13 +396,65 @@ impl Desired {
             let ip: IpAddr = vip.parse().map_err(|_| format!("VIP `{vip}` is a hostname: HAProxy binds addresses"))?;
             binds.extend(svc.view.ports.iter().map(|p| SocketAddr::new(ip, u16::try_from(p.port).unwrap_or(0))));
         }
-        let key = key_of(svc);
-        for (other, a) in self.services.iter().filter(|(k, _)| **k != key) {
+        let others =
+            self.services.iter().filter(|(k, a)| *k != key && (k.cluster.is_some() || a.service.uid != svc.uid));
+        for (other, a) in others {
             if let Some(b) = binds.iter().find(|b| binds_of(&a.service).contains(b)) {
-                return Err(format!("{b} is already bound by Service {other}"));
+                let hint = if other.cluster.is_some() && other.cluster != key.cluster {
+                    " (clusters sharing this appliance need address pools that do not overlap)"
+                } else {
+                    ""
+                };
+                return Err(format!("{b} is already bound by {}{hint}", other.describe()));
             }
         }
         Ok(())
+    }
+
+    /// Moves the Services of cluster `from` (`None`: the unclaimed ones) that `pick` selects into
+    /// cluster `to`, with their server slots, so members keep their slots and nothing is served
+    /// twice. A Service `to` already has stays (it is newer); the moved one of the same name is
+    /// dropped. Returns how many moved.
+    pub fn move_services(&mut self, from: Option<&str>, to: &str, mut pick: impl FnMut(&Accepted) -> bool) -> usize {
+        let keys: Vec<ServiceKey> = self
+            .services
+            .iter()
+            .filter(|(k, a)| k.cluster.as_deref() == from && pick(a))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut moved = 0;
+        for old in keys {
+            let Some(a) = self.services.remove(&old) else { continue };
+            let new = old.in_cluster(to);
+            for p in &a.service.view.ports {
+                if let Some(slots) = self.slots.remove(&backend_name(&old, p.port))
+                    && !self.services.contains_key(&new)
+                {
+                    self.slots.insert(backend_name(&new, p.port), slots);
+                }
+            }
+            if let std::collections::btree_map::Entry::Vacant(e) = self.services.entry(new) {
+                e.insert(a);
+                moved += 1;
+            }
+        }
+        moved
+    }
+
+    /// Moves the tombstones of cluster `from` (`None`: from before clusters) that `pick` selects
+    /// into cluster `to`.
+    pub fn move_tombstones(&mut self, from: Option<&str>, to: &str, mut pick: impl FnMut(&Version) -> bool) {
+        let keys: Vec<UidKey> = self
+            .tombstones
+            .iter()
+            .filter(|(k, v)| k.cluster.as_deref() == from && pick(v))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for old in keys {
+            if let Some(v) = self.tombstones.remove(&old) {
+                self.tombstones.entry(UidKey { cluster: Some(to.to_owned()), uid: old.uid }).or_insert(v);
+            }
+        }
     }
 
     /// Puts every member into a server slot of its backend: a member keeps its slot for as long as it
@@ -221,8 +493,20 @@ impl Desired {
         }
     }
 
-    /// Reads `state.json`; an absent file is an empty state. Errors: the file exists but cannot be
-    /// read or is not a state (the agent refuses to start rather than drop every Service).
+    /// How many Services each cluster has (`None`: unclaimed ones from before clusters); every bound
+    /// cluster is listed, with 0 when it has none.
+    pub fn services_per_cluster(&self) -> BTreeMap<Option<String>, usize> {
+        let mut out: BTreeMap<Option<String>, usize> = self.clusters.keys().map(|c| (Some(c.clone()), 0)).collect();
+        for k in self.services.keys() {
+            *out.entry(k.cluster.clone()).or_default() += 1;
+        }
+        out
+    }
+
+    /// Reads `state.json`; an absent file is an empty state. A file written before clusters (keys
+    /// `namespace/name`, tombstones by uid alone) loads with everything unclaimed. Errors: the file
+    /// exists but cannot be read or is not a state (the agent refuses to start rather than drop
+    /// every Service).
     pub fn load(path: &Path) -> Result<Self, String> {
         match std::fs::read(path) {
             Ok(bytes) => {
@@ -270,7 +554,32 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::Version;
+    use super::{Desired, UidKey, Version};
+
+    #[test]
+    fn one_clusters_deletions_never_push_out_another_clusters_tombstones() {
+        let mut s = Desired::default();
+        let tomb = |c: &str, uid: &str| UidKey { cluster: Some(c.into()), uid: uid.into() };
+        for (c, uid) in [("alpha", "u1"), ("zeta", "u2"), ("zeta", "u3"), ("zeta", "u4")] {
+            s.tombstones.insert(tomb(c, uid), v(Some(1), "1"));
+        }
+        s.cap_tombstones(&Some("zeta".into()), 2);
+        let kept: Vec<String> = s.tombstones.keys().map(ToString::to_string).collect();
+        assert_eq!(kept, ["alpha/u1", "zeta/u3", "zeta/u4"]);
+    }
+
+    #[test]
+    fn keys_of_a_state_before_clusters_read_as_unclaimed_and_new_ones_round_trip() {
+        let old: super::ServiceKey = "shop/web".parse().unwrap();
+        assert_eq!((old.cluster.clone(), old.service()), (None, "shop/web".to_owned()));
+        let new: super::ServiceKey = "east/shop/web".parse().unwrap();
+        assert_eq!((new.cluster.as_deref(), new.to_string()), (Some("east"), "east/shop/web".to_owned()));
+        assert!("a/b/c/d".parse::<super::ServiceKey>().is_err());
+        assert!("east//web".parse::<super::ServiceKey>().is_err());
+        let tomb: UidKey = "6f1c-uid".parse().unwrap();
+        assert_eq!(tomb, UidKey { cluster: None, uid: "6f1c-uid".into() });
+        assert_eq!("east/6f1c-uid".parse::<UidKey>().unwrap().to_string(), "east/6f1c-uid");
+    }
 
     fn v(event_id: Option<i64>, rv: &str) -> Version {
         Version { event_id, resource_version: rv.to_owned(), log_id: Some("log-a".into()) }

@@ -53,7 +53,7 @@ async fn an_answered_delivery_is_live_for_the_next_connection_and_members_change
         "vipwatch_haproxy_runtime_updates_total 2",
         "vipwatch_haproxy_deliveries_total{status=\"200\"} 4",
         "vipwatch_haproxy_apply_seconds_count 4",
-        "vipwatch_haproxy_services 0",
+        "vipwatch_haproxy_services{cluster=\"default\"} 0",
         "vipwatch_haproxy_up 1",
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing `{line}` in:\n{metrics}");
@@ -95,7 +95,7 @@ async fn an_impossible_service_is_refused_alone() {
     assert_eq!((r2.0, r2.1["detail"].as_str()), (422, Some("port 53/UDP: HAProxy proxies TCP only")));
     let clash = delivery("service.added", 3, "clash", &v1, &[18082], &[]);
     let r3 = agent.send(&clash).await;
-    let detail = format!("{v1}:18082 is already bound by Service shop/good");
+    let detail = format!("{v1}:18082 is already bound by Service shop/good of cluster default");
     assert_eq!((r3.0, r3.1["detail"].as_str()), (422, Some(detail.as_str())));
     assert_eq!(hit(&format!("{v1}:18082")).await.as_deref(), Ok("a"));
     // A VIP another program holds: the reload could never succeed, so it is refused up front.
@@ -225,7 +225,12 @@ async fn a_resync_completes_with_a_refused_service_and_sweeps_what_an_older_even
     // vipwatch's database was replaced (event ids restart under log-2) and a resync of two Services
     // follows: `keep`, and `bad`, which HAProxy can never serve (a UDP port) — arriving last.
     let sync = ("sync_2", 2, 3);
-    assert_eq!(agent.send(&synced("keep", &keep, 18089, &[active(0, a)], sync, "log-2")).await.0, 200);
+    // The new log takes the cluster name over once the old one has been silent for
+    // `cluster_takeover_after` (1 s here); until then it is refused (409).
+    wait_until("the new event log takes the cluster name over", || async {
+        agent.send(&synced("keep", &keep, 18089, &[active(0, a)], sync, "log-2")).await.0 == 200
+    })
+    .await;
     let mut refused = synced("bad", &bad, 18089, &[], sync, "log-2");
     std::sync::Arc::make_mut(&mut refused.data.service.as_mut().unwrap().view).ports[0].protocol = "UDP".into();
     let (status, body) = agent.send(&refused).await;

@@ -86,6 +86,9 @@ impl Agent {
             server_slots: 4,
             batch_window: Duration::from_millis(50),
             reload_timeout: Duration::from_secs(5),
+            // A new event log under a known cluster name (a replaced vipwatch database) takes it over
+            // after 1 s of silence from the old one, not 10 min.
+            cluster_takeover_after: Duration::from_secs(1),
             stop_haproxy_on_exit: true,
             ..AgentConfig::default()
         }
