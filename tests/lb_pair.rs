@@ -240,3 +240,41 @@ async fn a_pair_is_one_appliance_a_new_service_gets_its_status_while_one_host_is
     assert_eq!(to_standby.iter().map(|d| d.state.as_str()).collect::<Vec<_>>(), ["pending"], "{to_standby:?}");
     pair.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_split_brain_puts_the_vips_on_both_hosts_and_one_keeps_them_once_they_see_each_other_again() {
+    if !can_run() {
+        return;
+    }
+    let pair = Pair::start().await;
+    let web = pair.service("web").await;
+    let active = pair.wait_serving(web).await;
+    let client = Client::start(&pair.net.ns("cl"), (web, 80).into());
+    wait_until("the client's first answer", || async { client.seen().iter().any(|(_, ok)| *ok).then_some(()) }).await;
+
+    // The hosts stop hearing each other's adverts: the standby takes the VIPs too.
+    let split = Instant::now();
+    pair.net.split(true);
+    wait_until("both hosts hold the VIP", || async { (pair.net.holders(web).len() == 2).then_some(()) }).await;
+    let both = Instant::now();
+    wait_until("an answer while both hold it", || async {
+        client.seen().iter().any(|(at, ok)| *ok && *at > both + Duration::from_secs(1)).then_some(())
+    })
+    .await;
+    let failed_split = client.seen().iter().filter(|(at, ok)| !ok && *at >= split).count();
+
+    // They hear each other again: the higher priority keeps the VIPs, the other lets them go.
+    let healed = Instant::now();
+    pair.net.split(false);
+    wait_until("one host holds the VIP again", || async { (pair.net.holders(web).len() == 1).then_some(()) }).await;
+    let (back, failed_heal) = recovered(&client, healed).await;
+    let holder = pair.wait_serving(web).await;
+    eprintln!(
+        "split brain: both hosts held {web} {:?} after the split, {failed_split} failed requests while split; \
+         healed: {holder} holds it (was {active}), answered after {back:?}, {failed_heal} failed",
+        both - split
+    );
+    assert_eq!(pair.net.holders(web), [holder]);
+    drop(client);
+    pair.stop().await;
+}

@@ -92,6 +92,30 @@ impl Net {
         })
     }
 
+    /// Every host of the pair whose `eth0` holds `vip` right now.
+    pub fn holders(&self, vip: Ipv4Addr) -> Vec<&'static str> {
+        ["lb1", "lb2"]
+            .into_iter()
+            .filter(|host| {
+                let out = Command::new("ip").args(["-n", &self.ns(host), "-o", "addr", "show", "dev", "eth0"]).output();
+                out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(" {vip}/")))
+            })
+            .collect()
+    }
+
+    /// Cuts the two load-balancer hosts off from each other (`on`) while both still reach the client
+    /// and the test's namespace (bridge port isolation), or joins them again: a split brain.
+    pub fn split(&self, on: bool) {
+        for host in ["lb1", "lb2"] {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.ns("sw"), "bridge", "link", "set", "dev", host, "isolated"])
+                .arg(if on { "on" } else { "off" })
+                .output()
+                .expect("`bridge` runs");
+            assert!(out.status.success(), "bridge link set {host}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+
     /// Takes `host`'s link to the bridge down (`up` false) or up again.
     pub fn link(&self, host: &str, up: bool) {
         ip(&["-n", &self.ns(host), "link", "set", "eth0", if up { "up" } else { "down" }]);
