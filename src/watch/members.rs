@@ -11,7 +11,6 @@
 //! - a recomputation that finds the same members (same hash) records nothing.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -19,7 +18,6 @@ use vipwatch_contract::{BackendMode, CompactString};
 
 use super::stream::{Change, ScopeSpec};
 use crate::config::Config;
-use crate::metrics::Metrics;
 use crate::model::backends::{
     BackendIndex, BackendSets, MODE_ANNOTATION, MemberRules, ModePlan, ObservedNode, ObservedSlice, annotated,
     compute_sets,
@@ -40,9 +38,10 @@ pub(super) struct Members {
     rules: MemberRules,
     window: Duration,
     max_wait: Duration,
+    /// Services whose inputs changed, by when they are due.
     dirty: HashMap<ServiceKey, Pending>,
+    /// ADDEDs of Services in mode `pod` waiting for their first endpoints, until when.
     deferred: HashMap<ServiceKey, (Observed, Instant)>,
-    metrics: Arc<Metrics>,
 }
 
 /// What a Node change means for the state table: upserts and deletes of `nodes` rows.
@@ -55,7 +54,7 @@ pub(super) struct NodeRows {
 
 impl Members {
     /// Members computed as `config` says, with `stored` (the `nodes` table) as the known Nodes.
-    pub fn new(config: &Config, stored: Vec<ObservedNode>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(config: &Config, stored: Vec<ObservedNode>) -> Self {
         let mut index = BackendIndex::default();
         for n in stored {
             index.set_node(&n.name, n.view);
@@ -68,13 +67,7 @@ impl Members {
             max_wait: config.backends.max_wait,
             dirty: HashMap::new(),
             deferred: HashMap::new(),
-            metrics,
         }
-    }
-
-    /// Whether Nodes and EndpointSlices are watched at all (some mode but `none` is configured).
-    pub fn watched(&self) -> bool {
-        self.plan.any()
     }
 
     /// The members of `key` with `view` in every mode some endpoint may use, numbered against `current`.
@@ -132,15 +125,17 @@ impl Members {
     }
 
     /// `key`'s inputs changed at `now`: it is due once the window passes without another change, and
-    /// at the latest `max_wait` after the first one.
-    pub fn touch(&mut self, key: &ServiceKey, now: Instant) {
+    /// at the latest `max_wait` after the first one. Returns whether the change was folded into one
+    /// already pending (coalesced).
+    pub fn touch(&mut self, key: &ServiceKey, now: Instant) -> bool {
         match self.dirty.get_mut(key) {
             Some(p) => {
                 p.last = now;
-                self.metrics.backend_coalesced.inc();
+                true
             }
             None => {
                 self.dirty.insert(key.clone(), Pending { first: now, last: now });
+                false
             }
         }
     }
@@ -161,29 +156,29 @@ impl Members {
         obs.backends.get(&BackendMode::Pod).is_some_and(|b| b.members().next().is_none())
     }
 
-    /// Holds the ADDED of `obs` until one window after the first time it was held.
+    /// Defers the ADDED of `obs` until one window after the first time it was deferred.
     pub fn defer(&mut self, obs: Observed, now: Instant) {
         let at = self.deferred.get(&obs.key).map_or(now + self.window, |(_, at)| *at);
         self.deferred.insert(obs.key.clone(), (obs, at));
     }
 
-    /// Drops the held ADDED of `key`, if any; returns whether there was one.
+    /// Drops the deferred ADDED of `key`, if any; returns whether there was one.
     pub fn forget(&mut self, key: &ServiceKey) -> bool {
         self.deferred.remove(key).is_some()
     }
 
-    /// Every held ADDED, by key (a relist decides them at once).
+    /// Every deferred ADDED, by key (a relist decides them at once).
     pub fn deferred_keys(&self) -> Vec<ServiceKey> {
         self.deferred.keys().cloned().collect()
     }
 
-    /// When the next recomputation or held ADDED is due.
+    /// When the next recomputation or deferred ADDED is due.
     pub fn next_due(&self) -> Option<Instant> {
         let dirty = self.dirty.values().map(|p| self.due(p));
         dirty.chain(self.deferred.values().map(|(_, at)| *at)).min()
     }
 
-    /// Takes the Services due at `now` (by key, deterministic) and the held ADDEDs due.
+    /// Takes the Services due at `now` (by key, deterministic) and the deferred ADDEDs due (by key).
     pub fn take_due(&mut self, now: Instant) -> (Vec<ServiceKey>, Vec<Observed>) {
         let mut due: Vec<ServiceKey> =
             self.dirty.iter().filter(|(_, p)| self.due(p) <= now).map(|(k, _)| k.clone()).collect();
@@ -191,20 +186,15 @@ impl Members {
         for k in &due {
             self.dirty.remove(k);
         }
-        let mut held: Vec<ServiceKey> =
+        let mut ready: Vec<ServiceKey> =
             self.deferred.iter().filter(|(_, (_, at))| *at <= now).map(|(k, _)| k.clone()).collect();
-        held.sort();
-        let adds = held.iter().filter_map(|k| self.deferred.remove(k)).map(|(o, _)| o).collect();
+        ready.sort();
+        let adds = ready.iter().filter_map(|k| self.deferred.remove(k)).map(|(o, _)| o).collect();
         (due, adds)
     }
 
     fn due(&self, p: &Pending) -> Instant {
         (p.last + self.window).min(p.first + self.max_wait)
-    }
-
-    /// Counts a recomputation that changed nothing.
-    pub fn noop(&self) {
-        self.metrics.backend_noop.inc();
     }
 
     /// The known Nodes by eligibility: `(eligible, not eligible)`.

@@ -2,8 +2,10 @@
 //! configured scope, and record every LB-relevant change through the [`Recorder`].
 //!
 //! Flow: one [`stream`] task per scope (all namespaces, or each configured namespace) turns watcher
-//! events into [`Observation`]s; the single [`Recorder`] diffs them against the current-state table
-//! and writes events + state in batched transactions.
+//! events into [`Observation`]s; the single [`Recorder`], a pure index, diffs them against its mirror
+//! of the current-state table and decides the events, allocations and members of each batch; its
+//! async shell ([`recorder::run`]) hands every batch to the [`writer`], which stores it in batched
+//! transactions.
 
 mod client;
 mod health;
@@ -17,7 +19,7 @@ mod writer;
 pub use client::{connect, connect_watched};
 pub use health::{AUTH_FAILURES_NOT_READY, ScopeState, ScopeStatus, Verb, WatchHealth};
 pub use ownership::Ownership;
-pub use recorder::Recorder;
+pub use recorder::{Batch, Gauges, Listing, Loaded, Notices, Now, Recorder, Report};
 pub use stream::{Change, Observation, Resource, ScopeSpec};
 pub use watchdog::{Stalled, WATCH_SLACK, Watchdog, is_stall};
 pub use writer::Signals;
@@ -78,8 +80,8 @@ pub async fn run(
     let cfg = &config.kubernetes;
     let pools = Pools::new(&config.pools).map_err(|e| WatchError::Config(e.to_string()))?;
     let ownership = Ownership { allocator: Allocator::new(pools), finalizer: cfg.finalizer };
-    let members = members::Members::new(config, store.nodes().await?, signals.metrics.clone());
-    let scopes = scopes(cfg, members.watched());
+    let loaded = Loaded::read(&store).await?;
+    let scopes = scopes(cfg, config.mode_plan().any());
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     let mut tasks = tokio::task::JoinSet::new();
     for scope in &scopes {
@@ -92,8 +94,8 @@ pub async fn run(
     }
     tasks.spawn(forward(feedback, tx, cancel.clone()));
     let refused = signals.refused.clone();
-    let recorder = Recorder::load(store, outbox, &scopes, signals, (ownership, members), config.guard.clone()).await?;
-    recorder.run(rx).await;
+    let recorder = Recorder::new(config, ownership, loaded, &scopes, Now::read());
+    recorder::run(recorder, rx, writer::Writer::new(store, outbox, &scopes, signals)).await;
     tasks.join_all().await;
     match refused.get() {
         Some(why) => Err(WatchError::Refused(why.clone())),

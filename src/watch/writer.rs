@@ -12,12 +12,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
-use vipwatch_contract::{BackendMode, MemberState};
+use vipwatch_contract::MemberState;
 
+use super::recorder::{Batch, Gauges, Report};
 use super::stream::ScopeSpec;
-use crate::ipam::PoolUsage;
 use crate::metrics::Metrics;
-use crate::model::{NOTICE_QUEUE, Notice};
+use crate::model::Notice;
 use crate::store::{Outbox, Prepared, StateChange, Store, StoreError, WatchProgress};
 
 /// How many planned batches may wait for the writer (the recorder plans ahead by this much).
@@ -47,50 +47,29 @@ const CHUNK_CHANGES: usize = 128;
 /// does).
 const CHUNK_CHANGES_ALONE: usize = 512;
 
-/// Changes and progress planned for one transaction.
+/// What the writer takes: one batch of the recorder (what to store, and what to report once it is
+/// stored) and the recorder's gauges as they stood after it.
 #[derive(Default)]
 pub(super) struct Plan {
+    /// The changes to store, in order.
     pub changes: Vec<StateChange>,
+    /// The watch progress per scope key, stored with the last change.
     pub progress: HashMap<String, WatchProgress>,
-    pub first_lists: Vec<String>,
-    pub services_in_scope: usize,
-    pub vips_in_use: usize,
-    /// Kubernetes Events to publish once this plan committed: at most [`NOTICE_QUEUE`] (add with
-    /// [`Plan::note`]).
-    pub notices: Vec<Notice>,
-    /// Events not kept because the plan already held [`NOTICE_QUEUE`]: more than the Event queue
-    /// takes, so they would be dropped when sent. A first list of many Services without members
-    /// makes one Warning each, and holding them all until the list is stored would cost memory for
-    /// nothing.
-    pub notices_dropped: usize,
-    pub pool_usage: Vec<PoolUsage>,
-    /// Members over every in-scope Service, per (mode, state).
-    pub members: Vec<((BackendMode, MemberState), i64)>,
-    /// Known Nodes: `(eligible, not eligible)`.
-    pub nodes: (usize, usize),
-    /// Deletions the guard holds after this batch.
-    pub deletions_held: usize,
-    /// Guard trips in this batch, by cause (`startup`, `relist`).
-    pub guard_trips: Vec<&'static str>,
-    /// Held deletions let go in this batch: `(how, count)`, how = `api`, `confirmed`, `reappeared`.
-    pub held_released: Vec<(&'static str, usize)>,
+    /// Reported once stored: readiness, Kubernetes Events, counters.
+    pub report: Report,
+    /// Set once stored.
+    pub gauges: Gauges,
 }
 
 impl Plan {
-    /// Adds Kubernetes Events to publish, keeping at most [`NOTICE_QUEUE`]; the rest are counted in
-    /// `notices_dropped` (logged once the plan committed).
-    pub fn note(&mut self, notices: impl IntoIterator<Item = Notice>) {
-        for notice in notices {
-            if self.notices.len() < NOTICE_QUEUE {
-                self.notices.push(notice);
-            } else {
-                self.notices_dropped += 1;
-            }
-        }
+    /// The plan of `batch`, with `gauges` as they stood after it.
+    pub fn new(batch: Batch, gauges: Gauges) -> Self {
+        let Batch { changes, progress, report } = batch;
+        Self { changes, progress, report, gauges }
     }
 
     /// Appends `later` (planned after this one): its changes follow ours, its progress is folded into
-    /// ours per scope ([`WatchProgress::absorb`]), its gauges win, its first lists join ours.
+    /// ours per scope ([`WatchProgress::absorb`]), its report is appended, its gauges win.
     fn merge(&mut self, later: Plan) {
         self.changes.extend(later.changes);
         for (scope, progress) in later.progress {
@@ -101,17 +80,8 @@ impl Plan {
                 }
             }
         }
-        self.first_lists.extend(later.first_lists);
-        self.note(later.notices);
-        self.notices_dropped += later.notices_dropped;
-        self.guard_trips.extend(later.guard_trips);
-        self.held_released.extend(later.held_released);
-        self.services_in_scope = later.services_in_scope;
-        self.vips_in_use = later.vips_in_use;
-        self.pool_usage = later.pool_usage;
-        self.members = later.members;
-        self.nodes = later.nodes;
-        self.deletions_held = later.deletions_held;
+        self.report.append(later.report);
+        self.gauges = later.gauges;
     }
 }
 
@@ -462,45 +432,30 @@ impl Writer {
         if counts.iter().any(|&n| n > 0) {
             info!(added = counts[0], modified = counts[1], deleted = counts[2], "recorded events");
         }
-        metrics.services_in_scope.set(plan.services_in_scope as i64);
-        metrics.vips_in_use.set(plan.vips_in_use as i64);
-        for u in &plan.pool_usage {
-            metrics.pool_usage(&u.pool, u.in_use, u.free);
-            metrics.pool_reserved(&u.pool, u.reserved);
-        }
-        for ((mode, state), n) in &plan.members {
-            let state = match state {
-                MemberState::Active => "active",
-                MemberState::Draining => "draining",
-            };
-            let labels = crate::metrics::MemberLabels { mode: mode.as_str().to_owned(), state: state.to_owned() };
-            metrics.backend_members.get_or_create(&labels).set(*n);
-        }
-        for (eligible, n) in [("true", plan.nodes.0), ("false", plan.nodes.1)] {
-            let labels = crate::metrics::NodeLabels { eligible: eligible.to_owned() };
-            metrics.nodes.get_or_create(&labels).set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-        metrics.deletions_held.set(i64::try_from(plan.deletions_held).unwrap_or(i64::MAX));
-        for cause in &plan.guard_trips {
+        report_gauges(metrics, &plan.gauges);
+        let report = plan.report;
+        for cause in &report.guard_trips {
             metrics.guard_trips.get_or_create(&crate::metrics::GuardTripLabels { cause: (*cause).to_owned() }).inc();
         }
-        for (how, n) in &plan.held_released {
+        for (how, n) in &report.guard_releases {
             let labels = crate::metrics::HeldReleaseLabels { how: (*how).to_owned() };
             metrics.held_released.get_or_create(&labels).inc_by(*n as u64);
         }
-        let mut dropped = plan.notices_dropped;
-        for notice in plan.notices {
+        metrics.backend_coalesced.inc_by(report.members_coalesced);
+        metrics.backend_noop.inc_by(report.members_unchanged);
+        let mut dropped = report.notices.dropped;
+        for notice in report.notices.kept {
             dropped += usize::from(self.signals.notices.try_send(notice).is_err());
         }
         if dropped > 0 {
             metrics.kube_events_dropped(dropped);
             warn!(dropped, "Kubernetes Event queue full; some Events were not published");
         }
-        for scope in &plan.first_lists {
+        for scope in &report.first_lists {
             self.awaiting_first_list.remove(scope);
         }
-        if !plan.first_lists.is_empty() && self.awaiting_first_list.is_empty() {
-            info!(services = plan.services_in_scope, "first full list stored: ready");
+        if !report.first_lists.is_empty() && self.awaiting_first_list.is_empty() {
+            info!(services = plan.gauges.services_in_scope, "first full list stored: ready");
             self.signals.ready.send_replace(true);
             let store = self.store.clone();
             tokio::spawn(async move {
@@ -518,6 +473,29 @@ impl Writer {
     }
 }
 
+/// Sets the recorder's gauges.
+fn report_gauges(metrics: &Metrics, gauges: &Gauges) {
+    metrics.services_in_scope.set(i64::try_from(gauges.services_in_scope).unwrap_or(i64::MAX));
+    metrics.vips_in_use.set(i64::try_from(gauges.vips_in_use).unwrap_or(i64::MAX));
+    for u in &gauges.pool_usage {
+        metrics.pool_usage(&u.pool, u.in_use, u.free);
+        metrics.pool_reserved(&u.pool, u.reserved);
+    }
+    for ((mode, state), n) in &gauges.members {
+        let state = match state {
+            MemberState::Active => "active",
+            MemberState::Draining => "draining",
+        };
+        let labels = crate::metrics::MemberLabels { mode: mode.as_str().to_owned(), state: state.to_owned() };
+        metrics.backend_members.get_or_create(&labels).set(*n);
+    }
+    for (eligible, n) in [("true", gauges.nodes.0), ("false", gauges.nodes.1)] {
+        let labels = crate::metrics::NodeLabels { eligible: eligible.to_owned() };
+        metrics.nodes.get_or_create(&labels).set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    metrics.deletions_held.set(i64::try_from(gauges.deletions_held).unwrap_or(i64::MAX));
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -525,8 +503,8 @@ mod tests {
     use tokio::sync::mpsc;
     use tokio::time::Instant;
 
-    use super::{CHUNK_CHANGES, NOTICE_QUEUE, Plan, QUEUED_PLANS, gather_until};
-    use crate::model::{Notice, ServiceKey};
+    use super::{CHUNK_CHANGES, Plan, QUEUED_PLANS, gather_until};
+    use crate::model::{NOTICE_QUEUE, Notice, ServiceKey};
     use crate::store::StateChange;
 
     /// A plan of `n` changes (Nodes forgotten: the simplest change there is).
@@ -583,16 +561,16 @@ mod tests {
     #[test]
     fn a_plan_keeps_at_most_a_queue_of_notices_and_counts_the_rest() {
         let mut plan = Plan::default();
-        plan.note(notices(NOTICE_QUEUE - 1));
-        assert_eq!((plan.notices.len(), plan.notices_dropped), (NOTICE_QUEUE - 1, 0));
-        plan.note(notices(3));
-        assert_eq!((plan.notices.len(), plan.notices_dropped), (NOTICE_QUEUE, 2));
-        assert_eq!(plan.notices.last().map(|n| n.key.name.as_str()), Some("svc-0"));
+        plan.report.notices.note(notices(NOTICE_QUEUE - 1));
+        assert_eq!((plan.report.notices.kept.len(), plan.report.notices.dropped), (NOTICE_QUEUE - 1, 0));
+        plan.report.notices.note(notices(3));
+        assert_eq!((plan.report.notices.kept.len(), plan.report.notices.dropped), (NOTICE_QUEUE, 2));
+        assert_eq!(plan.report.notices.kept.last().map(|n| n.key.name.as_str()), Some("svc-0"));
 
         let mut later = Plan::default();
-        later.note(notices(NOTICE_QUEUE + 5));
-        assert_eq!(later.notices_dropped, 5);
+        later.report.notices.note(notices(NOTICE_QUEUE + 5));
+        assert_eq!(later.report.notices.dropped, 5);
         plan.merge(later);
-        assert_eq!((plan.notices.len(), plan.notices_dropped), (NOTICE_QUEUE, 2 + 5 + NOTICE_QUEUE));
+        assert_eq!((plan.report.notices.kept.len(), plan.report.notices.dropped), (NOTICE_QUEUE, 2 + 5 + NOTICE_QUEUE));
     }
 }
