@@ -24,6 +24,8 @@ mod members;
 mod mirror;
 mod shell;
 mod startup;
+#[cfg(test)]
+mod tests;
 
 pub use batch::{Batch, Gauges, Notices, Now, Report};
 pub use shell::Loaded;
