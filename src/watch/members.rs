@@ -206,7 +206,7 @@ impl Members {
 
 /// Kubernetes Events about the members of a recorded change: `UnAvailableLoadBalancer` (Warning, the
 /// upstream service controller's reason) when a mode's members become empty, saying why; and
-/// `InvalidBackendMode` (Warning) when the `vipwatch.io/backend-mode` annotation newly holds a value
+/// `InvalidBackendMode` (Warning) when the `vipwatch.io/backend-mode` annotation newly has a value
 /// that is not a mode.
 pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) -> Vec<Notice> {
     if e.kind == ChangeKind::Deleted {

@@ -75,7 +75,7 @@ impl Report {
 
 /// Kubernetes Events to publish once their changes are stored: at most [`NOTICE_QUEUE`] kept (add
 /// with [`Notices::note`]), the rest counted. More than the Event queue takes would be dropped when
-/// sent anyway, and a first list of many Services without members makes one Warning each: holding
+/// sent anyway, and a first list of many Services without members makes one Warning each: keeping
 /// them all until the list is stored would cost memory for nothing.
 #[derive(Debug, Default)]
 pub struct Notices {

@@ -1,9 +1,9 @@
 //! The recorder: a pure index of the Services vipwatch tracks. It takes observations (watch
 //! ADDED/MODIFIED/DELETED, (re)lists, Node and EndpointSlice changes, appliance feedback) with the time
 //! they are planned at ([`Now`]), and fills a [`Batch`]: the events and state rows to store, the
-//! watch progress, the first lists and what to report. It holds the mirror of the current-state
+//! watch progress, the first lists and what to report. It keeps the mirror of the current-state
 //! table, decides events with [`crate::model`], allocates VIPs ([`Ownership`]), computes members
-//! ([`Members`]) and guards against bulk disappearances ([`guard`]). It does no I/O, holds no
+//! ([`Members`]) and guards against bulk disappearances ([`guard`]). It does no I/O, owns no
 //! channel and reads no clock: the thin async shell ([`run`]) feeds it from the observation channel
 //! and sends each batch, with the [`Gauges`] as they stand, to the writer.
 //!
@@ -89,7 +89,7 @@ impl Recorder {
     /// Services in namespaces no scope covers any more (the namespace list changed while vipwatch was
     /// down) get a DELETED with cause `startup` in the first batch, unless the guard holds them (too
     /// many at once). Reserved addresses are reserved again, in the order of their events: a
-    /// reservation ends with the acknowledgement of the oldest change of its object still holding the
+    /// reservation ends with the acknowledgement of the oldest change of its object still using the
     /// address (`Allocator::finish_drain`), and the DELETEDs decided here come after them.
     pub fn new(config: &Config, mut ownership: Ownership, loaded: Loaded, scopes: &[ScopeSpec], now: Now) -> Self {
         let Loaded { tracked, held, reservations, announced, nodes } = loaded;
@@ -277,7 +277,7 @@ impl Recorder {
         }
     }
 
-    /// Computes the members of an in-scope observation against what the mirror holds; it then has no
+    /// Computes the members of an in-scope observation against what the mirror has; it then has no
     /// recomputation pending.
     fn observe_members(&mut self, obs: &mut Observed) {
         if obs.in_scope {
@@ -351,7 +351,7 @@ impl Recorder {
                     let before = self.mirror.get(key);
                     batch.report.notices.note(Ownership::notices(key, &event, before.map(|t| &*t.view)));
                     batch.report.notices.note(super::members::notices(key, &event, before));
-                    let hold = self.ownership.waits_for_finalizer(&event);
+                    let waits = self.ownership.waits_for_finalizer(&event);
                     let cleanup = Ownership::cleanup(&event, live);
                     if cleanup.as_ref().is_some_and(|c| c.remove_finalizer) {
                         self.announced.insert(event.uid.clone());
@@ -368,7 +368,7 @@ impl Recorder {
                         );
                     }
                     let event = Box::new(event);
-                    batch.changes.push(StateChange::Event { key: key.clone(), cause, event, hold, cleanup });
+                    batch.changes.push(StateChange::Event { key: key.clone(), cause, event, hold: waits, cleanup });
                 }
             }
         }
@@ -388,15 +388,15 @@ impl Recorder {
         }
     }
 
-    /// Tracks `tracked` as `key` and gives the allocator what it holds; an allocation that changed
-    /// may have freed an address.
+    /// Tracks `tracked` as `key` and tells the allocator which addresses it uses; an allocation that
+    /// changed may have freed an address.
     fn mirror_set(&mut self, key: ServiceKey, tracked: Tracked) {
         self.ownership.allocator.hold(&key, &tracked.view);
         self.freed |= self.mirror.get(&key).is_some_and(|old| old.view.allocation != tracked.view.allocation);
         self.mirror.insert(key, tracked);
     }
 
-    /// Stops tracking `key`; the pool addresses it held stay reserved until its DELETED is
+    /// Stops tracking `key`; the pool addresses it had stay reserved until its DELETED is
     /// acknowledged.
     fn unmirror(&mut self, key: &ServiceKey) -> Option<Tracked> {
         let old = self.mirror.remove(key)?;

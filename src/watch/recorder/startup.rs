@@ -20,7 +20,7 @@ pub(super) struct Startup {
     /// Changes decided at load (held deletions gone stale, DELETEDs of Services no scope covers any
     /// more): stored with the first batch.
     pub decided: Vec<StateChange>,
-    /// The batch being planned holds the first lists: it computes every Service's members, so the
+    /// The batch being planned contains the first lists: it computes every Service's members, so the
     /// recomputations its Node and EndpointSlice lists asked for are moot.
     pub first_batch: bool,
 }

@@ -555,3 +555,47 @@ fn observations_before_every_first_list_are_buffered_and_released_in_order() {
     assert_eq!(batch.report.first_lists, ["nodes", "a", "b"]);
     assert_eq!(index.recorder.gauges().nodes, (1, 0));
 }
+
+/// The shell hands a long list to the writer in segments ([`Recorder::list_object`] one object at a
+/// time, the changes taken out every few): the segments together are what the whole list decides,
+/// and the list's progress and report stay for the last.
+#[test]
+fn a_list_in_segments_decides_what_the_whole_list_does() {
+    let relisted = || {
+        let mut services = shop(6);
+        services[1] = svc("shop/svc-01", "2");
+        services.pop();
+        services.push(svc("shop/new", "3"));
+        services
+    };
+    let (mut whole, _) = started(shop(6));
+    let expected = whole.decide(10, vec![list(&services(), false, relisted())]);
+
+    let (mut segmented, _) = started(shop(6));
+    let Observation::Listed { scope, objects, first } = list(&services(), false, relisted()) else { unreachable!() };
+    let mut batch = segmented.recorder.begin(&mut Vec::new()).expect("started");
+    let listing = segmented.recorder.begin_list(scope, &objects, first);
+    let mut segments: Vec<Vec<String>> = Vec::new();
+    for obs in objects {
+        segmented.recorder.list_object(&mut batch, &listing, obs);
+        if !batch.changes.is_empty() {
+            let segment = Batch { changes: std::mem::take(&mut batch.changes), ..Batch::default() };
+            segments.push(changes(&segment));
+        }
+    }
+    segmented.recorder.end_list(&mut batch, listing, segmented.at(10));
+    segmented.recorder.finish(&mut batch, segmented.at(10));
+    segments.push(changes(&batch));
+
+    assert_eq!(
+        segments,
+        [
+            vec!["refresh shop/svc-01 2"],
+            vec!["ADDED shop/new u-new relist"],
+            vec!["DELETED shop/svc-05 u-svc-05 relist"]
+        ]
+    );
+    assert_eq!(segments.concat(), changes(&expected));
+    assert_eq!(batch.progress, expected.progress);
+    assert_eq!(whole.recorder.gauges(), segmented.recorder.gauges());
+}
