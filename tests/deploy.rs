@@ -516,8 +516,8 @@ fn the_cluster_role_grants_what_vipwatch_does_and_is_bound_to_its_account() {
         ("", "services", "watch"),
         ("", "services", "patch"),
         ("", "services/status", "patch"),
-        ("", "events", "create"),
         ("events.k8s.io", "events", "create"),
+        ("events.k8s.io", "events", "patch"),
         ("discovery.k8s.io", "endpointslices", "watch"),
         ("", "nodes", "watch"),
         ("", "namespaces", "get"),
@@ -526,6 +526,7 @@ fn the_cluster_role_grants_what_vipwatch_does_and_is_bound_to_its_account() {
         assert!(allows(group, resource, verb), "{verb} {group}/{resource}");
     }
     assert!(!allows("", "secrets", "get") && !allows("", "services", "delete"));
+    assert!(!allows("", "events", "create"), "Events go through events.k8s.io/v1 only");
     let namespaces = role.rules.iter().flatten().find(|r| r.resources.iter().flatten().any(|x| x == "namespaces"));
     let names = namespaces.and_then(|r| r.resource_names.clone());
     assert_eq!(names, Some(vec!["kube-system".to_owned()]), "only kube-system is read, for the cluster's uid");

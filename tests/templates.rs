@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use common::api::{Api, TOKEN};
 use common::appliance::{Appliance, Req};
+use common::receiver::Receiver;
 use common::*;
 use serde_json::{Value, json};
 use vipwatch::config::{AuthConfig, BasicAuth, Config, PoolConfig, RetryConfig, Secret, SecretRef, WebhookConfig};
@@ -631,6 +632,44 @@ async fn the_removal_guard_holds_a_declaration_that_would_empty_the_tenant_until
     .await;
     let again = api.send(reqwest::Method::POST, "/api/v1/webhooks/f5-as3/confirm-removal", Some(TOKEN)).await;
     assert_eq!(again.status, 409);
+    vw.stop().await.unwrap();
+}
+
+/// A declaration gates nothing in Kubernetes, whether the change that starts it is a DELETED or not:
+/// a Service that carries the finalizer because a per-Service endpoint delivers it loses the
+/// finalizer, and frees its pool address, once that endpoint acknowledged its DELETED, while the
+/// declaration that DELETED started still fails.
+#[tokio::test]
+async fn a_failing_declaration_holds_up_neither_the_finalizer_nor_the_address_of_a_deleted_service() {
+    let h = Harness::new().await;
+    let state = Arc::new(Mutex::new(As3::default()));
+    let fake = Appliance::start(as3_appliance(state.clone())).await;
+    let rx = Receiver::ok().await;
+    let mut c = as3_config(&h, &fake.url);
+    c.webhooks.push(webhook("appliance", &rx.url));
+    let vw = h.start(c).await;
+    h.api.apply(lb_service("shop", "web", 80));
+    h.api.apply(lb_service("shop", "api", 8080));
+    wait_apps(&state, &["app_shop_api", "app_shop_web"]).await;
+    wait_until("web's finalizer", || async {
+        (h.api.get("shop", "web")?["metadata"]["finalizers"] == json!(["vipwatch.io/cleanup"])).then_some(())
+    })
+    .await;
+
+    state.lock().unwrap().down = true;
+    let declared = fake.requests().len();
+    h.api.delete("shop", "web");
+    wait_until("web gone from the cluster (finalizer removed)", || async {
+        h.api.get("shop", "web").is_none().then_some(())
+    })
+    .await;
+    wait_until("web's address released", || async { vw.store.releases().await.unwrap().is_empty().then_some(()) })
+        .await;
+    let kinds: Vec<String> = rx.accepted().iter().map(|h| h.event().0).collect();
+    assert_eq!(kinds, ["ADDED", "ADDED", "DELETED"]);
+    wait_until("the declaration without web refused", || async { (fake.requests().len() > declared).then_some(()) })
+        .await;
+    assert_eq!(state.lock().unwrap().apps, apps(&["app_shop_api", "app_shop_web"]), "the appliance still has web");
     vw.stop().await.unwrap();
 }
 

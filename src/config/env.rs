@@ -23,7 +23,9 @@ use tracing::{debug, warn};
 pub const PREFIX: &str = "VIPWATCH_";
 
 /// The tables of the configuration file (`[kubernetes]`, …): the `<TABLE>` of `VIPWATCH_<TABLE>__<KEY>`.
-pub const TABLES: [&str; 8] = ["kubernetes", "database", "server", "relay", "backends", "webhooks", "pools", "guard"];
+/// Every top-level key of [`super::Config`], which a test checks against the config's schema.
+pub const TABLES: [&str; 9] =
+    ["kubernetes", "database", "server", "relay", "backends", "webhooks", "pools", "guard", "cluster"];
 
 /// How one environment variable is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +212,18 @@ mod tests {
         Some(EnvVar::Key(k.into()))
     }
 
+    /// A table added to the configuration is known here too, so a mistyped variable for it gets
+    /// its hint.
+    #[test]
+    fn the_tables_are_the_configurations_top_level_keys() {
+        let schema = crate::config::schema::vipwatch_schema();
+        let mut keys: Vec<&str> = schema["properties"].as_object().unwrap().keys().map(String::as_str).collect();
+        let mut tables = TABLES.to_vec();
+        keys.sort_unstable();
+        tables.sort_unstable();
+        assert_eq!(tables, keys);
+    }
+
     #[test]
     fn table_and_key_forms_are_keys_even_when_they_name_nothing() {
         assert_eq!(classify("VIPWATCH_DATABASE__PATH"), key("database.path"));
@@ -266,5 +280,6 @@ mod tests {
         let hint = |h: &str| Some(EnvVar::Ignored { hint: Some(h.into()) });
         assert_eq!(classify("VIPWATCH_DATABASE_PATH"), hint("VIPWATCH_DATABASE__PATH"));
         assert_eq!(classify("VIPWATCH_SERVER_LISTEN"), hint("VIPWATCH_SERVER__LISTEN"));
+        assert_eq!(classify("VIPWATCH_CLUSTER_NAME"), hint("VIPWATCH_CLUSTER__NAME"));
     }
 }

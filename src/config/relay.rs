@@ -308,6 +308,13 @@ fn yes() -> bool {
 }
 
 impl WebhookConfig {
+    /// Whether this endpoint sends one declaration of every Service (`template.mode = "full_state"`)
+    /// rather than a delivery per Service. Its acknowledgements gate nothing in Kubernetes: neither
+    /// a status, nor a finalizer's removal, nor a pool address's release.
+    pub fn declares_full_state(&self) -> bool {
+        self.template.as_ref().is_some_and(|t| t.mode == super::TemplateMode::FullState)
+    }
+
     /// Resolves the secret from `secret`, `secret_file` or `secret_env` (exactly one must be set).
     /// Errors: [`ConfigError::Value`] naming `webhooks.<name>.secret*` when none, several, or an
     /// unreadable source is given, or when the value is not a valid Standard Webhooks secret.

@@ -10,8 +10,9 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 
 use super::Config;
 
-/// Where the published schema lives (its `$id`).
-pub const SCHEMA_ID: &str = "https://vipwatch.io/schemas/vipwatch.schema.json";
+/// The schema's identifier (its `$id`): a URN, since no URL serves the schema; editors read a local
+/// copy named in the file's first line (`#:schema ./vipwatch.schema.json`).
+pub const SCHEMA_ID: &str = "urn:vipwatch:schema:vipwatch.toml";
 
 /// The schema of the whole file, as a JSON value: draft 2020-12, `$defs` for shared shapes, no
 /// `null` for optional keys (TOML has no null: an optional key is left out).
@@ -19,8 +20,9 @@ pub fn vipwatch_schema() -> serde_json::Value {
     generate::<Config>(SCHEMA_ID, "vipwatch.toml")
 }
 
-/// Where the published schema of the HAProxy agent's `vipwatch-haproxy.toml` lives (its `$id`).
-pub const AGENT_SCHEMA_ID: &str = "https://vipwatch.io/schemas/vipwatch-haproxy.schema.json";
+/// The identifier (`$id`) of the schema of the HAProxy agent's `vipwatch-haproxy.toml`: a URN, as
+/// [`SCHEMA_ID`].
+pub const AGENT_SCHEMA_ID: &str = "urn:vipwatch:schema:vipwatch-haproxy.toml";
 
 /// The schema of the HAProxy agent's `vipwatch-haproxy.toml` (its config type lives in the agent's
 /// crate; the settings here are shared).

@@ -62,7 +62,8 @@ pub struct Publisher {
     notices: mpsc::Sender<Notice>,
     /// Where acknowledged releases go (the recorder frees the addresses).
     feedback: mpsc::Sender<Feedback>,
-    /// Enabled endpoint names: only their deliveries gate a write.
+    /// Enabled endpoints that deliver per Service: only their deliveries gate a write (a full-state
+    /// declaration carries the event id of the change that started it, but gates nothing).
     webhooks: Vec<String>,
     write_status: bool,
     poll: Duration,
@@ -102,7 +103,12 @@ impl Publisher {
             metrics,
             notices,
             feedback,
-            webhooks: config.webhooks.iter().filter(|w| w.enabled).map(|w| w.name.clone()).collect(),
+            webhooks: config
+                .webhooks
+                .iter()
+                .filter(|w| w.enabled && !w.declares_full_state())
+                .map(|w| w.name.clone())
+                .collect(),
             write_status: config.kubernetes.write_status,
             poll: config.relay.poll_interval,
             cluster: config.cluster.name.clone(),
