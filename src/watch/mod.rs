@@ -55,10 +55,9 @@ pub enum WatchError {
 
 /// Capacity of the observation channel between the stream tasks and the recorder (messages): how
 /// far the watch reads ahead of the recorder. Beyond it the stream tasks wait and the changes wait
-/// in the socket and the apiserver's watch buffer instead of this process's heap. 512, not 1,024:
-/// a burst of changes peaks lower, at the same latency and CPU. At 256 and below the transactions
-/// get smaller: more bytes written and more CPU per change in a burst (see
-/// docs/explanation/design-decisions.md).
+/// in the socket and the apiserver's watch buffer instead of this process's heap. Larger, a burst of
+/// changes peaks higher at the same latency and CPU; smaller, the transactions get smaller, with more
+/// bytes written and more CPU per change (the measurements: docs/explanation/design-decisions.md).
 const CHANNEL_CAPACITY: usize = 512;
 
 /// Runs the watch until `cancel` fires: one stream task per scope plus the recorder and its writer.
@@ -93,9 +92,9 @@ pub async fn run(
         };
     }
     tasks.spawn(forward(feedback, tx, cancel.clone()));
-    let refused = signals.refused.clone();
+    let (refused, metrics) = (signals.refused.clone(), signals.metrics.clone());
     let recorder = Recorder::new(config, ownership, loaded, &scopes, Now::read());
-    recorder::run(recorder, rx, writer::Writer::new(store, outbox, &scopes, signals)).await;
+    recorder::run(recorder, rx, writer::Writer::new(store, outbox, &scopes, signals), metrics).await;
     tasks.join_all().await;
     match refused.get() {
         Some(why) => Err(WatchError::Refused(why.clone())),

@@ -1,9 +1,9 @@
 //! The writer: the single writer of the event log and current-state table. Persists each planned batch
 //! in one transaction, retried with backoff until it succeeds (the recorder's mirror already reflects
-//! it, so giving up would lose events), then updates metrics, readiness and the commit signal.
+//! it, so giving up would lose events), then reports it: counters, Kubernetes Events, readiness and
+//! the commit signal. The recorder's shell sets the gauges.
 
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,9 +12,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
-use vipwatch_contract::MemberState;
-
-use super::recorder::{Batch, Gauges, Report};
+use super::recorder::Batch;
 use super::stream::ScopeSpec;
 use crate::metrics::Metrics;
 use crate::model::Notice;
@@ -23,10 +21,10 @@ use crate::store::{Outbox, Prepared, StateChange, Store, StoreError, WatchProgre
 /// How many planned batches may wait for the writer (the recorder plans ahead by this much).
 const QUEUED_PLANS: usize = 2;
 
-/// Most changes per transaction while another writer uses the write connection too. A plan holding
-/// more (a first list of 10,000 Services, a burst) is committed as several transactions in order, so
-/// the relay's claims and completions, which share the one write connection, wait for one chunk (a
-/// few ms) rather than for the whole plan; the `committed` signal is pulsed after each chunk, so
+/// Most changes per transaction while another writer uses the write connection too. A plan with
+/// more (a first list of many Services, a burst) is committed as several transactions in order, so
+/// the relay's claims and completions, which share the one write connection, wait for one chunk
+/// rather than for the whole plan; the `committed` signal is pulsed after each chunk, so
 /// deliveries start while the rest is written. The watch progress (resourceVersion) goes with the
 /// last chunk: a crash between chunks resumes from the previous resourceVersion and the re-seen
 /// changes diff as already recorded.
@@ -35,59 +33,24 @@ const CHUNK_CHANGES: usize = 128;
 /// Most changes per transaction while the watch's writer has the write connection to itself (no
 /// other writer took a turn since its last write, none waits: [`Store::write_shared_since`]) and the
 /// last transaction that recorded events enqueued no delivery for them: a guess that the next ones
-/// will not either, which holds while no endpoint subscribes to these Services. With an endpoint
+/// will not either, which is right while no endpoint subscribes to these Services. With an endpoint
 /// subscribed the relay claims after every commit, and the writer stays at [`CHUNK_CHANGES`].
 ///
 /// Each commit has a cost of its own (the pages it touched go into the WAL once per commit;
-/// statements are bound and stepped per chunk), so larger chunks store changes faster. But with 512
-/// whenever the connection is free, peak RSS in a burst is higher (the bigger transactions' rows and
-/// payloads at once), and with 512 always deliveries come later, as the relay's turns wait (see
-/// docs/explanation/design-decisions.md). Measured on SQLite; on PostgreSQL the same rule applies,
-/// and the turns it sees are this process's only (another replica does not write: only the leader
-/// does).
-const CHUNK_CHANGES_ALONE: usize = 512;
+/// statements are bound and stepped per chunk), so larger chunks store changes faster. But the larger
+/// size whenever the connection is free raises peak RSS in a burst (the bigger transactions' rows and
+/// payloads at once), and the larger size always delays deliveries, as the relay's turns wait (the
+/// trade-off: docs/explanation/design-decisions.md). On PostgreSQL the same rule applies, and the
+/// turns it sees are this process's only (another replica does not write: only the leader does).
+pub(super) const CHUNK_CHANGES_ALONE: usize = 512;
 
-/// What the writer takes: one batch of the recorder (what to store, and what to report once it is
-/// stored) and the recorder's gauges as they stood after it.
-#[derive(Default)]
-pub(super) struct Plan {
-    /// The changes to store, in order.
-    pub changes: Vec<StateChange>,
-    /// The watch progress per scope key, stored with the last change.
-    pub progress: HashMap<String, WatchProgress>,
-    /// Reported once stored: readiness, Kubernetes Events, counters.
-    pub report: Report,
-    /// Set once stored.
-    pub gauges: Gauges,
-}
+/// What the writer takes: one batch of the recorder, what to store and what to report once it is
+/// stored. Plans sent together are stored together ([`Batch::append`]).
+pub(super) type Plan = Batch;
 
-impl Plan {
-    /// The plan of `batch`, with `gauges` as they stood after it.
-    pub fn new(batch: Batch, gauges: Gauges) -> Self {
-        let Batch { changes, progress, report } = batch;
-        Self { changes, progress, report, gauges }
-    }
-
-    /// Appends `later` (planned after this one): its changes follow ours, its progress is folded into
-    /// ours per scope ([`WatchProgress::absorb`]), its report is appended, its gauges win.
-    fn merge(&mut self, later: Plan) {
-        self.changes.extend(later.changes);
-        for (scope, progress) in later.progress {
-            match self.progress.entry(scope) {
-                Entry::Occupied(mut e) => e.get_mut().absorb(progress),
-                Entry::Vacant(e) => {
-                    e.insert(progress);
-                }
-            }
-        }
-        self.report.append(later.report);
-        self.gauges = later.gauges;
-    }
-}
-
-/// Takes the plans that arrive before `due` into `plan`, until it holds [`CHUNK_CHANGES`] changes
+/// Takes the plans that arrive before `due` into `plan`, until it has [`CHUNK_CHANGES`] changes
 /// or the recorder is gone. Receiving them while it waits, rather than only once `due` passed, keeps
-/// the recorder from blocking on the [`QUEUED_PLANS`] plans already waiting: what it held back then
+/// the recorder from blocking on the [`QUEUED_PLANS`] plans already waiting: what it kept back then
 /// would miss this commit and wait for the next, so a change would wait up to two intervals instead
 /// of at most one.
 async fn gather_until(rx: &mut mpsc::Receiver<Plan>, plan: &mut Plan, due: tokio::time::Instant) {
@@ -98,7 +61,7 @@ async fn gather_until(rx: &mut mpsc::Receiver<Plan>, plan: &mut Plan, due: tokio
             // A plan already waiting is taken even when `due` passed too.
             biased;
             more = rx.recv() => match more {
-                Some(more) => plan.merge(more),
+                Some(more) => plan.append(more),
                 None => return,
             },
             _ = &mut deadline => return,
@@ -212,7 +175,7 @@ impl Writer {
                     writer.store.expect_write(Some(tokio::time::Instant::now()));
                 }
                 while let Ok(more) = rx.try_recv() {
-                    plan.merge(more);
+                    plan.append(more);
                 }
                 last = tokio::time::Instant::now();
                 writer.commit(plan).await;
@@ -224,16 +187,15 @@ impl Writer {
 
     /// Writes the plan in transactions of at most [`CHUNK_CHANGES`] changes ([`CHUNK_CHANGES_ALONE`]
     /// while no delivery is enqueued and no other writer uses the connection; see
-    /// [`Writer::chunk_size`]), each retried with the store's backoff ([`Store::write_backoff`]: 0.1 s
-    /// doubling to `database.write_retry_max_delay`, jittered) until it commits. Each chunk is prepared first ([`Store::prepare`]: ids, JSON, routed
+    /// [`Writer::chunk_size`]), each retried with the store's backoff ([`Store::write_backoff`], up to
+    /// `database.write_retry_max_delay` apart) until it commits. Each chunk is prepared first ([`Store::prepare`]: ids, JSON, routed
     /// and rendered deliveries), so the transaction, and with it the write connection the relay
     /// shares, only runs statements. Nothing is reported (metrics, log, readiness, Kubernetes Events)
     /// before the last chunk committed, and `committed` only after each chunk did; a failed attempt
     /// left nothing behind (the store rolls it back and drops the connection).
     async fn commit(&mut self, plan: Plan) {
         if plan.changes.is_empty() && plan.progress.is_empty() {
-            // Nothing to store, but the gauges may have moved: an acknowledged withdrawal frees a
-            // reserved address without a change to record when no Service waits for one.
+            // Nothing to store, only to report (counters, Kubernetes Events).
             self.after_commit(plan);
             return;
         }
@@ -314,16 +276,16 @@ impl Writer {
 
     /// Writes `prepared` ([`Writer::write`]) and meanwhile prepares `next`, with the ids after
     /// `prepared`'s, on a thread of its own, when `prepared` enqueued no delivery (no endpoint takes
-    /// these changes), `next` holds [`OFFLOAD_CHANGES`] changes or more and the runtime is
+    /// these changes), `next` has [`OFFLOAD_CHANGES`] changes or more and the runtime is
     /// multi-thread: the chunks of a large plan then cost the longer of the two rather than their
     /// sum. The write runs on this thread through [`tokio::task::block_in_place`], so the runtime's
     /// workers go on with the watch and the recorder; a first list is stored faster (see
     /// docs/explanation/design-decisions.md). Not while deliveries are enqueued: the relay's rounds
     /// then share the write connection, whose thread is the bound, so there is no gain in latency,
-    /// only more peak RSS (two chunks held at once).
+    /// only more peak RSS (two chunks in memory at once).
     ///
     /// Returns once both are done, so the chunk's commit is signalled (`committed`) after the next
-    /// chunk's preparation too, a few ms later. Returns `None` for `next` when it was not prepared
+    /// chunk's preparation too. Returns `None` for `next` when it was not prepared
     /// (none of the above, or its preparation failed or panicked: the caller prepares it again on
     /// this thread and handles the error). The caller uses a prepared chunk only if its first id is
     /// still the next free one (not after an id conflict). Runs to the end of the write once
@@ -432,7 +394,6 @@ impl Writer {
         if counts.iter().any(|&n| n > 0) {
             info!(added = counts[0], modified = counts[1], deleted = counts[2], "recorded events");
         }
-        report_gauges(metrics, &plan.gauges);
         let report = plan.report;
         for cause in &report.guard_trips {
             metrics.guard_trips.get_or_create(&crate::metrics::GuardTripLabels { cause: (*cause).to_owned() }).inc();
@@ -455,7 +416,7 @@ impl Writer {
             self.awaiting_first_list.remove(scope);
         }
         if !report.first_lists.is_empty() && self.awaiting_first_list.is_empty() {
-            info!(services = plan.gauges.services_in_scope, "first full list stored: ready");
+            info!(services = metrics.services_in_scope.get(), "first full list stored: ready");
             self.signals.ready.send_replace(true);
             let store = self.store.clone();
             tokio::spawn(async move {
@@ -464,36 +425,13 @@ impl Writer {
                 }
             });
         }
-        // Freeing a plan's changes (each event's views, and the previous views only it still held) is
+        // Freeing a plan's changes (each event's views, and the previous views only it still referenced) is
         // a noticeable cost on this writer's path between two plans: it is done on a blocking thread
         // instead.
         if plan.changes.len() >= CHUNK_CHANGES {
             tokio::task::spawn_blocking(move || drop(plan.changes));
         }
     }
-}
-
-/// Sets the recorder's gauges.
-fn report_gauges(metrics: &Metrics, gauges: &Gauges) {
-    metrics.services_in_scope.set(i64::try_from(gauges.services_in_scope).unwrap_or(i64::MAX));
-    metrics.vips_in_use.set(i64::try_from(gauges.vips_in_use).unwrap_or(i64::MAX));
-    for u in &gauges.pool_usage {
-        metrics.pool_usage(&u.pool, u.in_use, u.free);
-        metrics.pool_reserved(&u.pool, u.reserved);
-    }
-    for ((mode, state), n) in &gauges.members {
-        let state = match state {
-            MemberState::Active => "active",
-            MemberState::Draining => "draining",
-        };
-        let labels = crate::metrics::MemberLabels { mode: mode.as_str().to_owned(), state: state.to_owned() };
-        metrics.backend_members.get_or_create(&labels).set(*n);
-    }
-    for (eligible, n) in [("true", gauges.nodes.0), ("false", gauges.nodes.1)] {
-        let labels = crate::metrics::NodeLabels { eligible: eligible.to_owned() };
-        metrics.nodes.get_or_create(&labels).set(i64::try_from(n).unwrap_or(i64::MAX));
-    }
-    metrics.deletions_held.set(i64::try_from(gauges.deletions_held).unwrap_or(i64::MAX));
 }
 
 #[cfg(test)]
@@ -514,7 +452,7 @@ mod tests {
     }
 
     /// While the writer waits for its commit's due time it takes every plan the recorder sends, more
-    /// than the channel holds, so none waits for the next commit; it stops at a transaction's worth.
+    /// than the channel takes, so none waits for the next commit; it stops at a transaction's worth.
     #[tokio::test]
     async fn waiting_for_the_due_time_takes_the_plans_that_arrive_up_to_a_transaction() {
         let (tx, mut rx) = mpsc::channel::<Plan>(QUEUED_PLANS);
@@ -557,7 +495,7 @@ mod tests {
     }
 
     /// A plan keeps the first [`NOTICE_QUEUE`] Events (what the Event queue can take) and counts the
-    /// rest, also across merged plans, so a first list of any size holds a bounded number.
+    /// rest, also across appended plans, so a first list of any size keeps a bounded number.
     #[test]
     fn a_plan_keeps_at_most_a_queue_of_notices_and_counts_the_rest() {
         let mut plan = Plan::default();
@@ -570,7 +508,7 @@ mod tests {
         let mut later = Plan::default();
         later.report.notices.note(notices(NOTICE_QUEUE + 5));
         assert_eq!(later.report.notices.dropped, 5);
-        plan.merge(later);
+        plan.append(later);
         assert_eq!((plan.report.notices.kept.len(), plan.report.notices.dropped), (NOTICE_QUEUE, 2 + 5 + NOTICE_QUEUE));
     }
 }

@@ -3,6 +3,7 @@
 //! ([`Now`]) every step is given.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 use tokio::time::Instant;
 use vipwatch_contract::{BackendMode, MemberState};
@@ -42,6 +43,28 @@ pub struct Batch {
     pub report: Report,
 }
 
+impl Batch {
+    /// Whether there is nothing to store and nothing to report.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty() && self.progress.is_empty() && self.report.is_empty()
+    }
+
+    /// Appends `later` (decided after this one): its changes follow ours, its progress is folded into
+    /// ours per scope ([`WatchProgress::absorb`]), its report is appended.
+    pub fn append(&mut self, later: Batch) {
+        self.changes.extend(later.changes);
+        for (scope, progress) in later.progress {
+            match self.progress.entry(scope) {
+                Entry::Occupied(mut e) => e.get_mut().absorb(progress),
+                Entry::Vacant(e) => {
+                    e.insert(progress);
+                }
+            }
+        }
+        self.report.append(later.report);
+    }
+}
+
 /// What the writer reports once a batch is stored: readiness, Kubernetes Events, counters.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -62,6 +85,19 @@ pub struct Report {
 }
 
 impl Report {
+    /// Whether there is nothing to report.
+    pub fn is_empty(&self) -> bool {
+        // Destructured: a field added to the report must be counted here too.
+        let Self { first_lists, notices, guard_trips, guard_releases, members_coalesced, members_unchanged } = self;
+        first_lists.is_empty()
+            && notices.kept.is_empty()
+            && notices.dropped == 0
+            && guard_trips.is_empty()
+            && guard_releases.is_empty()
+            && *members_coalesced == 0
+            && *members_unchanged == 0
+    }
+
     /// Appends `later` (decided after this one).
     pub fn append(&mut self, later: Report) {
         self.first_lists.extend(later.first_lists);
@@ -104,8 +140,8 @@ impl Notices {
     }
 }
 
-/// The recorder's gauges after a step: what it tracks now. Read-only; reported once the batch
-/// planned at the same time is stored.
+/// The recorder's gauges after a step: what it tracks now. Read-only; its shell sets the metrics from
+/// them after each step, as the step decided it (the writer may still be storing the batch).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Gauges {
     /// Tracked Services (rows of the current-state table): `vipwatch_services_in_scope`.
