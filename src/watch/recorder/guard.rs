@@ -229,3 +229,192 @@ impl Recorder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The guard alone, fed the vanished sets a list would give it: when it trips, what it stores and
+    //! reports, and when a held deletion is let go.
+
+    use std::collections::{BTreeSet, HashMap};
+    use std::time::Duration;
+
+    use super::super::mirror::Mirror;
+    use super::super::tests::{observed, services, svc};
+    use super::{DeletionGuard, Judged, UNWATCHED};
+    use crate::config::GuardConfig;
+    use crate::model::{Cause, ServiceKey};
+    use crate::store::StateChange;
+    use crate::watch::ScopeSpec;
+
+    /// The wall clock when the guard judges (Unix ms).
+    const T0: i64 = 1_700_000_000_000;
+
+    /// A mirror of `namespace/svc-00` … `namespace/svc-<n-1>` per `(namespace, n)`.
+    fn mirror(namespaces: &[(&str, usize)]) -> Mirror {
+        let tracked: HashMap<ServiceKey, _> = namespaces
+            .iter()
+            .flat_map(|(ns, n)| (0..*n).map(move |i| observed(svc(&format!("{ns}/svc-{i:02}"), "1"))))
+            .map(|o| (o.key.clone(), o.tracked()))
+            .collect();
+        Mirror::new(tracked)
+    }
+
+    /// `namespace/svc-<i>` for each `i` of `range`.
+    fn keys(namespace: &str, range: std::ops::Range<usize>) -> BTreeSet<ServiceKey> {
+        range.map(|i| ServiceKey::new(namespace, format!("svc-{i:02}"))).collect()
+    }
+
+    /// A guard with `config` over the Service scope of every namespace, holding nothing.
+    fn guard(config: GuardConfig) -> DeletionGuard {
+        DeletionGuard::new(config, &[services()], Vec::new())
+    }
+
+    /// Every row of `changes`: `hold namespace/name scope cause held_at` or `release namespace/name`.
+    fn rows(changes: &[StateChange]) -> Vec<String> {
+        let row = |c: &StateChange| match c {
+            StateChange::Held { key, held: Some(h) } => {
+                format!("hold {key} {} {} {}", h.scope, h.cause.as_str(), h.held_at - T0)
+            }
+            StateChange::Held { key, held: None } => format!("release {key}"),
+            other => panic!("not a guard row: {other:?}"),
+        };
+        changes.iter().map(row).collect()
+    }
+
+    /// Judges `vanished` of `known` as one relist of scope `*` at `T0`: whether it tripped.
+    fn relist(
+        guard: &mut DeletionGuard,
+        changes: &mut Vec<StateChange>,
+        m: &Mirror,
+        vanished: &BTreeSet<ServiceKey>,
+    ) -> bool {
+        let known = m.keys().filter(|k| !guard.holds(k)).count();
+        guard.judge(changes, m, Judged { scope: "*", cause: Cause::Relist, known, now_ms: T0 }, vanished)
+    }
+
+    #[test]
+    fn a_list_trips_only_above_both_min_deletions_and_max_share() {
+        let m = mirror(&[("shop", 20)]);
+        let mut changes = Vec::new();
+        let mut g = guard(GuardConfig::default());
+        // 5 of 20: not above `min_deletions` (5). 10 of 20: not above `max_share` (half).
+        assert!(!relist(&mut g, &mut changes, &m, &keys("shop", 0..5)));
+        assert!(!relist(&mut g, &mut changes, &m, &keys("shop", 0..10)));
+        assert_eq!((changes.len(), g.len()), (0, 0));
+        // 11 of 20: above both.
+        assert!(relist(&mut g, &mut changes, &m, &keys("shop", 0..11)));
+        assert_eq!(g.len(), 11);
+
+        // Of 8, 6 are above both; 5 are not above `min_deletions`, however large a share.
+        let m = mirror(&[("shop", 8)]);
+        let mut g = guard(GuardConfig::default());
+        assert!(!relist(&mut g, &mut Vec::new(), &m, &keys("shop", 0..5)));
+        assert!(relist(&mut g, &mut Vec::new(), &m, &keys("shop", 0..6)));
+
+        let mut off = guard(GuardConfig { enabled: false, ..GuardConfig::default() });
+        assert!(!relist(&mut off, &mut Vec::new(), &m, &keys("shop", 0..8)), "guard.enabled = false");
+    }
+
+    #[test]
+    fn a_trip_stores_one_row_and_one_warning_per_service_and_reports_one_trip() {
+        let m = mirror(&[("shop", 10)]);
+        let mut changes = Vec::new();
+        let mut g = guard(GuardConfig::default());
+        assert!(relist(&mut g, &mut changes, &m, &keys("shop", 4..10)));
+        let held: Vec<String> = (4..10).map(|i| format!("hold shop/svc-{i:02} * relist 0")).collect();
+        assert_eq!(rows(&changes), held);
+        let StateChange::Held { held: Some(h), .. } = &changes[0] else { panic!("a held row") };
+        assert_eq!(
+            (h.uid.as_str(), h.reason.as_str()),
+            ("u-svc-04", "6 of 10 tracked Services vanished from one relist list of scope `*`")
+        );
+        assert!((4..10).all(|i| g.holds(&ServiceKey::new("shop", format!("svc-{i:02}")))));
+
+        let mut batch = super::super::Batch::default();
+        g.report(&mut batch);
+        assert_eq!(batch.report.guard_trips, ["relist"]);
+        let warned: Vec<(&str, String)> =
+            batch.report.notices.kept.iter().map(|n| (n.reason.as_str(), n.key.to_string())).collect();
+        let expected: Vec<(&str, String)> = (4..10).map(|i| ("DeletionHeld", format!("shop/svc-{i:02}"))).collect();
+        assert_eq!(warned, expected);
+        assert_eq!(
+            batch.report.notices.kept[0].note,
+            "vipwatch holds the deletion of this Service: 6 of 10 tracked Services vanished from one relist list of \
+             scope `*` (more than guard.max_share 50% and guard.min_deletions 5). Its VIPs stay allocated and no \
+             DELETED is sent. Release with POST /api/v1/deletions/held/release, or it is recorded once a list 10m \
+             later confirms it is gone."
+        );
+
+        // Reported once.
+        let mut next = super::super::Batch::default();
+        g.report(&mut next);
+        assert!(next.report.is_empty());
+    }
+
+    #[test]
+    fn services_no_scope_covers_at_start_are_deleted_unless_too_many() {
+        // 3 of 13 in a namespace no scope covers: deleted now.
+        let m = mirror(&[("shop", 10), ("old", 3)]);
+        let mut changes = Vec::new();
+        let mut g = DeletionGuard::new(GuardConfig::default(), &[ScopeSpec::services(Some("shop".into()))], Vec::new());
+        let uncovered = keys("old", 0..3);
+        assert_eq!(g.unwatched(&mut changes, &m, uncovered.clone(), T0), uncovered);
+        assert_eq!((changes.len(), g.len()), (0, 0));
+
+        // 10 of 13 (a namespace typo): held as `unwatched`, nothing deleted.
+        let mut g = DeletionGuard::new(GuardConfig::default(), &[ScopeSpec::services(Some("old".into()))], Vec::new());
+        assert_eq!(g.unwatched(&mut changes, &m, keys("shop", 0..10), T0), BTreeSet::new());
+        let held: Vec<String> = (0..10).map(|i| format!("hold shop/svc-{i:02} {UNWATCHED} startup 0")).collect();
+        assert_eq!(rows(&changes), held);
+        let mut batch = super::super::Batch::default();
+        g.report(&mut batch);
+        assert_eq!(batch.report.guard_trips, ["startup"]);
+        let StateChange::Held { held: Some(h), .. } = &changes[0] else { panic!("a held row") };
+        assert_eq!(h.reason, "10 of 13 tracked Services are in namespaces no longer watched (kubernetes.namespaces)");
+    }
+
+    fn confirm_after_a_minute() -> GuardConfig {
+        GuardConfig { confirm_after: Duration::from_secs(60), ..GuardConfig::default() }
+    }
+
+    #[test]
+    fn a_held_deletion_is_confirmed_by_a_list_from_confirm_after_on_that_misses_it() {
+        let m = mirror(&[("shop", 10)]);
+        let mut g = guard(confirm_after_a_minute());
+        assert!(relist(&mut g, &mut Vec::new(), &m, &keys("shop", 2..10)));
+        let still_missing = keys("shop", 3..10);
+        assert_eq!(g.confirmed(&services(), &still_missing, T0 + 59_999), Vec::<ServiceKey>::new());
+        // svc-02 was listed again: not confirmed (a list lets it go as reappeared instead).
+        let confirmed: BTreeSet<ServiceKey> =
+            g.confirmed(&services(), &still_missing, T0 + 60_000).into_iter().collect();
+        assert_eq!(confirmed, still_missing);
+        // A list of another namespace's scope confirms nothing of `shop`.
+        let other = ScopeSpec::services(Some("other".into()));
+        assert_eq!(g.confirmed(&other, &BTreeSet::new(), T0 + 60_000), Vec::<ServiceKey>::new());
+
+        // Held Services no watched scope covers are confirmed by any list once `confirm_after` passed.
+        let held = g.held.values().cloned().collect();
+        let only_other = DeletionGuard::new(confirm_after_a_minute(), std::slice::from_ref(&other), held);
+        assert_eq!(only_other.confirmed(&other, &BTreeSet::new(), T0 + 60_000).len(), 8);
+    }
+
+    #[test]
+    fn letting_go_stores_one_row_per_held_service_and_counts_each_way() {
+        let m = mirror(&[("shop", 10)]);
+        let mut g = guard(GuardConfig::default());
+        assert!(relist(&mut g, &mut Vec::new(), &m, &keys("shop", 2..10)));
+        let mut changes = Vec::new();
+        let (a, b, c) =
+            (ServiceKey::new("shop", "svc-02"), ServiceKey::new("shop", "svc-03"), ServiceKey::new("shop", "svc-04"));
+        assert!(g.release(&mut changes, &a, "reappeared"));
+        assert!(g.release(&mut changes, &b, "confirmed"));
+        assert!(g.release(&mut changes, &c, "reappeared"));
+        assert!(!g.release(&mut changes, &a, "reappeared"), "no longer held");
+        assert!(!g.release(&mut changes, &ServiceKey::new("shop", "svc-00"), "api"), "never held");
+        assert_eq!(rows(&changes), ["release shop/svc-02", "release shop/svc-03", "release shop/svc-04"]);
+        assert_eq!(g.len(), 5);
+        let mut batch = super::super::Batch::default();
+        g.report(&mut batch);
+        assert_eq!(batch.report.guard_releases, [("reappeared", 2), ("confirmed", 1)]);
+    }
+}

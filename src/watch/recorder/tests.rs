@@ -127,13 +127,13 @@ fn config(mode: ModeSetting, addresses: &[&str]) -> Config {
 }
 
 /// The Service scope of every namespace.
-fn services() -> ScopeSpec {
+pub(super) fn services() -> ScopeSpec {
     ScopeSpec::services(None)
 }
 
 /// A LoadBalancer Service `namespace/name` (uid `u-<name>`) at resourceVersion `rv`: one port `http`,
 /// 80 to the Pods' 8080.
-fn svc(key: &str, rv: &str) -> Value {
+pub(super) fn svc(key: &str, rv: &str) -> Value {
     let (namespace, name) = key.split_once('/').expect("namespace/name");
     json!({
         "metadata": {"namespace": namespace, "name": name, "uid": format!("u-{name}"), "resourceVersion": rv},
@@ -151,7 +151,7 @@ fn with_spec(mut service: Value, spec: Value) -> Value {
 }
 
 /// The Service as the stream task reports it (judged by the default scope rule).
-fn observed(service: Value) -> Observed {
+pub(super) fn observed(service: Value) -> Observed {
     let service = serde_json::from_value(service).expect("a Service");
     observe(service, &Config::default().kubernetes.scope())
 }
