@@ -2,8 +2,8 @@
 //! up to date, which Services must have their members recomputed and when (coalescing), and the ADDEDs
 //! that wait for their first endpoints. Rules (docs/how-to/backends.md):
 //!
-//! - a Service whose inputs changed is recomputed once no further change came for `backends.window`
-//!   (250 ms), and at the latest `backends.max_wait` (2 s) after the first change: one MODIFIED per
+//! - a Service whose inputs changed is recomputed once no further change came for `backends.window`,
+//!   and at the latest `backends.max_wait` after the first change: one MODIFIED per
 //!   window, never a storm during a rolling update;
 //! - a Service whose own spec changes is recomputed at once (its MODIFIED carries the members too);
 //! - a new Service in mode `pod` with no member yet is announced at most one window later, with what
@@ -234,4 +234,97 @@ pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) 
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    //! The member side alone: which Node rows a change writes, and when pending recomputations and
+    //! deferred ADDEDs come due (default `backends.window` 250 ms, `backends.max_wait` 2 s).
+
+    use std::time::Duration;
+
+    use serde_json::json;
+    use tokio::time::Instant;
+
+    use super::super::stream::Change;
+    use super::Members;
+    use crate::config::Config;
+    use crate::model::backends::ObservedNode;
+    use crate::model::{Observed, ServiceKey};
+
+    fn node(name: &str, address: &str) -> ObservedNode {
+        let n = json!({"metadata": {"name": name, "resourceVersion": "1"},
+                       "status": {"addresses": [{"type": "InternalIP", "address": address}]}});
+        ObservedNode::from_node(&serde_json::from_value(n).expect("a Node"))
+    }
+
+    /// `(upserts, deletes, node set changed)` of one Node change.
+    fn rows(members: &mut Members, change: Change<ObservedNode>) -> (Vec<String>, Vec<String>, bool) {
+        let (rows, changed) = members.node(change);
+        (rows.upserts.into_iter().map(|n| n.name).collect(), rows.deletes, changed)
+    }
+
+    fn strings(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn node_changes_write_only_the_rows_that_changed() {
+        let stored = vec![node("n1", "10.0.0.1"), node("n2", "10.0.0.2")];
+        let mut members = Members::new(&Config::default(), stored);
+        let listed = || Change::Listed { items: vec![node("n1", "10.0.0.1"), node("n3", "10.0.0.3")], first: true };
+        assert_eq!(rows(&mut members, listed()), (strings(&["n3"]), strings(&["n2"]), true));
+        assert_eq!(rows(&mut members, listed()), (vec![], vec![], false), "the same list again");
+        assert_eq!(rows(&mut members, Change::Apply(node("n1", "10.0.0.1"))), (vec![], vec![], false));
+        assert_eq!(rows(&mut members, Change::Apply(node("n1", "10.0.0.9"))), (strings(&["n1"]), vec![], true));
+        assert_eq!(rows(&mut members, Change::Delete(node("n3", "10.0.0.3"))), (vec![], strings(&["n3"]), true));
+        assert_eq!(rows(&mut members, Change::Delete(node("n3", "10.0.0.3"))), (vec![], vec![], false));
+        assert_eq!(members.node_counts(), (1, 0));
+    }
+
+    #[test]
+    fn a_pending_recomputation_is_due_a_window_after_the_last_change_and_max_wait_after_the_first() {
+        let mut members = Members::new(&Config::default(), Vec::new());
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let (web, api) = (ServiceKey::new("shop", "web"), ServiceKey::new("shop", "api"));
+        assert!(!members.touch(&web, at(0)), "the first change is not coalesced");
+        assert!(members.touch(&web, at(100)));
+        assert!(!members.touch(&api, at(100)));
+        assert_eq!(members.next_due(), Some(at(350)));
+        assert_eq!(members.take_due(at(349)).0, Vec::<ServiceKey>::new());
+        assert_eq!(members.take_due(at(350)).0, [api.clone(), web.clone()], "by key");
+        assert_eq!(members.next_due(), None);
+
+        // Changes that never pause for a window: due `max_wait` after the first.
+        for ms in (1_000..3_000).step_by(200) {
+            members.touch(&web, at(ms));
+        }
+        assert_eq!(members.next_due(), Some(at(3_000)));
+        // Recomputed with a change of its own: nothing pending.
+        members.settled(&web);
+        assert_eq!(members.next_due(), None);
+    }
+
+    #[test]
+    fn a_deferred_added_keeps_the_deadline_it_was_first_given() {
+        let mut members = Members::new(&Config::default(), Vec::new());
+        let t0 = Instant::now();
+        let service = json!({"metadata": {"namespace": "shop", "name": "web", "uid": "u-web", "resourceVersion": "1"},
+                             "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+        let obs = |rv: &str| {
+            let mut s = service.clone();
+            s["metadata"]["resourceVersion"] = json!(rv);
+            let s = serde_json::from_value(s).expect("a Service");
+            super::super::stream::observe(s, &Config::default().kubernetes.scope())
+        };
+        members.defer(obs("1"), t0);
+        members.defer(obs("2"), t0 + Duration::from_millis(100));
+        assert_eq!(members.next_due(), Some(t0 + Duration::from_millis(250)));
+        let (due, added) = members.take_due(t0 + Duration::from_millis(250));
+        assert_eq!(due, Vec::<ServiceKey>::new());
+        let added: Vec<String> = added.iter().map(|o: &Observed| format!("{} {}", o.key, o.resource_version)).collect();
+        assert_eq!(added, ["shop/web 2"], "the last observation, at the first deadline");
+        assert!(!members.forget(&ServiceKey::new("shop", "web")), "taken");
+    }
 }
