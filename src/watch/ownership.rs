@@ -141,10 +141,10 @@ fn allocated_note(a: &Allocation) -> String {
 
 /// Whether a recorded change makes the appliance ensure the load balancer anew, which
 /// `EnsuringLoadBalancer` announces: an ADDED, or a MODIFIED of anything but the labels and the
-/// members. The upstream service controller's `needsUpdate` (k8s.io/cloud-provider, controllers/service)
-/// leaves labels out the same way; members changing are its node sync, which announces nothing per
-/// Service either. A Service relabelled 500 times a second would otherwise write an Event to the
-/// apiserver for every change.
+/// members. The upstream service controller (Kubernetes' cloud-provider library) leaves labels out
+/// of its `needsUpdate` the same way; members changing are its node sync, which announces nothing per
+/// Service either. A Service relabelled in a loop would otherwise write an Event to the apiserver for
+/// every change.
 fn ensures(kind: ChangeKind, changed: &[&str]) -> bool {
     match kind {
         ChangeKind::Added => true,

@@ -13,10 +13,11 @@
 //! shell can hand its changes to the writer in segments), then [`Recorder::finish`] (the member
 //! recomputations that came due, retries of Services waiting for an address, the guard's report).
 //!
-//! The words: observations before the first lists are *buffered*; a deletion the guard keeps from
-//! being recorded is *held*; an ADDED waiting for its first endpoints is *deferred*; an address a
-//! recorded change withdrew stays *reserved* until the change is acknowledged; deliveries that must
-//! wait for vipwatch's finalizer on the Service *wait for the finalizer*.
+//! The words, as in docs/reference/glossary.md: observations before the first lists are *buffered*;
+//! a deletion the guard keeps from being recorded is *held*; an ADDED waiting for its first endpoints
+//! is *deferred*; an address a recorded change withdrew stays *reserved* until the change is
+//! acknowledged; deliveries that must wait for vipwatch's finalizer on the Service *wait for the
+//! finalizer*.
 
 mod batch;
 mod guard;
