@@ -68,7 +68,7 @@ impl Ownership {
     /// addresses take them, so a Service without a request cannot grab them first.
     pub fn reserve_requested(&mut self, current: Option<&Tracked>, obs: &Observed) {
         let stored = current.and_then(|t| t.view.allocation.as_ref()).is_some_and(|a| !a.addresses.is_empty());
-        if stored || !obs.in_scope || !self.allocator.manages(&obs.view) || self.allocator.holds(&obs.key) {
+        if stored || !obs.in_scope || !self.allocator.manages(&obs.view) || self.allocator.uses_addresses(&obs.key) {
             return;
         }
         if crate::ipam::request::read(&obs.view).is_ok_and(|r| !r.ips.is_empty()) {

@@ -97,7 +97,7 @@ impl Recorder {
         let members = Members::new(config, nodes);
         let mirror = Mirror::new(tracked);
         for (key, t) in mirror.iter() {
-            ownership.allocator.hold(key, &t.view);
+            ownership.allocator.use_addresses(key, &t.view);
         }
         let services: Vec<&ScopeSpec> = scopes.iter().filter(|s| s.resource == Resource::Services).collect();
         let uncovered: BTreeSet<ServiceKey> =
@@ -392,7 +392,7 @@ impl Recorder {
     /// Tracks `tracked` as `key` and tells the allocator which addresses it uses; an allocation that
     /// changed may have freed an address.
     fn mirror_set(&mut self, key: ServiceKey, tracked: Tracked) {
-        self.ownership.allocator.hold(&key, &tracked.view);
+        self.ownership.allocator.use_addresses(&key, &tracked.view);
         self.freed |= self.mirror.get(&key).is_some_and(|old| old.view.allocation != tracked.view.allocation);
         self.mirror.insert(key, tracked);
     }
