@@ -32,6 +32,7 @@ use vipwatch::app::Running;
 use vipwatch::config::Config;
 use vipwatch::fake_apiserver::Resource;
 use vipwatch::model::backends::{MODE_ANNOTATION, ModeSetting, SERVICE_NAME_LABEL};
+use vipwatch::store::DeliveryFilter;
 
 /// The tools the pair needs, or why this run cannot build it.
 fn missing_prerequisite() -> Option<String> {
@@ -66,10 +67,11 @@ fn ip(args: &[&str]) {
 /// The namespaces, veth pairs and bridge of one test run. Dropping it kills every process in its
 /// namespaces and removes them (and with them the veth pairs).
 struct Net {
-    /// Prefix of the namespaces' names and name of the test namespace's veth end: `vwp<pid>`.
+    /// Prefix of the namespaces' names and name of the test namespace's veth end: `vwp<pid>n<n>`
+    /// for the test process's `n`th network.
     prefix: String,
-    /// The third octet of the run's `198.18.S.0/24` (RFC 2544 benchmarking space), from the pid, so
-    /// that two runs on one machine do not share a route.
+    /// The third octet of the network's `198.18.S.0/24` (RFC 2544 benchmarking space), from the pid
+    /// and `n`, so that two networks on one machine do not share a route.
     subnet: u8,
 }
 
@@ -77,8 +79,9 @@ impl Net {
     const HOSTS: [&'static str; 3] = ["lb1", "lb2", "cl"];
 
     fn build() -> Self {
-        let pid = std::process::id();
-        let net = Self { prefix: format!("vwp{pid}"), subnet: (pid % 250) as u8 + 1 };
+        static BUILT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let (pid, n) = (std::process::id(), BUILT.fetch_add(1, Ordering::Relaxed));
+        let net = Self { prefix: format!("vwp{pid}n{n}"), subnet: ((pid * 8 + n) % 250) as u8 + 1 };
         net.remove();
         let sw = net.ns("sw");
         ip(&["netns", "add", &sw]);
@@ -398,7 +401,12 @@ impl Pair {
 
     fn config(h: &Harness, net: &Net) -> Config {
         let url = |last| format!("http://{}:9080/hooks/vipwatch", net.ip(last));
-        let mut config = h.config_with(vec![webhook("lb1", &url(11)), webhook("lb2", &url(12))]);
+        let host = |name: &str, last| {
+            let mut w = webhook(name, &url(last));
+            w.appliance = Some("pair".into());
+            w
+        };
+        let mut config = h.config_with(vec![host("lb1", 11), host("lb2", 12)]);
         config.backends.mode = ModeSetting::Pod;
         let pool = format!("name = \"pair\"\naddresses = [\"{}-{}\"]", net.ip(200), net.ip(203));
         config.pools = vec![toml::from_str(&pool).unwrap()];
@@ -556,5 +564,26 @@ async fn losing_the_active_host_moves_every_vip_to_the_standby_which_serves_ever
     eprintln!("link of {active} down: answered from {standby} after {back:?}, {failed} failed requests");
     assert_eq!(pair.wait_serving(api).await, standby, "every Service answers on the standby\n{}", pair.describe());
     drop(client);
+    pair.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pair_is_one_appliance_a_new_service_gets_its_status_while_one_host_is_down() {
+    if !can_run() {
+        return;
+    }
+    let mut pair = Pair::start().await;
+    let web = pair.service("web").await;
+    let active = pair.wait_serving(web).await;
+    let standby = other(active);
+    pair.host(standby).kill_agent();
+    pair.host(standby).kill_haproxy();
+
+    let api = pair.service("api").await;
+    assert_eq!(pair.wait_serving(api).await, active, "the active host serves the new Service");
+    let store = &pair.vw.as_ref().unwrap().store;
+    let filter = DeliveryFilter { name: Some("api".into()), webhook: Some(standby.into()), ..Default::default() };
+    let to_standby = store.deliveries(&filter).await.unwrap();
+    assert_eq!(to_standby.iter().map(|d| d.state.as_str()).collect::<Vec<_>>(), ["pending"], "{to_standby:?}");
     pair.stop().await;
 }

@@ -12,6 +12,7 @@
 
 mod checkpoint;
 mod circuits;
+mod cluster_name;
 mod db;
 mod deliveries;
 mod error;
