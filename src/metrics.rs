@@ -171,11 +171,13 @@ pub struct Metrics {
     pub services_in_scope: Gauge,
     /// `vipwatch_vips_in_use`: distinct VIP addresses over in-scope Services.
     pub vips_in_use: Gauge,
-    /// `vipwatch_pool_addresses_in_use{pool}`: distinct addresses of the pool held by Services.
+    /// `vipwatch_pool_addresses_in_use{pool}`: distinct addresses of the pool Services use or have
+    /// reserved.
     pub pool_in_use: Family<PoolLabels, Gauge>,
-    /// `vipwatch_pool_addresses_free{pool}`: usable addresses nobody holds (saturates at 2^63-1).
+    /// `vipwatch_pool_addresses_free{pool}`: usable addresses nobody uses or has reserved (saturates at
+    /// 2^63-1).
     pub pool_free: Family<PoolLabels, Gauge>,
-    /// `vipwatch_pool_addresses_reserved{pool}`: addresses of the pool held only for a DELETED or an
+    /// `vipwatch_pool_addresses_reserved{pool}`: addresses of the pool only reserved, for a DELETED or an
     /// address-withdrawing MODIFIED the appliance has not acknowledged yet (no other Service may take
     /// them meanwhile; part of `in_use`).
     pub pool_reserved: Family<PoolLabels, Gauge>,
@@ -326,15 +328,15 @@ impl Metrics {
         registry.register("vips_in_use", "Distinct VIP addresses of in-scope Services", m.vips_in_use.clone());
         registry.register(
             "pool_addresses_in_use",
-            "Distinct addresses of the `pool` held by Services (reserved ones included)",
+            "Distinct addresses of the `pool` used by Services (reserved ones included)",
             m.pool_in_use.clone(),
         );
         registry.register(
             "pool_addresses_free",
-            "Usable addresses of the `pool` that nobody holds (saturates at 2^63-1)",
+            "Usable addresses of the `pool` that nobody uses or has reserved (saturates at 2^63-1)",
             m.pool_free.clone(),
         );
-        registry.register("pool_addresses_reserved", "Addresses of the `pool` held only for a DELETED or an address-withdrawing MODIFIED that the appliance has not acknowledged yet: no other Service may take them meanwhile (part of in use)", m.pool_reserved.clone());
+        registry.register("pool_addresses_reserved", "Addresses of the `pool` only reserved, for a DELETED or an address-withdrawing MODIFIED that the appliance has not acknowledged yet: no other Service may take them meanwhile (part of in use)", m.pool_reserved.clone());
         registry.register("kubernetes_writes", "Writes back to Kubernetes by `kind` (`status`, `finalizer_add`, `finalizer_remove`, `event`) and `outcome`: `ok`, `error`, or (Events only) `dropped`, never attempted because the Event queue was full. Every series exists at 0 from the start", m.kube_writes.clone());
         registry.register("deliveries", "Delivery attempts by `webhook` and `outcome`: `succeeded`, `retrying` (the attempt failed and will be retried), `failed` (given up)", m.deliveries.clone());
         registry.register(

@@ -2,10 +2,11 @@
 //! of `GET /api/v1/status` and of the `X-Vipwatch-Last-Synced` header. Fed by the Kubernetes client's
 //! watchdog layer ([`super::watchdog`]), which sees every list and watch request of the watcher.
 //!
-//! "In sync" rule: a scope holding an open, healthy watch is in sync *now*, however quiet (a stalled
-//! stream is caught by the watchdog within `watch_timeout + 5 s`). Once the watch ends or fails, the
-//! scope stays in sync as of that moment; once a stream is found stalled, as of its last byte. A scope
-//! not watching whose sync time is older than `kubernetes.stale_after` makes `/readyz` answer 503.
+//! "In sync" rule: a scope with an open, healthy watch is in sync *now*, however quiet (a stalled
+//! stream is caught by the watchdog within `watch_timeout` + [`super::WATCH_SLACK`]). Once the watch
+//! ends or fails, the scope stays in sync as of that moment; once a stream is found stalled, as of its
+//! last byte. A scope not watching whose sync time is older than `kubernetes.stale_after` makes
+//! `/readyz` answer 503.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
