@@ -209,3 +209,44 @@ async fn an_agent_that_lost_its_state_holds_the_serving_haproxy_until_a_resync_w
     assert_eq!(agent.reloads().await, reloads + 1, "the state renders what HAProxy runs: no reload");
     agent.stop().await;
 }
+
+#[tokio::test]
+async fn a_lost_state_json_with_the_haproxy_cfg_left_holds_haproxy_running_or_not() {
+    let mut agent = Agent::start().await;
+    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
+    let a = pod("a").await;
+    let v1 = vip();
+    assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[18093], &[active(0, a)])).await.0, 200);
+    let (text, reloads) = (agent.config_text(), agent.reloads().await);
+    let held = "not caught up: waiting for the first full resync (this run has none yet, and its state names no \
+                cluster to wait for); HAProxy keeps the configuration it runs (the agent's state was lost) until then";
+
+    // state.json lost, HAProxy running, haproxy.cfg left: attached as it is.
+    agent.running.take().unwrap().stop().await;
+    std::fs::remove_file(agent.dir.path().join("state.json")).unwrap();
+    agent.restart().await;
+    assert_eq!(agent.reloads().await, reloads);
+    assert_eq!(agent.config_text(), text, "the file HAProxy runs is kept");
+    assert_eq!(agent.get("/healthz").await, (503, held.to_owned()));
+    assert_eq!(hit(&format!("{v1}:18093")).await.as_deref(), Ok("a"));
+
+    // state.json lost again, HAProxy stopped too, haproxy.cfg left: HAProxy starts from that file.
+    agent.running.take().unwrap().stop().await;
+    let pid = master_pid(&agent);
+    vipwatch_haproxy::haproxy::Haproxy::new("haproxy".as_ref(), agent.dir.path()).stop().await;
+    wait_until("HAProxy stopped", || async { exited(pid) }).await;
+    assert!(hit(&format!("{v1}:18093")).await.is_err());
+    std::fs::remove_file(agent.dir.path().join("state.json")).unwrap();
+    agent.restart().await;
+    assert_ne!(master_pid(&agent), pid);
+    assert_eq!(agent.config_text(), text);
+    assert_eq!(agent.get("/healthz").await, (503, held.to_owned()));
+    assert_eq!(hit(&format!("{v1}:18093")).await.as_deref(), Ok("a"), "served from the file left");
+
+    // The resync goes live and the agent is caught up.
+    let one = delivery("service.synced", 2, "one", &v1, &[18093], &[active(0, a)]);
+    assert_eq!(resync(&agent, "sync_2", &[one]).await, [200, 200]);
+    assert_eq!(agent.get("/healthz").await, (200, "ok".to_owned()));
+    assert_eq!(hit(&format!("{v1}:18093")).await.as_deref(), Ok("a"));
+    agent.stop().await;
+}
