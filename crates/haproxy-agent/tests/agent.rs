@@ -58,6 +58,12 @@ async fn an_answered_delivery_is_live_for_the_next_connection_and_members_change
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing `{line}` in:\n{metrics}");
     }
+    // A first start, without a state: not caught up until vipwatch's first full resync went live
+    // (here an empty one: the cluster has no Service left).
+    let waiting = "not caught up: waiting for the first full resync (this run has none yet, and its state names no \
+                   cluster to wait for)";
+    assert_eq!(agent.get("/healthz").await, (503, waiting.to_owned()));
+    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
     assert_eq!(agent.get("/healthz").await, (200, "ok".to_owned()));
     agent.stop().await;
 }
@@ -134,8 +140,8 @@ async fn fifty_reloads_while_a_client_keeps_connecting_fail_no_connection() {
     for i in 0..50 {
         // Each delivery adds or removes a port: a new bind, hence a reload.
         let ports: Vec<i32> = if i % 2 == 0 { vec![18085] } else { vec![18085, 18086] };
-        let (status, _) = agent.send(&delivery("service.modified", 10 + i, "other", &other, &ports, &[])).await;
-        assert_eq!(status, 200);
+        let (status, body) = agent.send(&delivery("service.modified", 10 + i, "other", &other, &ports, &[])).await;
+        assert_eq!(status, 200, "{body}");
     }
     stop.store(true, Ordering::Relaxed);
     client.await.unwrap();
@@ -157,6 +163,10 @@ async fn a_restart_reproduces_the_configuration_and_a_killed_haproxy_comes_back_
     assert_eq!(agent.config_text(), text, "byte-identical");
     assert_eq!(agent.reloads().await, reloads, "no reload");
     assert_eq!(hit(&format!("{v1}:18087")).await.as_deref(), Ok("a"));
+    // It could not receive what vipwatch sent while it was down: not caught up with the cluster its
+    // state knows until a full resync of it.
+    let waiting = (503, "not caught up: waiting for a full resync of cluster default".to_owned());
+    assert_eq!(agent.get("/healthz").await, waiting);
 
     let pid = std::fs::read_to_string(agent.dir.path().join("haproxy.pid")).unwrap();
     assert!(std::process::Command::new("kill").args(["-KILL", pid.trim()]).status().unwrap().success());
@@ -166,12 +176,19 @@ async fn a_restart_reproduces_the_configuration_and_a_killed_haproxy_comes_back_
     })
     .await;
     wait_until("HAProxy back with both Services", || async {
-        hit(&format!("{v1}:18087")).await.as_deref() == Ok("a") && agent.get("/healthz").await.0 == 200
+        hit(&format!("{v1}:18087")).await.as_deref() == Ok("a") && agent.get("/healthz").await == waiting
     })
     .await;
     let (status, _) = agent.send(&delivery("service.modified", 4, "two", &v2, &[18087], &[active(0, a)])).await;
     assert_eq!(status, 200);
     assert_eq!(hit(&format!("{v2}:18087")).await.as_deref(), Ok("a"));
+    let both = [
+        delivery("service.synced", 5, "one", &v1, &[18087], &[active(0, a)]),
+        delivery("service.synced", 5, "two", &v2, &[18087], &[active(0, a)]),
+    ];
+    assert_eq!(resync(&agent, "sync_1", &both).await, [200, 200, 200]);
+    assert_eq!(agent.get("/healthz").await, (200, "ok".to_owned()));
+    assert_eq!(hit(&format!("{v1}:18087")).await.as_deref(), Ok("a"));
     agent.stop().await;
 }
 

@@ -257,3 +257,38 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await; // ok: polling a condition under a deadline
     }
 }
+
+/// Sends a full resync `id` of the default cluster, as vipwatch does: each of `services` (built with
+/// [`delivery`]) as a `service.synced` marked `index` of `total`, then the `sync.completed`. Returns
+/// each answer's status, the `sync.completed`'s last.
+pub async fn resync(agent: &Agent, id: &str, services: &[WebhookPayload]) -> Vec<u16> {
+    let total = services.len() as u64;
+    let mut statuses = Vec::new();
+    for (i, s) in services.iter().enumerate() {
+        let mut d = s.clone();
+        d.kind = vipwatch_contract::PayloadType::ServiceSynced;
+        d.data.event = vipwatch_contract::EventKind::Synced;
+        d.data.event_id = None;
+        d.data.cause = vipwatch_contract::Cause::Resync;
+        d.data.sync = Some(vipwatch_contract::SyncMarker {
+            id: id.into(),
+            index: Some(i as u64 + 1),
+            total,
+            as_of_event_id: Some(1_000_000),
+        });
+        statuses.push(agent.send(&d).await.0);
+    }
+    let mut done: WebhookPayload = serde_json::from_value(json!({
+        "type": "sync.completed", "timestamp": "2026-12-01T00:00:00.000Z",
+        "data": {"event_id": null, "event": "SYNCED", "cause": "resync", "previous": null, "changed": []}}))
+    .unwrap();
+    done.data.sync =
+        Some(vipwatch_contract::SyncMarker { id: id.into(), index: None, total, as_of_event_id: Some(1_000_000) });
+    statuses.push(agent.send(&done).await.0);
+    statuses
+}
+
+/// A response's receiver identity headers (`vipwatch_contract::receiver`).
+pub fn identity(headers: &reqwest::header::HeaderMap) -> Option<vipwatch_contract::ReceiverIdentity> {
+    vipwatch_contract::ReceiverIdentity::from_headers(|name| headers.get(name).and_then(|v| v.to_str().ok()))
+}
