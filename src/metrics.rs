@@ -63,6 +63,15 @@ pub struct WebhookLabels {
     pub webhook: String,
 }
 
+/// Labels of `vipwatch_webhook_receiver_resyncs_total`.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResyncLabels {
+    /// Endpoint name.
+    pub webhook: String,
+    /// `lost_state` or `not_caught_up`.
+    pub reason: String,
+}
+
 /// Labels of `vipwatch_webhook_circuit_transitions_total`.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CircuitLabels {
@@ -229,6 +238,10 @@ pub struct Metrics {
     pub throttled_until: Family<WebhookLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// `vipwatch_webhook_throttles_total{webhook}`: answers that asked the endpoint be slowed down.
     pub throttles: Family<WebhookLabels, Counter>,
+    /// `vipwatch_webhook_receiver_resyncs_total{webhook, reason}`: full resyncs enqueued because the
+    /// endpoint said it is not caught up; `reason` `lost_state` (a new generation of its state) or
+    /// `not_caught_up` (a restart, or a resync that did not arrive).
+    pub receiver_resyncs: Family<ResyncLabels, Counter>,
     /// `vipwatch_template_removal_held{webhook}`: 1 while a full-state endpoint's removal guard holds
     /// a declaration (confirm it with `POST /api/v1/webhooks/{name}/confirm-removal`), else 0.
     pub template_held: Family<WebhookLabels, Gauge>,
@@ -296,6 +309,7 @@ impl Metrics {
             template_held: Family::default(),
             throttled_until: Family::default(),
             throttles: Family::default(),
+            receiver_resyncs: Family::default(),
         };
         let registry = &mut m.registry;
         registry.register("events", "Events recorded in the event log, by `type` (`ADDED`, `MODIFIED`, `DELETED`) and `cause` (`watch`, `relist`, `startup`, `allocation`, `appliance`, `backends`)", m.events.clone());
@@ -378,6 +392,7 @@ impl Metrics {
             "Answers (429 or 503 with `Retry-After`) that started or extended a throttle of the `webhook`",
             m.throttles.clone(),
         );
+        registry.register("webhook_receiver_resyncs", "Full resyncs of the `webhook` enqueued because it said it is not caught up with this cluster (it answers the identity of its state with each request), by `reason`: `lost_state` (its state has a new generation: a wiped disk, a rebuilt host) or `not_caught_up` (it restarted, or an earlier resync did not arrive)", m.receiver_resyncs.clone());
         registry.register("webhook_circuit_transitions", "Circuit breaker state changes by `webhook` and the state entered, `to`: `open` (the first opening and each failed probe), `half_open` (a probe went out), `closed`", m.circuit_transitions.clone());
         registry.register("store_write_errors", "Database writes (and `/readyz` write probes) that failed with a storage fault, by `kind`: `full`, `io`, `busy`, `locked`, `readonly`, `timeout`, `fenced` (a deposed leader's write) or `other`; every retry counts again", m.store_write_errors.clone());
         registry.register(
@@ -399,6 +414,13 @@ impl Metrics {
         let labels = WebhookLabels { webhook: webhook.to_owned() };
         self.throttles.get_or_create(&labels).inc();
         self.throttled_until.get_or_create(&labels).set(until as f64 / 1000.0);
+    }
+
+    /// Counts a resync of `webhook` enqueued because it is not caught up (`lost_state`: with a new
+    /// generation of its state).
+    pub fn receiver_resync(&self, webhook: &str, lost_state: bool) {
+        let reason = if lost_state { "lost_state" } else { "not_caught_up" };
+        self.receiver_resyncs.get_or_create(&ResyncLabels { webhook: webhook.to_owned(), reason: reason.into() }).inc();
     }
 
     /// Sets `webhook`'s removal-guard gauge: 1 while a declaration is held.
@@ -528,6 +550,7 @@ impl Metrics {
         let _ = m.template_held.get_or_create(&Default::default());
         let _ = m.throttled_until.get_or_create(&Default::default());
         let _ = m.throttles.get_or_create(&Default::default());
+        let _ = m.receiver_resyncs.get_or_create(&Default::default());
         m.render()
     }
 

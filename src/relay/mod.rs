@@ -13,6 +13,7 @@
 //! never swallows them.
 
 mod assign;
+pub mod catch_up;
 pub mod circuit;
 mod dispatcher;
 pub mod full_state;
@@ -71,12 +72,28 @@ pub async fn start(
         info!(deliveries = released, "re-sending deliveries that were in flight when vipwatch stopped");
     }
     let mut tasks = JoinSet::new();
+    let shared = Arc::new(config.clone());
     for w in config.webhooks.iter().filter(|w| w.enabled) {
         if let Some(state) = store.webhook_state(&w.name).await?
             && state.disabled_url.as_deref() != Some(redact_url(&w.url).as_str())
         {
             store.enable_webhook(&w.name).await?;
             info!(webhook = %w.name, "re-enabled: its URL changed since it answered 410");
+        }
+        if w.template.is_none() {
+            let client = sender::client(w, resolve::system_lookup())?;
+            let (store, metrics, trust) = (store.clone(), metrics.clone(), trust.clone());
+            let watch = catch_up::watch(
+                w.name.clone(),
+                w.url.clone(),
+                client,
+                shared.clone(),
+                store,
+                metrics,
+                trust,
+                cancel.clone(),
+            );
+            tasks.spawn(watch);
         }
         let transport = match &w.template {
             None => templated::Transport::Plain(Box::new(sender::Sender::new(w)?)),
