@@ -19,6 +19,7 @@ mod common;
 mod topology;
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -275,6 +276,98 @@ async fn a_split_brain_puts_the_vips_on_both_hosts_and_one_keeps_them_once_they_
         both - split
     );
     assert_eq!(pair.net.holders(web), [holder]);
+    drop(client);
+    pair.stop().await;
+}
+
+/// What `host`'s agent answers on `GET /state`, from the test's namespace.
+async fn agent_state(net: &Net, host: &str) -> Option<serde_json::Value> {
+    let ip = if host == "lb1" { net.ip(11) } else { net.ip(12) };
+    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build().unwrap();
+    client.get(format!("http://{ip}:9080/state")).send().await.ok()?.json().await.ok()
+}
+
+/// The `eval/…` Services in an agent's `/state`, sorted.
+fn services_in(state: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = state["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["service"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_back_from_an_outage_catches_up_by_itself_before_it_can_take_the_vips() {
+    if !can_run() {
+        return;
+    }
+    let mut pair = Pair::start().await;
+    let web = pair.service("web").await;
+    let active = pair.wait_serving(web).await;
+    let standby = other(active);
+
+    // The standby host goes down whole: keepalived, the agent and HAProxy gone, its link down.
+    pair.host(standby).power_off();
+    pair.net.link(standby, false);
+    let api = pair.service("api").await;
+    assert_eq!(pair.wait_serving(api).await, active, "the active host serves what was created meanwhile");
+
+    // It comes back: nobody runs a resync.
+    pair.net.link(standby, true);
+    let back = Instant::now();
+    pair.host(standby).start_agent();
+    pair.host(standby).start_keepalived();
+    let restarted = pair.hosts.iter().find(|h| h.name == standby).unwrap().log("keepalived.log").lines().count();
+    let (not_caught_up, held_vip_early) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let caught_up = wait_until(&format!("{standby} caught up"), || async {
+        let healthz = pair.hosts.iter().find(|h| h.name == standby).unwrap().healthz(&pair.net).await;
+        if healthz == Some(200) {
+            return Some(back.elapsed());
+        }
+        not_caught_up.fetch_add(usize::from(healthz == Some(503)), Ordering::Relaxed);
+        held_vip_early.fetch_or(pair.net.holders(web).contains(&standby), Ordering::Relaxed);
+        None
+    })
+    .await;
+    let (not_caught_up, held_vip_early) = (not_caught_up.into_inner(), held_vip_early.into_inner());
+    assert!(!held_vip_early, "{standby} held a VIP before it was caught up");
+    let state = agent_state(&pair.net, standby).await.unwrap();
+    assert_eq!(services_in(&state), ["eval/api", "eval/web"], "{state}");
+    let metrics = reqwest::get(format!("http://{}/metrics", pair.vw.as_ref().unwrap().addr)).await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    let series = format!("vipwatch_webhook_receiver_resyncs_total{{webhook=\"{standby}\",reason=\"not_caught_up\"}} ");
+    let resyncs = metrics.lines().find_map(|l| l.strip_prefix(&series)).and_then(|n| n.parse::<f64>().ok());
+    assert!(resyncs.is_some_and(|n| n >= 1.0), "no resync counted for {standby}:\n{metrics}");
+    eprintln!("{standby} back: caught up {caught_up:?} after its agent started ({not_caught_up} answers of 503 seen)");
+
+    // Once it is BACKUP again, the active host is lost: the new Service answers from it at once.
+    wait_until(&format!("{standby}'s keepalived in BACKUP"), || async {
+        let log = pair.hosts.iter().find(|h| h.name == standby).unwrap().log("keepalived.log");
+        let last = log
+            .lines()
+            .skip(restarted)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .find(|l| l.contains("Entering") && l.contains("STATE"))
+            .map(str::to_owned);
+        last.filter(|l| l.contains("BACKUP")).map(drop)
+    })
+    .await;
+    let client = Client::start(&pair.net.ns("cl"), (api, 80).into());
+    wait_until("the client's first answer", || async { client.seen().iter().any(|(_, ok)| *ok).then_some(()) }).await;
+    let lost = Instant::now();
+    pair.host(active).kill_agent();
+    pair.wait_holder(api, standby).await;
+    let (answered, failed) = recovered(&client, lost).await;
+    eprintln!(
+        "then {active}'s agent killed: {api} answered from {standby} after {answered:?}, {failed} failed requests"
+    );
+    assert_eq!(pair.wait_serving(api).await, standby);
+    assert_eq!(pair.wait_serving(web).await, standby);
     drop(client);
     pair.stop().await;
 }

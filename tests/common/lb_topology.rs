@@ -242,7 +242,12 @@ impl Host {
         self.agent = Some(self.spawn(&argv, &env, "agent.log"));
     }
 
+    /// Starts keepalived, with fresh pid files as after a reboot (`/run` is empty then; a killed
+    /// keepalived's children may linger as zombies, which keepalived takes for a running daemon).
     pub fn start_keepalived(&mut self) {
+        for pid_file in ["keepalived.pid", "vrrp.pid", "checkers.pid"] {
+            let _ = std::fs::remove_file(self.dir.join(pid_file));
+        }
         let path = |f: &str| self.dir.join(f).display().to_string();
         let argv = vec![
             "keepalived".to_owned(),
@@ -265,6 +270,20 @@ impl Host {
         let mut agent = self.agent.take().expect("the agent runs");
         agent.kill().unwrap();
         agent.wait().unwrap();
+    }
+
+    /// The host loses power: every process in its namespace (keepalived and its children, the agent,
+    /// HAProxy) is SIGKILLed.
+    pub fn power_off(&mut self) {
+        let pids = Command::new("ip").args(["netns", "pids", &self.ns]).output().unwrap();
+        for pid in String::from_utf8_lossy(&pids.stdout).lines() {
+            let _ = Command::new("kill").args(["-KILL", pid]).status();
+        }
+        for child in [self.keepalived.take(), self.agent.take()].into_iter().flatten() {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// SIGKILLs HAProxy's master and workers on this host; returns how many processes that was.
