@@ -130,9 +130,10 @@ async fn retry_after_is_honoured() {
     h.api.apply(lb_service("shop", "web", 80));
     wait_accepted(&rx, 1).await;
     let hits = rx.hits();
+    // Never sooner than asked (a slow machine only makes the gap longer); the exact schedule, within
+    // `max_delay`, is the policy's unit test (`src/relay/policy.rs`).
     let gap = hits[1].at - hits[0].at;
     assert!(gap >= Duration::from_millis(1900), "second attempt {gap:?} after a 429 with Retry-After: 2");
-    assert!(gap < Duration::from_secs(5), "{gap:?}");
     vw.stop().await.unwrap();
 }
 

@@ -245,3 +245,54 @@ pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) 
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The recorder's loop over the coalescing rules on tokio's paused clock: a member change of
+    /// `web` at each of `changes` (ms after the start), a recomputation whenever [`Members::next_due`]
+    /// comes; returns when each recomputation ran (ms after the start).
+    async fn recomputations(m: &mut Members, changes: &[u64]) -> Vec<u64> {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let web = ServiceKey { namespace: "shop".into(), name: "web".into() };
+        let mut changes = changes.iter().copied().peekable();
+        let mut ran = Vec::new();
+        loop {
+            let next = match (changes.peek().map(|&ms| at(ms)), m.next_due()) {
+                (None, None) => return ran,
+                (Some(c), Some(d)) => c.min(d),
+                (c, d) => c.or(d).unwrap(),
+            };
+            tokio::time::sleep_until(next).await;
+            let now = Instant::now();
+            if changes.next_if(|&ms| at(ms) <= now).is_some() {
+                m.touch(&web, now);
+            }
+            let (due, held) = m.take_due(now);
+            assert!(held.is_empty());
+            if !due.is_empty() {
+                assert_eq!(due, std::slice::from_ref(&web));
+                ran.push(u64::try_from((now - start).as_millis()).unwrap());
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn member_changes_closer_than_the_window_are_one_recomputation_at_the_latest_max_wait_after_the_first() {
+        // The defaults: `backends.window` 250 ms, `backends.max_wait` 2 s.
+        let metrics = Metrics::new();
+        let mut m = Members::new(&Config::default(), Vec::new(), metrics.clone());
+        // A change every 100 ms for 3 s (a rolling update): the first at 50 ms is due at 2,050 ms
+        // however many follow; the next pending change starts at 2,150 ms, and the last, at 2,950 ms,
+        // is due a quiet window later.
+        let rolling: Vec<u64> = (0..30).map(|k| 50 + 100 * k).collect();
+        assert_eq!(recomputations(&mut m, &rolling).await, [2_050, 3_200]);
+        assert_eq!(metrics.backend_coalesced.get(), 28, "30 changes, 2 recomputations");
+
+        // Changes further apart than the window: one recomputation each, a window after it.
+        assert_eq!(recomputations(&mut m, &[0, 300, 900]).await, [250, 550, 1_150]);
+        assert_eq!(metrics.backend_coalesced.get(), 28);
+    }
+}

@@ -242,7 +242,7 @@ impl<K: Kind> ScopeTask<K> {
                 }
                 End::Failed => {
                     self.metrics.watch_restarts.get_or_create(&self.labels()).inc();
-                    let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+                    let delay = next_wait(&mut backoff);
                     self.metrics.watch_backoffs.get_or_create(&self.labels()).inc();
                     let (resource, scope) = (self.spec.resource.as_str(), self.spec.label());
                     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
@@ -390,4 +390,32 @@ fn classify(err: &watcher::Error) -> (&'static str, bool) {
 
 fn is_gone(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(status) if status.code == 410)
+}
+
+/// The wait before listing again after a run that gave no working watch: the next step of
+/// kube-runtime's [`watcher::DefaultBackoff`] (0.8 s doubling to 30 s, plus jitter of up to the step
+/// again, starting over once 2 minutes pass without a wait), as client-go's reflector waits.
+fn next_wait(backoff: &mut watcher::DefaultBackoff) -> Duration {
+    backoff.next().unwrap_or(Duration::from_secs(30))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_runs_wait_from_0_8_s_doubling_to_30_s_and_start_over_after_2_quiet_minutes() {
+        let mut backoff = watcher::DefaultBackoff::default();
+        let within = |wait: Duration, step_ms: u128| {
+            let ms = wait.as_millis();
+            assert!((step_ms..=2 * step_ms).contains(&ms), "{ms} ms for a step of {step_ms} ms");
+        };
+        for step_ms in [800, 1_600, 3_200, 6_400, 12_800, 25_600, 30_000, 30_000] {
+            let wait = next_wait(&mut backoff);
+            within(wait, step_ms);
+            tokio::time::advance(wait).await; // the scope task's sleep, on paused time
+        }
+        tokio::time::advance(Duration::from_secs(121)).await;
+        within(next_wait(&mut backoff), 800);
+    }
 }
