@@ -1,8 +1,7 @@
 //! Tests of the fake Kubernetes apiserver over real sockets: kube-rs as the client, raw HTTP/1.1 for the
 //! wire-level faults, and the installed `kubectl` (get and proxy).
 
-#[path = "../../../tests/common/require.rs"]
-mod require;
+use crate::require;
 
 use std::collections::BTreeSet;
 use std::future::Future;

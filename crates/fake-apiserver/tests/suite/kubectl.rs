@@ -4,8 +4,7 @@
 //!
 //! Every kubectl run gets a fresh temporary `HOME` (kubectl caches discovery under it).
 
-#[path = "../../../tests/common/require.rs"]
-mod require;
+use crate::require;
 
 use std::collections::BTreeSet;
 use std::process::{Output, Stdio};

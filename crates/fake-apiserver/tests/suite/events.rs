@@ -2,8 +2,7 @@
 //! event series), the core/v1 events API with field selectors, both views of one store, discovery, and
 //! `kubectl describe` listing a recorded event. Events never reach Service watches.
 
-#[path = "../../../tests/common/require.rs"]
-mod require;
+use crate::require;
 
 use std::process::Stdio;
 use std::time::Duration;

@@ -5,8 +5,7 @@
 //! (`*_resource`, mixed `seed`, `read_seed_dir`), and the installed `kubectl` (discovery, `label`,
 //! `cordon`, `taint`, `apply`, `get` tables, `delete`), each write checked through a watch.
 
-#[path = "../../../tests/common/require.rs"]
-mod require;
+use crate::require;
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
