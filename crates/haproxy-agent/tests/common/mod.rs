@@ -4,6 +4,13 @@
 
 #![allow(dead_code)]
 
+/// The workspace's one policy for a program a test needs (tests/common/require.rs): skip with a
+/// `SKIPPED` line locally, fail under CI.
+#[path = "../../../../tests/common/require.rs"]
+pub mod require;
+
+pub use require::require_tool;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -23,12 +30,6 @@ pub fn vip() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(1);
     let n = NEXT.fetch_add(1, Ordering::Relaxed) + (std::process::id() % 200) * 250;
     format!("127.100.{}.{}", (n / 250) % 250, n % 250 + 1)
-}
-
-/// Fails the test (with the reason) when `haproxy` is not installed: `.ci/run` installs it.
-pub fn require_haproxy() {
-    let ok = std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
-    assert!(ok, "these tests run a real HAProxy: install Debian's `haproxy` package (`.ci/run` does)");
 }
 
 /// A pod: answers every connection with `name\n` and closes.
@@ -69,13 +70,14 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub async fn start() -> Self {
-        require_haproxy();
+    /// The agent, or `None` without `haproxy` ([`require_tool`]'s policy: the test then returns).
+    pub async fn start() -> Option<Self> {
+        require_tool("haproxy")?;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let mut a = Self { dir, running: None, url: String::new(), client: reqwest::Client::new() };
         a.restart().await;
-        a
+        Some(a)
     }
 
     pub fn config(&self) -> AgentConfig {
