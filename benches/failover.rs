@@ -16,7 +16,12 @@
 //! holds every VIP, the other is BACKUP) before the next. Peak RSS (VmHWM) of each agent and of this
 //! process.
 //!
-//! Run: `cargo bench --bench failover` (args: REPEATS SERVICES, default 10 20). Needs root, `ip`,
+//! Then the standby's agent restarts (its state kept): it is not caught up until vipwatch notices and
+//! resyncs it; the time from its start to `/healthz` 200 (SERVICES Services resynced and live), next
+//! to the time vipwatch's first start took to get every Service's status written (both agents
+//! acknowledged).
+//!
+//! Run: `cargo bench --bench failover` (args: REPEATS SERVICES, default 10 50, at most 130). Needs root, `ip`,
 //! `keepalived`, `haproxy` and `curl`; the workspace's `vipwatch-haproxy` must be built
 //! (`cargo build -p vipwatch-haproxy`).
 
@@ -119,10 +124,10 @@ impl Bench {
 
 /// Starts the pod, the apiserver with SERVICES Services, vipwatch and the pair; waits until the
 /// first VIP answers.
-async fn setup(services: usize) -> (Bench, FakeApiServer, vipwatch::app::Running, tempfile::TempDir) {
+async fn setup(services: usize) -> (Bench, FakeApiServer, vipwatch::app::Running, tempfile::TempDir, Duration) {
     let net = Net::build();
     let root = tempfile::tempdir().unwrap();
-    let vips: Vec<Ipv4Addr> = (200..200 + services as u8).map(|last| net.ip(last)).collect();
+    let vips: Vec<Ipv4Addr> = (120..120 + services as u8).map(|last| net.ip(last)).collect();
     let mut hosts =
         vec![Host::new(&net, root.path(), "lb1", &vips, SECRET), Host::new(&net, root.path(), "lb2", &vips, SECRET)];
     for host in &mut hosts {
@@ -164,6 +169,7 @@ async fn setup(services: usize) -> (Bench, FakeApiServer, vipwatch::app::Running
         })
         .collect();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let started = Instant::now();
     let vw = vipwatch::app::start(config, listener).await.expect("vipwatch starts");
     let bench = Bench { net, hosts, vip: vips[0] };
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -175,7 +181,8 @@ async fn setup(services: usize) -> (Bench, FakeApiServer, vipwatch::app::Running
         assert!(Instant::now() < deadline, "every Service's status within 120 s");
         tokio::time::sleep(Duration::from_millis(100)).await; // ok: polling the statuses
     }
-    (bench, api, vw, root)
+    let first_sync = started.elapsed();
+    (bench, api, vw, root, first_sync)
 }
 
 /// The `p` quantile of `values` (sorted here).
@@ -189,7 +196,7 @@ fn quantile(values: &[f64], p: f64) -> f64 {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
     let repeats: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(10);
-    let services: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20).clamp(1, 50);
+    let services: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(50).clamp(1, 130);
     if let Some(why) = topology::missing_prerequisite() {
         eprintln!("failover benchmark cannot run: {why}");
         std::process::exit(2);
@@ -198,7 +205,8 @@ async fn main() {
     results.param("repeats", repeats as u64);
     results.param("services", services as u64);
     let rss_before = peak_rss_mib(std::process::id());
-    let (mut bench, _api, vw, _root) = setup(services).await;
+    let (mut bench, _api, vw, _root, first_sync) = setup(services).await;
+    println!("first start: every status written after {:.0} ms", first_sync.as_secs_f64() * 1e3);
 
     let mut figures: Vec<(Loss, Vec<f64>, Vec<f64>)> = Vec::new();
     for loss in [Loss::KeepalivedStopped, Loss::AgentKilled, Loss::LinkDown] {
@@ -248,6 +256,22 @@ async fn main() {
         let f99 = quantile(failed, 0.99);
         results.compare(&format!("{name}: failed requests p99"), f99, "", "keepalived stopped", bf);
     }
+    // A returning host: the standby's agent restarts and is caught up once vipwatch has resynced it.
+    let active = bench.settled().await;
+    let standby = other(active);
+    bench.host(standby).kill_agent();
+    let restarted = Instant::now();
+    bench.host(standby).start_agent();
+    let host = bench.hosts.iter().find(|h| h.name == standby).unwrap();
+    let deadline = restarted + Duration::from_secs(120);
+    while host.healthz(&bench.net).await != Some(200) {
+        assert!(Instant::now() < deadline, "the restarted agent caught up within 120 s");
+        tokio::time::sleep(Duration::from_millis(20)).await; // ok: polling /healthz
+    }
+    let caught_up = restarted.elapsed().as_secs_f64() * 1e3;
+    println!("restarted agent caught up on {services} Services after {caught_up:.0} ms");
+    let base = first_sync.as_secs_f64() * 1e3;
+    results.compare("returning host: caught up", caught_up, "ms", "first start: every status written", base);
     for host in &bench.hosts {
         if let Some(agent) = &host.agent {
             let rss = peak_rss_mib(agent.id());

