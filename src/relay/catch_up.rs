@@ -5,11 +5,13 @@
 //! its state says it is not caught up, and keeps its host out of service (its `/healthz` is `503`, so
 //! keepalived gives it no VIP) until a full resync of this cluster has gone live there.
 //!
-//! vipwatch probes each plain endpoint ([`PROBE_EVERY`], `GET` on its URL with the cluster's name in
-//! [`CLUSTER_HEADER`]) and, when it is not caught up, enqueues that resync
-//! ([`crate::route::resync`]) — once per run of the receiver, and again only once the resync it sent
-//! is no longer pending there. A receiver whose first answer carries no identity is a plain webhook
-//! receiver: it is not probed again. [`CatchUp`] decides; [`watch`] probes and acts.
+//! vipwatch reads that identity from every answer to a delivery. Once an endpoint has answered with
+//! one, it also probes it ([`PROBE_EVERY`], `GET` on its URL with the cluster's name in
+//! [`CLUSTER_HEADER`]), so a receiver that restarts while nothing changes is noticed too; a plain
+//! webhook receiver, which never answers with an identity, is never probed. When the receiver is not
+//! caught up, vipwatch enqueues that resync ([`crate::route::resync`]) — once per run of the receiver,
+//! and again only once the resync it sent is no longer pending there. [`CatchUp`] decides; [`watch`]
+//! listens, probes and acts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,15 +69,17 @@ impl CatchUp {
     }
 }
 
-/// Probes endpoint `name` at `url` with `client` every [`PROBE_EVERY`] until `cancel`, while `trust`
-/// lasts, and enqueues a resync of it when [`CatchUp`] says so. Stops after the first answer without
-/// an identity (a receiver that does not speak the contract). Failures to reach it are left to the
-/// dispatcher's circuit breaker; a failed resync is logged and tried again at the next probe.
+/// Acts on the identities endpoint `name` answers with: those of its answers to deliveries
+/// (`answers`, from its [`super::sender::Sender`]) and, once it has answered with one, those of a
+/// probe every [`PROBE_EVERY`] (`GET` on `url` with `client`), while `trust` lasts, until `cancel`.
+/// Enqueues a resync of it when [`CatchUp`] says so. Failures to reach it are left to the dispatcher's
+/// circuit breaker; a failed resync is logged and tried again at the next answer.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn watch(
     name: String,
     url: url::Url,
     client: reqwest::Client,
+    mut answers: tokio::sync::watch::Receiver<Option<ReceiverIdentity>>,
     config: Arc<Config>,
     store: Store,
     metrics: Arc<Metrics>,
@@ -84,30 +88,42 @@ pub(super) async fn watch(
 ) {
     let cluster = config.cluster.name.clone().unwrap_or_default();
     let mut state = CatchUp::default();
+    let mut speaks = false;
     loop {
-        if trust.is_valid() {
-            let answer = client.get(url.clone()).header(CLUSTER_HEADER, &cluster).send().await;
-            if let Ok(answer) = answer {
-                let headers = answer.headers();
-                let id = ReceiverIdentity::from_headers(|n| headers.get(n).and_then(|v| v.to_str().ok()));
-                let Some(id) = id else {
-                    debug!(webhook = %name, "the endpoint does not report whether it is caught up; not probed again");
-                    return;
-                };
-                let pending = match store.outbox_depth().await {
-                    Ok(depth) => depth.iter().any(|(w, n, _)| *w == name && *n > 0),
-                    Err(_) => true, // the database will say more at the next probe
-                };
-                if let Step::Resync { lost_state } = state.on(&id, pending) {
-                    resync(&name, &id, lost_state, &config, &store, &metrics).await;
-                }
-            }
-        }
-        tokio::select! {
+        let id = tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(PROBE_EVERY) => {}
+            changed = answers.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                answers.borrow_and_update().clone()
+            }
+            () = tokio::time::sleep(PROBE_EVERY), if speaks => probe(&client, &url, &cluster).await,
+        };
+        let Some(id) = id else { continue };
+        if !speaks {
+            debug!(webhook = %name, "the endpoint reports whether it is caught up: probing it every second");
+            speaks = true;
+        }
+        if !trust.is_valid() {
+            continue;
+        }
+        let pending = match store.outbox_depth().await {
+            Ok(depth) => depth.iter().any(|(w, n, _)| *w == name && *n > 0),
+            Err(_) => true, // the database will say more at the next answer
+        };
+        if let Step::Resync { lost_state } = state.on(&id, pending) {
+            resync(&name, &id, lost_state, &config, &store, &metrics).await;
         }
     }
+}
+
+/// One probe: the identity `url` answers a `GET` with, `None` when it does not answer or answers
+/// without one.
+async fn probe(client: &reqwest::Client, url: &url::Url, cluster: &str) -> Option<ReceiverIdentity> {
+    let answer = client.get(url.clone()).header(CLUSTER_HEADER, cluster).send().await.ok()?;
+    let headers = answer.headers();
+    ReceiverIdentity::from_headers(|n| headers.get(n).and_then(|v| v.to_str().ok()))
 }
 
 /// Enqueues the full resync of endpoint `name`, which answered `id`.

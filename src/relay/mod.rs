@@ -80,23 +80,17 @@ pub async fn start(
             store.enable_webhook(&w.name).await?;
             info!(webhook = %w.name, "re-enabled: its URL changed since it answered 410");
         }
+        let (identity_tx, identity_rx) = watch::channel(None);
         if w.template.is_none() {
             let client = sender::client(w, resolve::system_lookup())?;
             let (store, metrics, trust) = (store.clone(), metrics.clone(), trust.clone());
-            let watch = catch_up::watch(
-                w.name.clone(),
-                w.url.clone(),
-                client,
-                shared.clone(),
-                store,
-                metrics,
-                trust,
-                cancel.clone(),
-            );
+            let (name, url) = (w.name.clone(), w.url.clone());
+            let watch =
+                catch_up::watch(name, url, client, identity_rx, shared.clone(), store, metrics, trust, cancel.clone());
             tasks.spawn(watch);
         }
         let transport = match &w.template {
-            None => templated::Transport::Plain(Box::new(sender::Sender::new(w)?)),
+            None => templated::Transport::Plain(Box::new(sender::Sender::new(w)?.reporting_identity(identity_tx))),
             Some(t) => {
                 let full = (t.mode == crate::config::TemplateMode::FullState)
                     .then(|| full_state::FullState::new(config, w, store.clone(), metrics.clone()))
