@@ -50,7 +50,13 @@ struct Pair {
 
 impl Pair {
     async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`Pair::start`] with vipwatch's configuration changed by `change` first.
+    async fn start_with(change: impl FnOnce(&mut Config)) -> Self {
         init_logs();
+        vipwatch::relay::sender::install_crypto_provider();
         let net = Net::build();
         let root = tempfile::tempdir().unwrap();
         let vips: Vec<Ipv4Addr> = (200..204).map(|last| net.ip(last)).collect();
@@ -63,8 +69,17 @@ impl Pair {
             host.start_keepalived();
         }
         let pod = pod(SocketAddr::from((net.ip(51), 8080))).await;
+        for host in &hosts {
+            wait_until(&format!("{}'s agent runs HAProxy", host.name), || async {
+                let state = agent_state(&net, host.name).await?;
+                (state["haproxyUp"] == true).then_some(())
+            })
+            .await;
+        }
         let h = Harness::new().await;
-        let vw = Some(h.start(Self::config(&h, &net)).await);
+        let mut config = Self::config(&h, &net);
+        change(&mut config);
+        let vw = Some(h.start(config).await);
         Self { net, _root: root, hosts, h, vw, pod }
     }
 
@@ -301,7 +316,18 @@ async fn a_host_back_from_an_outage_catches_up_by_itself_before_it_can_take_the_
     if !can_run() {
         return;
     }
-    let mut pair = Pair::start().await;
+    // Production-like backoff: one failed attempt opens the circuit, whose next probe is 30-60 s
+    // away, longer than the test waits; vipwatch must notice the host coming back by itself.
+    let pair = Pair::start_with(|config| {
+        config.relay.lease = Duration::from_secs(30);
+        for w in &mut config.webhooks {
+            w.circuit_failures = Some(1);
+            w.timeout = Duration::from_secs(10); // the agent's answer_timeout is 8 s
+            w.retry.initial_delay = Duration::from_secs(30);
+            w.retry.max_delay = Duration::from_secs(60);
+        }
+    });
+    let mut pair = pair.await;
     let web = pair.service("web").await;
     let active = pair.wait_serving(web).await;
     let standby = other(active);

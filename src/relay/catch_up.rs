@@ -71,7 +71,9 @@ impl CatchUp {
 
 /// Acts on the identities endpoint `name` answers with: those of its answers to deliveries
 /// (`answers`, from its [`super::sender::Sender`]) and, once it has answered with one, those of a
-/// probe every [`PROBE_EVERY`] (`GET` on `url` with `client`), while `trust` lasts, until `cancel`.
+/// probe every [`PROBE_EVERY`] (`GET` on `url` with `client`; each answered probe pulses
+/// `reachable`, which brings an open circuit's next probe forward), while `trust` lasts, until
+/// `cancel`.
 /// Enqueues a resync of it when [`CatchUp`] says so. Failures to reach it are left to the dispatcher's
 /// circuit breaker; a failed resync is logged and tried again at the next answer.
 #[allow(clippy::too_many_arguments)]
@@ -80,6 +82,7 @@ pub(super) async fn watch(
     url: url::Url,
     client: reqwest::Client,
     mut answers: tokio::sync::watch::Receiver<Option<ReceiverIdentity>>,
+    reachable: tokio::sync::watch::Sender<u64>,
     config: Arc<Config>,
     store: Store,
     metrics: Arc<Metrics>,
@@ -98,7 +101,14 @@ pub(super) async fn watch(
                 }
                 answers.borrow_and_update().clone()
             }
-            () = tokio::time::sleep(PROBE_EVERY), if speaks => probe(&client, &url, &cluster).await,
+            () = tokio::time::sleep(PROBE_EVERY), if speaks => {
+                let id = probe(&client, &url, &cluster).await;
+                if id.is_some() {
+                    // It answers: a dispatcher whose circuit is open probes it now.
+                    reachable.send_modify(|n| *n += 1);
+                }
+                id
+            }
         };
         let Some(id) = id else { continue };
         if !speaks {

@@ -106,6 +106,17 @@ impl Circuit {
         Some(until)
     }
 
+    /// The endpoint answered at `now` (Unix ms) outside the deliveries (a probe of
+    /// [`super::catch_up`]): while open, the next probe may go now instead of at the next backoff
+    /// step, so a receiver that comes back is noticed at once. Returns whether that changed anything.
+    pub fn reachable(&mut self, now: i64) -> bool {
+        let later = self.view.next_probe_at.is_some_and(|at| at > now);
+        if self.view.state == CircuitState::Open && later {
+            self.view.next_probe_at = Some(now);
+        }
+        self.view.state == CircuitState::Open && later
+    }
+
     /// A probe was started (call after claiming while open).
     pub fn probe_started(&mut self) -> Option<Transition> {
         (self.view.state == CircuitState::Open).then(|| {
@@ -303,5 +314,19 @@ mod tests {
                 .map(|s| endpoint_down(&answered(s)))
                 .collect();
         assert_eq!(down, [true, true, true, true, true, true, false, false, false, false]);
+    }
+
+    #[test]
+    fn an_answer_outside_the_deliveries_brings_the_next_probe_forward_only_while_open() {
+        let mut c = Circuit::new(1, retry());
+        assert!(!c.reachable(0), "closed: nothing to bring forward");
+        assert_eq!(c.record(true, None, 0), Some(Transition::Opened));
+        let due = c.view().next_probe_at.unwrap();
+        assert!(due > 100);
+        assert!(c.reachable(100));
+        assert_eq!(c.view().next_probe_at, Some(100));
+        assert!(!c.reachable(100), "already due");
+        c.probe_started();
+        assert!(!c.reachable(150), "half open: the probe is out");
     }
 }

@@ -52,6 +52,17 @@ pub(super) struct Dispatcher {
     /// Until when this replica leads: no attempt starts after it, and one still running then is
     /// abandoned (its lease runs out; the next leader sends it again under the same `webhook-id`).
     pub trust: crate::leader::Trust,
+    /// Pulsed when the endpoint answered a probe of [`super::catch_up`]: while the circuit is open,
+    /// the next probe goes at once ([`Circuit::reachable`]).
+    pub reachable: Option<watch::Receiver<u64>>,
+}
+
+/// The next pulse of `reachable`; never, without one (or once its sender is gone).
+async fn reached(reachable: &mut Option<watch::Receiver<u64>>) -> Option<()> {
+    match reachable {
+        Some(rx) => rx.changed().await.ok(),
+        None => std::future::pending().await,
+    }
 }
 
 /// The endpoint's health as the loop tracks it.
@@ -193,7 +204,8 @@ impl Dispatcher {
     /// Runs until `cancel`; wakes on every commit (`committed`; when the commit already ran this
     /// loop's standing claim, it claims nothing more), on finished attempts, when the next retry is
     /// due, and every `relay.poll_interval` (work enqueued by another process).
-    pub async fn run(self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
+    pub async fn run(mut self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
+        let mut reachable = self.reachable.take();
         let mut in_flight = InFlight::new();
         let mut health = Health {
             failing: false,
@@ -260,6 +272,14 @@ impl Dispatcher {
                     self.start_taken(taken, &mut in_flight, &mut health.circuit, &mut claimed_through);
                     // This pass's claim is made; the commit's own wake-up follows (see below).
                     claimed = true;
+                }
+                Some(()) = reached(&mut reachable) => {
+                    let now = now_ms();
+                    if health.circuit.reachable(now) {
+                        info!(webhook = %self.name, url = %self.url, "the endpoint answers again: probing it now, not at the next backoff step");
+                        self.catch_up(now).await;
+                        self.publish(&health.circuit, None);
+                    }
                 }
                 changed = committed.changed(), if committed_open && !backing_off => {
                     committed_open = changed.is_ok();

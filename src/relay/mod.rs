@@ -81,12 +81,23 @@ pub async fn start(
             info!(webhook = %w.name, "re-enabled: its URL changed since it answered 410");
         }
         let (identity_tx, identity_rx) = watch::channel(None);
+        let (reachable_tx, reachable_rx) = watch::channel(0u64);
         if w.template.is_none() {
             let client = sender::client(w, resolve::system_lookup())?;
             let (store, metrics, trust) = (store.clone(), metrics.clone(), trust.clone());
             let (name, url) = (w.name.clone(), w.url.clone());
-            let watch =
-                catch_up::watch(name, url, client, identity_rx, shared.clone(), store, metrics, trust, cancel.clone());
+            let watch = catch_up::watch(
+                name,
+                url,
+                client,
+                identity_rx,
+                reachable_tx,
+                shared.clone(),
+                store,
+                metrics,
+                trust,
+                cancel.clone(),
+            );
             tasks.spawn(watch);
         }
         let transport = match &w.template {
@@ -114,6 +125,7 @@ pub async fn start(
             circuit_failures: w.circuit_failures.unwrap_or(config.relay.circuit_failures),
             circuits: circuits.clone(),
             trust: trust.clone(),
+            reachable: w.template.is_none().then_some(reachable_rx),
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));
     }
