@@ -26,3 +26,25 @@ impl Store {
         self.backend.dual(&CARRY).bind(name).execute(conn.exec()).await
     }
 }
+
+impl Store {
+    /// Whether endpoint `webhook` answered with a receiver identity in an earlier run
+    /// ([`crate::relay::catch_up`]): then it is probed from the start, so an agent that restarted
+    /// while vipwatch did too is noticed although nothing is sent to it. Errors: the database failed.
+    pub async fn speaks_identity(&self, webhook: &str) -> Result<bool, StoreError> {
+        let mut conn = self.pools.write().await?;
+        let key = format!("receiver_identity:{webhook}");
+        let row = self.backend.query("SELECT value FROM meta WHERE key = $1").bind(key).fetch_optional(conn.exec());
+        Ok(row.await?.is_some())
+    }
+
+    /// Records that endpoint `webhook` answers with a receiver identity (see
+    /// [`Store::speaks_identity`]). Errors: the database failed.
+    pub async fn remember_identity(&self, webhook: &str) -> Result<(), StoreError> {
+        let mut conn = self.pools.write().await?;
+        let insert = "INSERT INTO meta (key, value) VALUES ($1, 'yes') ON CONFLICT (key) DO NOTHING";
+        let key = format!("receiver_identity:{webhook}");
+        self.backend.query(insert).bind(key).execute(conn.exec()).await?;
+        Ok(())
+    }
+}
