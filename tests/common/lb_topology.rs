@@ -86,10 +86,7 @@ impl Net {
 
     /// The host of the pair whose `eth0` holds `vip` right now (keepalived's MASTER).
     pub fn holder(&self, vip: Ipv4Addr) -> Option<&'static str> {
-        ["lb1", "lb2"].into_iter().find(|host| {
-            let out = Command::new("ip").args(["-n", &self.ns(host), "-o", "addr", "show", "dev", "eth0"]).output();
-            out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(" {vip}/")))
-        })
+        self.holders(vip).first().copied()
     }
 
     /// Every host of the pair whose `eth0` holds `vip` right now.
