@@ -3,7 +3,7 @@
 //! circuit is open (see [`super::circuit`]) it sends one probe at a time instead. Stops claiming on
 //! shutdown and lets in-flight attempts finish within `relay.shutdown_grace`.
 //!
-//! Its writes ride the watch's write transactions where they can (`store::riders`): while it has
+//! Its writes share the watch's write transactions where they can (`store::owner`): while it has
 //! free slots it leaves a standing claim that the watch's next commit runs after its inserts, so the
 //! deliveries of a commit come with the commit, and a round of finished attempts waits for a commit
 //! due within a few ms rather than commit on its own.
@@ -30,7 +30,7 @@ use super::templated::Transport;
 use crate::config::{RelayConfig, RetryConfig};
 use crate::metrics::Metrics;
 use crate::model::Feedback;
-use crate::store::{Circuits, Claimed, Completion, Outcome, StandingClaim, Store, StoreError, Taken, Told, now_ms};
+use crate::store::{Circuits, Claimed, Completion, Heads, Outcome, StandingClaim, Store, StoreError, Told, now_ms};
 
 /// Everything one endpoint's loop needs.
 pub(super) struct Dispatcher {
@@ -175,9 +175,9 @@ async fn gather(
 
 /// What a standing claim took once a write transaction carried it (`None` when that failed); then
 /// the claim is gone from `standing`. Never resolves without one.
-async fn standing_carried(standing: &mut Option<StandingClaim>) -> Option<Taken> {
+async fn standing_carried(standing: &mut Option<StandingClaim>) -> Option<Heads> {
     let Some(claim) = standing.as_mut() else { return std::future::pending().await };
-    let taken = claim.carried().await;
+    let taken = claim.answered().await;
     *standing = None;
     taken
 }
@@ -280,7 +280,7 @@ impl Dispatcher {
     }
 
     /// A claim for the free slots to ride the watch's next write transaction
-    /// ([`Store::stand_claim`]), when this pass would claim at all: not while disabled, backing off
+    /// ([`Store::offer_claim`]), when this pass would claim at all: not while disabled, backing off
     /// or holding unrecorded outcomes, and only for as many slots as [`Dispatcher::fill`] would take.
     fn stand(
         &self,
@@ -293,7 +293,7 @@ impl Dispatcher {
             return None;
         }
         let free = self.free_slots(in_flight, circuit, now_ms());
-        (free > 0).then(|| self.store.stand_claim(&self.name, self.lease_ms(), free))
+        (free > 0).then(|| self.store.offer_claim(&self.name, self.lease_ms(), free))
     }
 
     /// Takes back a standing claim; if a write transaction ran it meanwhile, starts the heads it
@@ -306,16 +306,16 @@ impl Dispatcher {
         claimed_through: &mut i64,
     ) {
         let Some(standing) = standing else { return };
-        if let Some(taken) = self.store.withdraw_claim(standing).await {
+        if let Some(taken) = standing.withdraw().await {
             self.start_taken(taken, in_flight, circuit, claimed_through);
         }
     }
 
     /// Starts the heads a carried claim took and raises `claimed_through` to the carrying
     /// transaction's highest event id.
-    fn start_taken(&self, taken: Taken, in_flight: &mut InFlight, circuit: &mut Circuit, claimed_through: &mut i64) {
+    fn start_taken(&self, taken: Heads, in_flight: &mut InFlight, circuit: &mut Circuit, claimed_through: &mut i64) {
         *claimed_through = (*claimed_through).max(taken.through.unwrap_or(0));
-        self.start(taken.heads, in_flight, circuit);
+        self.start(taken.claimed, in_flight, circuit);
     }
 
     /// Records the outcomes kept in memory because the database refused them earlier.
@@ -544,7 +544,7 @@ impl Dispatcher {
                         self.acked.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     if let Some(in_flight) = refill {
-                        self.start(taken.heads, in_flight, &mut health.circuit);
+                        self.start(taken.claimed, in_flight, &mut health.circuit);
                     }
                 }
             }
