@@ -14,6 +14,7 @@
 
 mod assign;
 pub mod circuit;
+mod dispatch;
 mod dispatcher;
 pub mod full_state;
 pub mod policy;
@@ -102,7 +103,7 @@ pub async fn start(
             acked: acked.clone(),
             circuit_failures: w.circuit_failures.unwrap_or(config.relay.circuit_failures),
             circuits: circuits.clone(),
-            trust: trust.clone(),
+            leading_until: trust.clone(),
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));
     }
