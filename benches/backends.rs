@@ -1,4 +1,4 @@
-//! Backends benchmark (issue 10): pool members for 10,000 Services × 10 endpoints, against `vipwatch
+//! Backends benchmark: pool members for 10,000 Services × 10 endpoints, against `vipwatch
 //! serve` running as its own process (so its peak RSS is its own), each figure next to a baseline
 //! from the same run.
 //!

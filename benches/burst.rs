@@ -1,4 +1,4 @@
-//! Burst benchmark (issue 13): the shape of the independent load test, against `vipwatch serve`
+//! Burst benchmark: the shape of the independent load test, against `vipwatch serve`
 //! running as its own process (so its CPU and peak RSS are its own), every figure next to a baseline
 //! from the same run.
 //!

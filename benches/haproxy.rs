@@ -1,4 +1,4 @@
-//! HAProxy end-to-end benchmark (issue 11): the simulated Kubernetes API → `vipwatch serve` (its own
+//! HAProxy end-to-end benchmark: the simulated Kubernetes API → `vipwatch serve` (its own
 //! process) → the HAProxy agent (its own process: this binary re-run as `agent-child`) → a real
 //! `haproxy` → TCP through loopback VIPs to "pods". vipwatch has a second endpoint, a plain receiver
 //! that only notes arrivals: the baseline from the same run, so every figure is also a ratio to

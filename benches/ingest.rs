@@ -1,4 +1,4 @@
-//! Ingest benchmark (issue 2): initial sync of 10,000 Services and sustained change events into
+//! Ingest benchmark: initial sync of 10,000 Services and sustained change events into
 //! SQLite, each against a baseline measured in the same run on the same fake apiserver.
 //!
 //! Run: `cargo bench --bench ingest` (optional args: SERVICES CHANGES, default 10000 40000).
@@ -7,7 +7,7 @@
 //!   kube-rs paged list of the same Services (fetch + decode only, nothing stored).
 //! - change events: N port changes written to the fake apiserver as fast as it takes them → all N
 //!   MODIFIED rows committed, vs. the baseline of a bare kube-rs watcher receiving the same N events.
-//! - initial sync with allocation (issue 5): the same first sync on a fresh database with a `/16`
+//! - initial sync with allocation: the same first sync on a fresh database with a `/16`
 //!   `[[pools]]` entry, so every Service also gets a VIP allocated, vs. the initial sync above.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Relay benchmark (issue 3): deliveries/s to a local receiver that answers 204 at once, and
+//! Relay benchmark: deliveries/s to a local receiver that answers 204 at once, and
 //! event→delivery latency at a steady 500 events/s.
 //!
 //! Run: `cargo bench --bench relay` (optional args: BACKLOG RATE SECONDS, default 20000 500 10;

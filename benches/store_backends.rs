@@ -1,4 +1,4 @@
-//! Store backends benchmark (issue 14): the same workload on SQLite (the baseline) and on
+//! Store backends benchmark: the same workload on SQLite (the baseline) and on
 //! PostgreSQL, then the leader takeover between two replicas on PostgreSQL. Every vipwatch is
 //! `vipwatch serve` as its own process, so its peak RSS (VmHWM) is its own.
 //!

@@ -1,4 +1,4 @@
-//! Request-template benchmark (issue 15), in-process, each figure next to a baseline from the same run.
+//! Request-template benchmark, in-process, each figure next to a baseline from the same run.
 //!
 //! Run: `cargo bench --bench templates` (optional args: SERVICES ROUNDS, default 10000 2000).
 //!

@@ -1,4 +1,4 @@
-//! The circuit breaker per webhook endpoint (issue 12, item 5) over real sockets: 30 Services pending
+//! The circuit breaker per webhook endpoint over real sockets: 30 Services pending
 //! against a receiver that answers 500 → the circuit opens, one probe at a time goes out on the
 //! backoff schedule, and the first answered probe closes it and lets everything go out in order.
 

@@ -444,6 +444,29 @@ async fn a_second_vipwatch_under_a_cluster_name_another_one_holds_is_refused_and
         metrics.lines().find_map(|l| l.strip_prefix("vipwatch_haproxy_cluster_conflicts_total{cluster=\"east\"} "));
     assert!(counted.and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n >= conflicts), "{metrics}");
 
+    // The documented fix: the second cluster gets a name of its own and restarts. Its delivery made
+    // under `east` goes out under `north`, and `east` stays the first cluster's.
+    let waiting = second.web_delivery().await.unwrap().0.id;
+    let vw = second.vw.take().unwrap();
+    vw.stop().await.unwrap();
+    second.config.cluster.name = Some("north".into());
+    second.start().await;
+    assert_eq!(second.wait_vip().await, "127.0.100.128");
+    let (row, _) = second.web_delivery().await.unwrap();
+    assert_eq!((row.id, row.state.as_str()), (waiting, "succeeded"));
+    assert_eq!(
+        get(&format!("127.0.100.128:{port}")).await.as_deref(),
+        Some("hello from pod 127.0.1.6 (second eval/web)\n")
+    );
+    assert_eq!(get(&first_vip).await.as_deref(), Some("hello from pod 127.0.1.5 (first eval/web)\n"));
+    let mut served = services_of(&agent.state().await);
+    served.sort_by(|a, b| a.0.as_str().cmp(&b.0.as_str()));
+    let expected = [
+        (json!("east"), "eval/web".to_owned(), first.web_uid()),
+        (json!("north"), "eval/web".to_owned(), second.web_uid()),
+    ];
+    assert_eq!(served, expected);
+
     first.stop().await;
     second.stop().await;
     agent.stop().await;

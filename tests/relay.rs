@@ -604,7 +604,7 @@ async fn an_endpoint_with_its_own_concurrency_has_no_more_deliveries_in_flight()
 /// change in place, keeping its place in line: while the endpoint is disabled (one slot), `web`
 /// changes, `db` is created, `web` changes again; the one `MODIFIED` row now carries the newer event
 /// (same id and due time, the newer one's `webhook-id`), and once enabled `web`'s newest change goes out before `db`'s
-/// ADDED and its older change not at all (issue 13: a stale head used to wait for its turn, be sent,
+/// ADDED and its older change not at all (a stale head must not wait for its turn, be sent,
 /// and send the newer change to the back of the line).
 #[tokio::test]
 async fn an_untouched_modified_head_collapses_into_a_newer_one_that_keeps_its_place_in_line() {

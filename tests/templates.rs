@@ -241,6 +241,55 @@ fn nitro_renders_the_removals_of_what_it_was_told_and_the_service_no_longer_has(
     );
 }
 
+/// Every `label` in an AS3 body, at any depth.
+fn as3_labels(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::String(l)) = m.get("label") {
+                out.push(l.clone());
+            }
+            m.values().for_each(|v| as3_labels(v, out));
+        }
+        Value::Array(a) => a.iter().for_each(|v| as3_labels(v, out)),
+        _ => {}
+    }
+}
+
+/// AS3 allows at most 64 characters in a `label` (its schema's `Label`): the shipped examples keep
+/// the longest cluster, namespace and Service names (63 characters each) within it, per application
+/// and in a tenant declaration.
+#[test]
+fn the_as3_examples_keep_labels_within_as3s_64_characters_for_the_longest_names() {
+    let mut payload: Value = serde_json::from_str(vipwatch::template::SAMPLE_PAYLOAD).unwrap();
+    payload["data"]["cluster"] = json!("c".repeat(63));
+    payload["data"]["service"]["namespace"] = json!("n".repeat(63));
+    payload["data"]["service"]["name"] = json!("s".repeat(63));
+    let mut labels = Vec::new();
+    let w = example("f5-as3-per-app", "https://bigip.example.net");
+    let compiled = vipwatch::template::Compiled::new(&w).unwrap();
+    let ctx =
+        vipwatch::template::event_context(&payload, &w.name, &compiled.secrets_value(), None, &Default::default());
+    for r in compiled.requests("ADDED").iter().flat_map(|req| compiled.render_all(req, &ctx).unwrap()) {
+        as3_labels(&serde_json::from_str(r.body.as_deref().unwrap_or("null")).unwrap(), &mut labels);
+    }
+    let w = example("f5-as3-tenant", "https://bigip.example.net");
+    let compiled = vipwatch::template::Compiled::new(&w).unwrap();
+    let services = vec![payload["data"]["service"].clone()];
+    let cluster = "c".repeat(63);
+    let ctx = vipwatch::template::full_state_context(
+        services,
+        Some(&cluster),
+        "2026-12-07T00:00:00Z",
+        &w.name,
+        &compiled.secrets_value(),
+        &Default::default(),
+    );
+    let body = compiled.render(compiled.full_state().unwrap(), &ctx).unwrap().body.unwrap();
+    as3_labels(&serde_json::from_str(&body).unwrap(), &mut labels);
+    let expected = format!("{}/", "c".repeat(63));
+    assert_eq!(labels, [expected.clone(), expected]);
+}
+
 /// The generic REST fake: a map of `/vips/{ns}/{name}` → body; PUT stores, DELETE removes (404 when
 /// absent); a request without the bearer token gets 401.
 fn rest_appliance(vips: Arc<Mutex<BTreeMap<String, Value>>>) -> impl Fn(&Req) -> (u16, String) {
@@ -579,7 +628,7 @@ async fn an_as3_declaration_answered_422_fails_at_once() {
     })
     .await;
     assert_eq!((failed.attempts, failed.last_status), (1, Some(422)));
-    assert_eq!(failed.last_error.as_deref(), Some("HTTP 422: permanent for this request"));
+    assert_eq!(failed.last_error.as_deref(), Some("HTTP 422: permanent for this request: declaration is invalid"));
     assert_eq!(fake.requests().len(), state.lock().unwrap().declarations as usize);
     vw.stop().await.unwrap();
 }

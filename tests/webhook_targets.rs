@@ -1,4 +1,4 @@
-//! Webhook target checks (issue 12, item 7): link-local and cloud-metadata targets are refused at
+//! Webhook target checks: link-local and cloud-metadata targets are refused at
 //! config load in every spelling and at connect time after DNS, and certificate failures of a real
 //! TLS server are recorded as class `tls`.
 

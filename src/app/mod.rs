@@ -134,7 +134,12 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     let watch_health = watch::WatchHealth::new(metrics.clone(), config.kubernetes.stale_after);
     let client = watch::connect_watched(&config.kubernetes, &watch_health).await?;
     let mut config = config;
-    config.cluster.name = Some(cluster::resolve(&config, &store, Some(&client)).await?);
+    let name = cluster::resolve(&config, &store, Some(&client)).await?;
+    let renamed = store.carry_cluster_name(&name).await?;
+    if renamed > 0 {
+        info!(cluster = %name, deliveries = renamed, "deliveries waiting since before a change of the cluster name now carry this one");
+    }
+    config.cluster.name = Some(name);
     let (ready_tx, ready) = signal::channel(false);
     let (committed_tx, committed) = signal::channel(0);
     let cancel = CancellationToken::new();

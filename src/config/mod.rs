@@ -554,6 +554,21 @@ impl Config {
         Ok(())
     }
 
+    /// The endpoints whose acknowledgements gate a write to Kubernetes, by appliance
+    /// ([`crate::model::Gates`]): every enabled endpoint that delivers per Service (full-state
+    /// declarations gate nothing), those naming one `appliance` together, the rest each alone; in
+    /// the order of `[[webhooks]]`.
+    pub fn gates(&self) -> crate::model::Gates {
+        let mut appliances: Vec<(Option<&str>, Vec<String>)> = Vec::new();
+        for w in self.webhooks.iter().filter(|w| w.enabled && !w.declares_full_state()) {
+            match appliances.iter_mut().find(|(a, _)| a.is_some() && *a == w.appliance.as_deref()) {
+                Some((_, hosts)) => hosts.push(w.name.clone()),
+                None => appliances.push((w.appliance.as_deref(), vec![w.name.clone()])),
+            }
+        }
+        crate::model::Gates::new(appliances.into_iter().map(|(_, hosts)| hosts).collect())
+    }
+
     /// The backend mode of everything, and the endpoints that override it.
     pub fn mode_plan(&self) -> crate::model::backends::ModePlan {
         let endpoints =

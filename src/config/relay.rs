@@ -215,6 +215,14 @@ pub struct WebhookConfig {
     /// had.
     #[serde(default)]
     pub assigns_vip: bool,
+    /// The appliance this endpoint is one host of, when several endpoints are the hosts of one appliance (a pair of
+    /// load-balancer hosts behind keepalived, each with its own agent): endpoints naming the same `appliance` are
+    /// one appliance to the Kubernetes write-back, so a status, a finalizer's removal and a pool address's release
+    /// wait for one of them, not all. Each host still gets every delivery; one that lags catches up before it takes
+    /// the VIPs. Unset: the endpoint is an appliance of its own. Same rules as `name`; not with `assigns_vip` or a
+    /// full-state template.
+    #[serde(default)]
+    pub appliance: Option<String>,
     /// This endpoint's backend mode (`nodePort`, `pod` or `none`) instead of `[backends] mode`; a Service's
     /// `vipwatch.io/backend-mode` annotation still wins.
     #[serde(default)]
@@ -411,6 +419,19 @@ impl WebhookConfig {
                 return Err(self.invalid("headers", format!("the value of `{header}` is not a valid header value")));
             }
         }
+        if let Some(appliance) = &self.appliance {
+            if appliance.is_empty() || appliance.contains(['/', ' ', '.']) {
+                return Err(self.invalid("appliance", "must be non-empty, without `/`, `.` or spaces".into()));
+            }
+            if self.assigns_vip {
+                let reason = "the hosts of one appliance serve the same VIPs, so none of them may choose a Service's";
+                return Err(self.invalid("appliance", reason.into()));
+            }
+            if self.declares_full_state() {
+                let reason = "a full-state endpoint's acknowledgements gate nothing in Kubernetes";
+                return Err(self.invalid("appliance", reason.into()));
+            }
+        }
         if self.retry.initial_delay > self.retry.max_delay {
             return Err(self.invalid("retry", "initial_delay must not exceed max_delay".into()));
         }
@@ -439,5 +460,32 @@ mod tests {
         for ip in allowed {
             assert_eq!(forbidden_address(ip.parse().unwrap()), None, "{ip}");
         }
+    }
+
+    fn endpoint(extra: &str) -> WebhookConfig {
+        toml::from_str(&format!("name = \"lb1\"\nurl = \"http://192.0.2.1:9080/\"\n{extra}")).unwrap()
+    }
+
+    #[test]
+    fn an_appliance_is_named_like_an_endpoint_and_neither_chooses_vips_nor_declares_full_state() {
+        assert!(endpoint("appliance = \"pair\"").validate().is_ok());
+        let refused = |extra: &str| endpoint(extra).validate().unwrap_err().to_string();
+        let bad_name = refused("appliance = \"the pair\"");
+        assert!(bad_name.contains("appliance") && bad_name.contains("without `/`, `.` or spaces"), "{bad_name}");
+        let assigns = refused("appliance = \"pair\"\nassigns_vip = true");
+        assert!(assigns.contains("none of them may choose a Service's"), "{assigns}");
+    }
+
+    #[test]
+    fn endpoints_naming_one_appliance_gate_together_and_the_rest_alone() {
+        let config: crate::config::Config = toml::from_str(
+            "[[webhooks]]\nname = \"f5\"\nurl = \"http://192.0.2.9/\"\n\
+             [[webhooks]]\nname = \"lb1\"\nurl = \"http://192.0.2.1/\"\nappliance = \"pair\"\n\
+             [[webhooks]]\nname = \"off\"\nurl = \"http://192.0.2.3/\"\nenabled = false\n\
+             [[webhooks]]\nname = \"lb2\"\nurl = \"http://192.0.2.2/\"\nappliance = \"pair\"\n",
+        )
+        .unwrap();
+        let expected = crate::model::Gates::new(vec![vec!["f5".into()], vec!["lb1".into(), "lb2".into()]]);
+        assert_eq!(config.gates(), expected);
     }
 }

@@ -11,6 +11,7 @@ use vipwatch_contract::CompactString;
 
 use super::pool::{Family, Pool, Pools, lowest};
 use super::request::{self, Families, Request};
+use crate::model::bounded::{QUOTE, bounded};
 use crate::model::{Allocation, ServiceKey, ServiceView, VipSource};
 
 /// Who uses an address.
@@ -344,7 +345,7 @@ impl Allocator {
                 .pools
                 .iter()
                 .position(|p| p.name == *name)
-                .ok_or_else(|| format!("no address pool named `{name}`"))?;
+                .ok_or_else(|| format!("no address pool named `{}`", bounded(name, QUOTE)))?;
             self.check_accepts(i, key, req)?;
             return Ok(vec![i]);
         }
@@ -437,6 +438,7 @@ impl Allocator {
             if let Some(want) = &req.pool
                 && *want != pool.name
             {
+                let want = bounded(want, QUOTE);
                 return Err(format!("{ip} is in pool `{}`, not in the requested pool `{want}`", pool.name));
             }
             if !self.available(ip, key, req) {

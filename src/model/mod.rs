@@ -6,12 +6,14 @@ pub mod backends;
 pub mod bounded;
 mod change;
 pub mod cluster;
+mod gates;
 mod notice;
 mod scope;
 mod time;
 mod view;
 
 pub use change::{Cause, ChangeKind, Decision, Observed, Recorded, Tracked, decide_apply, decide_delete};
+pub use gates::Gates;
 pub use notice::{Assignment, FINALIZER, Feedback, NOTICE_QUEUE, Notice, Reason};
 pub use scope::Scope;
 pub use time::rfc3339;

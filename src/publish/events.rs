@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::model::bounded::bound;
+use crate::model::bounded::{bound, one_line};
 use crate::model::{Notice, ServiceKey};
 
 /// The longest Event note the apiserver accepts (`events.k8s.io/v1` validation: 1 KiB).
@@ -114,7 +114,7 @@ impl Recorder {
             reason: Some(n.reason.as_str().into()),
             action: Some(n.reason.action().into()),
             // The apiserver refuses a note over 1 KiB; a reason quoting an annotation could be longer.
-            note: Some(bound(n.note.clone(), NOTE)),
+            note: Some(bound(one_line(&n.note).into_owned(), NOTE)),
             regarding: Some(regarding),
             reporting_controller: Some(CONTROLLER.into()),
             reporting_instance: Some(self.instance.clone()),

@@ -1,6 +1,6 @@
 //! Writing back to Kubernetes, gated on the appliance: adds vipwatch's finalizer before a Service's
-//! first delivery goes out, publishes `status.loadBalancer.ingress` once every subscribed endpoint
-//! acknowledged the change carrying the address, and after an acknowledged DELETED clears that status
+//! first delivery goes out, publishes `status.loadBalancer.ingress` once every appliance (an endpoint,
+//! or the hosts of a pair together) acknowledged the change carrying the address, and after an acknowledged DELETED clears that status
 //! and removes the finalizer. Also publishes Kubernetes Events. Reads its work from the store (see
 //! `migrations/0003_allocation.sql`), so nothing is lost across restarts.
 
@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::model::{Feedback, IngressView, Notice, Reason, ServiceKey};
+use crate::model::{Feedback, Gates, IngressView, Notice, Reason, ServiceKey};
 use crate::store::{Acks, CleanupWork, StatusWork, Store, StoreError};
 use kube_ops::Written;
 
@@ -62,9 +62,9 @@ pub struct Publisher {
     notices: mpsc::Sender<Notice>,
     /// Where acknowledged releases go (the recorder frees the addresses).
     feedback: mpsc::Sender<Feedback>,
-    /// Enabled endpoints that deliver per Service: only their deliveries gate a write (a full-state
+    /// The endpoints whose deliveries gate a write, by appliance ([`Config::gates`]; a full-state
     /// declaration carries the event id of the change that started it, but gates nothing).
-    webhooks: Vec<String>,
+    gates: Gates,
     write_status: bool,
     poll: Duration,
     /// Status last written per Service (until the watch shows it and the work row goes away).
@@ -103,12 +103,7 @@ impl Publisher {
             metrics,
             notices,
             feedback,
-            webhooks: config
-                .webhooks
-                .iter()
-                .filter(|w| w.enabled && !w.declares_full_state())
-                .map(|w| w.name.clone())
-                .collect(),
+            gates: config.gates(),
             write_status: config.kubernetes.write_status,
             poll: config.relay.poll_interval,
             cluster: config.cluster.name.clone(),
@@ -212,11 +207,11 @@ impl Publisher {
     }
 
     /// Frees the pool addresses withdrawn by changes (DELETED, or a MODIFIED that dropped addresses)
-    /// that every endpoint acknowledged.
+    /// that every appliance acknowledged ([`Gates`]).
     async fn releases(&mut self) -> Result<(), PublishError> {
         for r in self.store.releases().await? {
             // A withdrawing MODIFIED may be superseded: then the later delivery that replaced it counts.
-            if !self.store.event_settled(r.event_id, &self.webhooks).await? {
+            if !self.store.event_settled(r.event_id, &self.gates).await? {
                 continue;
             }
             if self.feedback.send(Feedback::Released { key: r.key, uid: r.uid, addresses: r.addresses }).await.is_err()
@@ -282,7 +277,7 @@ impl Publisher {
         Ok(full && progress)
     }
 
-    /// Writes the statuses whose change every endpoint acknowledged and that this replica has not
+    /// Writes the statuses whose change every appliance acknowledged and that this replica has not
     /// written yet. Each pass reads the next [`STATUS_WINDOW`] waiting Services (after the last one
     /// the pass before read, from the first again after the end), their acknowledgements in one
     /// read, and patches up to [`BATCH`] of them, [`CONCURRENCY`] at once. One patch at a time, after
@@ -300,7 +295,7 @@ impl Publisher {
         }
         let todo: Vec<&StatusWork> = work.iter().filter(|w| self.written.get(&w.key) != Some(&w.ingress)).collect();
         let waiting: Vec<&ServiceKey> = todo.iter().map(|w| &w.key).collect();
-        let acks = self.store.services_acks(&waiting, &self.webhooks).await?;
+        let acks = self.store.services_acks(&waiting, &self.gates).await?;
         let mut ready = Vec::new();
         for w in todo {
             let Some(acks) = acks.get(&w.key) else { continue };
@@ -354,7 +349,7 @@ impl Publisher {
 
     async fn cleanups(&mut self) -> Result<(), PublishError> {
         for c in self.store.cleanups().await? {
-            let acks = self.store.event_acks(c.event_id, &self.webhooks).await?;
+            let acks = self.store.event_acks(c.event_id, &self.gates).await?;
             self.report_failures(&c.key, &c.uid, &acks);
             if !acks.done {
                 continue;
@@ -393,7 +388,7 @@ impl Publisher {
             let written = kube_ops::remove_finalizer(&self.client, &c.key).await;
             self.metrics.kube_write("finalizer_remove", written.is_ok());
             written?;
-            info!(service = %c.key, "DELETED acknowledged by every endpoint; finalizer removed");
+            info!(service = %c.key, "DELETED acknowledged by every appliance; finalizer removed");
         }
         self.notify(&c.key, &c.uid, Reason::DeletedLoadBalancer, "Deleted load balancer".into());
         Ok(())

@@ -75,8 +75,9 @@ pub fn retry_delay(retry: &RetryConfig, attempts: u32, retry_after: Option<Durat
 /// Parses `Retry-After`: delay-seconds or an HTTP date (RFC 9110 §10.2.3). A date in the past is 0.
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // delay-seconds past u64 is still a (very long) delay, clamped like any other.
+        return Some(Duration::from_secs(value.parse::<u64>().unwrap_or(u64::MAX)));
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
@@ -133,5 +134,8 @@ mod tests {
         assert_eq!(parse_retry_after("Sun, 29 Nov 2026 12:00:30 GMT", now), Some(Duration::from_secs(30)));
         assert_eq!(parse_retry_after("Sun, 29 Nov 2026 11:00:00 GMT", now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("18446744073709551616", now), Some(Duration::from_secs(u64::MAX)));
+        assert_eq!(parse_retry_after(&"9".repeat(7000), now), Some(Duration::from_secs(u64::MAX)));
+        assert_eq!(parse_retry_after("-5", now), None);
     }
 }

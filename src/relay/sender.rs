@@ -184,7 +184,7 @@ pub(super) async fn read_response(mut response: reqwest::Response) -> AttemptRes
         Verdict::Gone
     } else {
         record.error_class = Some("http");
-        record.error = Some(match reason(&body) {
+        record.error = Some(match bounded::reason(&body) {
             Some(why) => format!("HTTP {status}: {why}"),
             None => format!("HTTP {status}"),
         });
@@ -192,27 +192,6 @@ pub(super) async fn read_response(mut response: reqwest::Response) -> AttemptRes
     };
     AttemptResult { record, verdict, body, told: None }
 }
-
-/// The receiver's own reason for refusing, from its body: the `detail` (else `title`) of an RFC
-/// 9457 problem, a JSON object's `message` or `error`, or a one-line text; bounded. It goes into the
-/// attempt's error, so the delivery log, the Service's endpoint state and the
-/// `SyncLoadBalancerFailed` Event all say why (the HAProxy agent names the Service that holds a
-/// VIP:port, for one).
-fn reason(body: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(body).ok()?.trim();
-    let why = match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(json) => ["detail", "message", "error", "title"]
-            .iter()
-            .find_map(|k| json.get(k).and_then(|v| v.as_str()).filter(|s| !s.is_empty()))?
-            .to_owned(),
-        Err(_) if !text.is_empty() && !text.contains('\n') && !text.starts_with('<') => text.to_owned(),
-        Err(_) => return None,
-    };
-    Some(bound(why, REASON))
-}
-
-/// The most of a receiver's reason kept in an attempt's error (bytes).
-const REASON: usize = 512;
 
 /// The attempt whose answer began (`status`) but whose body did not arrive whole (`e`).
 fn incomplete(status: reqwest::StatusCode, e: &reqwest::Error) -> AttemptResult {
@@ -239,7 +218,7 @@ pub fn install_crypto_provider() {
 
 /// A failed attempt of error class `class` (retried); the message is bounded.
 pub(super) fn failure(class: &'static str, error: String) -> AttemptResult {
-    let error = Some(bound(error, bounded::MESSAGE));
+    let error = Some(bound(bounded::one_line(&error).into_owned(), bounded::MESSAGE));
     let record = AttemptRecord { error_class: Some(class), error, ..AttemptRecord::default() };
     AttemptResult { record, verdict: Verdict::Retry { retry_after: None }, body: Vec::new(), told: None }
 }

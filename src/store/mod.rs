@@ -13,6 +13,7 @@
 
 mod checkpoint;
 mod circuits;
+mod cluster_name;
 mod db;
 mod deliveries;
 mod error;

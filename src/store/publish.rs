@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::db::{Dual, Row};
 use super::{Store, StoreError, now_ms};
-use crate::model::{IngressView, ServiceKey};
+use crate::model::{Gates, IngressView, ServiceKey};
 
 /// A Service whose `status.loadBalancer.ingress` must be written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +69,8 @@ pub struct Acks {
     pub done: bool,
     /// Deliveries that failed for good or whose last attempt failed: `(webhook, delivery id, error)`.
     pub failing: Vec<(String, i64, String)>,
+    /// Per gating endpoint, whether its newest delivery succeeded (what `done` is decided from).
+    seen: Vec<(String, bool)>,
 }
 
 /// For the Services in the JSON array $1 of `[namespace, name]`, each row led by its Service and
@@ -184,7 +186,7 @@ impl Store {
     pub async fn services_acks(
         &self,
         keys: &[&ServiceKey],
-        webhooks: &[String],
+        gates: &Gates,
     ) -> Result<HashMap<ServiceKey, Acks>, StoreError> {
         let mut out: HashMap<ServiceKey, Acks> = keys.iter().map(|k| ((*k).clone(), Acks::new())).collect();
         if keys.is_empty() {
@@ -198,23 +200,25 @@ impl Store {
                 let key = ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1));
                 let Some(acks) = out.get_mut(&key) else { continue };
                 let row = AckRow::read(r, 3);
-                if latest == 1 { acks.add(row, webhooks) } else { acks.add_failing(row, webhooks) }
+                if latest == 1 { acks.add(row, gates) } else { acks.add_failing(row, gates) }
             }
         }
         Ok(out)
     }
 
-    /// Whether every delivery of event `event_id` to an endpoint in `webhooks` succeeded.
-    pub async fn event_acks(&self, event_id: i64, webhooks: &[String]) -> Result<Acks, StoreError> {
-        Ok(acks(&self.read_all(self.backend.query(OF_EVENT).bind(event_id)).await?, webhooks))
+    /// Whether every appliance of `gates` acknowledged event `event_id` ([`Gates::done`]).
+    pub async fn event_acks(&self, event_id: i64, gates: &Gates) -> Result<Acks, StoreError> {
+        Ok(acks(&self.read_all(self.backend.query(OF_EVENT).bind(event_id)).await?, gates))
     }
 
-    /// Whether every endpoint in `webhooks` has what event `event_id` told it: its delivery succeeded,
-    /// or it was superseded (a MODIFIED behind a newer one, or before a DELETED/resync) and a later
-    /// delivery of the same Service succeeded. Decides when a withdrawn pool address is free.
-    pub async fn event_settled(&self, event_id: i64, webhooks: &[String]) -> Result<bool, StoreError> {
+    /// Whether every appliance of `gates` has what event `event_id` told it, from one of its
+    /// endpoints: that endpoint's delivery succeeded, or it was superseded (a MODIFIED behind a newer
+    /// one, or before a DELETED/resync) and a later delivery of the same Service succeeded. Decides
+    /// when a withdrawn pool address is free.
+    pub async fn event_settled(&self, event_id: i64, gates: &Gates) -> Result<bool, StoreError> {
         let rows = self.read_all(self.backend.query(HAS_EVENT).bind(event_id)).await?;
-        Ok(rows.iter().filter(|r| webhooks.contains(&r.get::<String, _>(0))).all(|r| r.get::<bool, _>(1)))
+        let has: Vec<(String, bool)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok(gates.done(|w| has.iter().find(|(s, _)| s == w).map(|(_, ok)| *ok)))
     }
 
     /// Every pending cleanup, oldest first.
@@ -285,10 +289,10 @@ impl Store {
 }
 
 /// Deliveries to endpoints that are no longer configured never gate anything.
-fn acks(rows: &[Row], webhooks: &[String]) -> Acks {
+fn acks(rows: &[Row], gates: &Gates) -> Acks {
     let mut out = Acks::new();
     for r in rows {
-        out.add(AckRow::read(r, 0), webhooks);
+        out.add(AckRow::read(r, 0), gates);
     }
     out
 }
@@ -318,25 +322,27 @@ impl AckRow {
 impl Acks {
     /// Nothing seen yet: done, nothing failing.
     fn new() -> Self {
-        Self { done: true, failing: Vec::new() }
+        Self { done: true, failing: Vec::new(), seen: Vec::new() }
     }
 
-    /// Takes `row` into account when its endpoint is one of `webhooks`.
-    fn add(&mut self, row: AckRow, webhooks: &[String]) {
-        if !webhooks.contains(&row.webhook) {
+    /// Takes `row` (an endpoint's newest delivery) into account when its endpoint gates, and
+    /// decides `done` again.
+    fn add(&mut self, row: AckRow, gates: &Gates) {
+        if !gates.contains(&row.webhook) {
             return;
         }
-        self.done &= row.state == "succeeded";
+        self.seen.push((row.webhook.clone(), row.state == "succeeded"));
+        self.done = gates.done(|w| self.seen.iter().find(|(s, _)| s == w).map(|(_, ok)| *ok));
         if row.state == "failed" || (row.state == "pending" && row.attempts > 0) {
             self.failing.push((row.webhook, row.id, row.error.unwrap_or_else(|| "no response".into())));
         }
     }
 
     /// Lists `row` (a pending delivery whose last attempt failed) as failing, unless it is listed
-    /// already or its endpoint is not one of `webhooks`; `done` does not change.
-    fn add_failing(&mut self, row: AckRow, webhooks: &[String]) {
+    /// already or its endpoint does not gate; `done` does not change.
+    fn add_failing(&mut self, row: AckRow, gates: &Gates) {
         let failing = (row.webhook, row.id, row.error.unwrap_or_else(|| "no response".into()));
-        if webhooks.contains(&failing.0) && !self.failing.contains(&failing) {
+        if gates.contains(&failing.0) && !self.failing.contains(&failing) {
             self.failing.push(failing);
         }
     }

@@ -81,10 +81,12 @@ pub fn judge(req: &CompiledRequest, status: u16, body: &[u8]) -> Judgement {
             found.join(", ")
         ));
     }
+    // The appliance's own reason, when its body gives one, says more than the status.
+    let why = crate::model::bounded::reason(body).map(|r| format!(": {r}")).unwrap_or_default();
     if req.permanent.contains(&status) {
-        return Judgement::Permanent(format!("HTTP {status}: permanent for this request"));
+        return Judgement::Permanent(format!("HTTP {status}: permanent for this request{why}"));
     }
-    Judgement::Retry(format!("HTTP {status}: not a success status for this request"))
+    Judgement::Retry(format!("HTTP {status}: not a success status for this request{why}"))
 }
 
 /// The `capture` values of `req` found in the JSON `body`, added to `into`. A value missing from the

@@ -238,6 +238,7 @@ pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) 
     if let Err(value) = annotated(&e.view) {
         let was = before.and_then(|t| t.view.annotations.get(MODE_ANNOTATION)).map(CompactString::as_str);
         if was != Some(value) {
+            let value = crate::model::bounded::bounded(value, crate::model::bounded::QUOTE);
             let note =
                 format!("{MODE_ANNOTATION}: `{value}` is not nodePort, pod or none; the configured mode applies");
             out.push(notice(Reason::InvalidBackendMode, note));

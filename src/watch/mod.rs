@@ -62,7 +62,7 @@ const CHANNEL_CAPACITY: usize = 512;
 /// Runs the watch until `cancel` fires: one stream task per scope plus the recorder and its writer.
 /// Each recorded event is routed to its deliveries by `outbox` in the same transaction. VIPs are
 /// allocated from `config.pools`; `feedback` brings addresses chosen by appliances and releases
-/// acknowledged by every endpoint.
+/// acknowledged by every appliance.
 /// `signals` report readiness (first full list of every scope stored) and each commit. Errors: only
 /// start-up failures ([`WatchError::Store`]), and [`WatchError::Refused`] once the writer ended the
 /// term; watch errors are logged, counted in `signals.metrics` and retried with backoff.

@@ -1,5 +1,5 @@
 //! Two or three real `vipwatch serve` processes on one PostgreSQL database, the simulated API and
-//! recording receivers (issue 14): SIGKILL, SIGSTOP and SIGTERM of the leader. Test timings: lease
+//! recording receivers: SIGKILL, SIGSTOP and SIGTERM of the leader. Test timings: lease
 //! TTL 3 s, renewed every 500 ms.
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -1,0 +1,28 @@
+//! The cluster name a delivery speaks for, across a rename.
+
+use super::db::Dual;
+use super::{Store, StoreError};
+
+/// Sets `data.cluster` to $1 in every per-Service delivery still to be sent that names another
+/// cluster (full-state rows, namespace `''`, are rendered at send time and carry no payload of this
+/// shape).
+const CARRY: Dual = Dual {
+    lite: "UPDATE deliveries SET payload = json_set(payload, '$.data.cluster', $1) \
+           WHERE state = 'pending' AND namespace <> '' AND json_extract(payload, '$.data.cluster') IS NOT $1",
+    pg: "UPDATE deliveries SET payload = jsonb_set(payload::jsonb, '{data,cluster}', to_jsonb($1::text))::text \
+         WHERE state = 'pending' AND namespace <> '' AND (payload::jsonb #>> '{data,cluster}') IS DISTINCT FROM $1",
+};
+
+impl Store {
+    /// Makes `name` the cluster of every delivery still to be sent, and returns how many named
+    /// another one (made before `cluster.name` changed, or before deliveries named a cluster at all).
+    /// A delivery keeps the body it was made with; under the old name an appliance keyed by cluster
+    /// would file it with another cluster's Services (the HAProxy agent refuses it with a 409 while
+    /// another vipwatch holds that name, and lets it take the name over once that one falls silent).
+    /// Each keeps its `webhook-id`, so a receiver that applied one already sees a duplicate. Run at
+    /// start, before the relay. Errors: the database failed.
+    pub async fn carry_cluster_name(&self, name: &str) -> Result<u64, StoreError> {
+        let mut conn = self.pools.write().await?;
+        self.backend.dual(&CARRY).bind(name).execute(conn.exec()).await
+    }
+}
