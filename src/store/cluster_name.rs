@@ -22,7 +22,6 @@ impl Store {
     /// Each keeps its `webhook-id`, so a receiver that applied one already sees a duplicate. Run at
     /// start, before the relay. Errors: the database failed.
     pub async fn carry_cluster_name(&self, name: &str) -> Result<u64, StoreError> {
-        let mut conn = self.pools.write().await?;
-        self.backend.dual(&CARRY).bind(name).execute(conn.exec()).await
+        self.execute(self.backend.dual(&CARRY).bind(name)).await
     }
 }
