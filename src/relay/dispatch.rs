@@ -66,7 +66,7 @@ pub(super) struct Settings {
     pub assigns: bool,
 }
 
-/// When an event happened, and what held then.
+/// When an event happened, and what was true then.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Now {
     /// Wall-clock time, Unix ms (the unit of the delivery rows).
@@ -94,8 +94,8 @@ pub(super) enum Finished {
 pub(super) enum Event {
     /// The dispatcher starts.
     Start,
-    /// The watch committed up to this event id, or the publisher let held deliveries go (the same
-    /// id again).
+    /// The watch committed up to this event id, or the publisher released deliveries that waited
+    /// for a Service's finalizer (the same id again).
     Commit(i64),
     /// No more commits will be signalled.
     CommitsClosed,

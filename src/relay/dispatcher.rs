@@ -98,7 +98,7 @@ async fn answered(standing: &mut Option<StandingClaim>) -> Event {
     Event::Answered(heads)
 }
 
-/// The shell's own state: what the machine asked it to hold.
+/// The shell's own state: what the machine asked it to keep.
 struct Shell {
     in_flight: InFlight,
     standing: Option<StandingClaim>,

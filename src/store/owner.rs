@@ -9,7 +9,8 @@
 //! - **Offer** a standing claim ([`Store::offer_claim`]): claim up to N heads after the inserts of the
 //!   next transaction that records a chunk of the watch, so the deliveries of a commit come back with
 //!   the commit itself. It never starts a transaction by itself; [`StandingClaim::hurry`] makes it run
-//!   in the next one, with a new limit, and [`StandingClaim::withdraw`] takes it back.
+//!   in the next one, with a new limit, [`StandingClaim::amend`] only changes the limit, and
+//!   [`StandingClaim::withdraw`] takes it back.
 //! - **Expect** a Record ([`Store::expect_record`]): the watch's writer holds changes it will record by
 //!   a due time (its group-commit interval, see [`Pacing`]).
 //! - **Write**: any other write (the publisher's rows, the API's writes, pruning, the `/readyz`
@@ -203,7 +204,7 @@ struct Round {
     reply: oneshot::Sender<Result<Heads, StoreError>>,
 }
 
-/// A standing claim held until a Record's transaction (or a hurry) runs it.
+/// A standing claim, kept until a Record's transaction (or a hurry) runs it.
 struct Offer {
     id: u64,
     claim: ClaimSpec,
@@ -498,7 +499,7 @@ impl Owner {
                     offer.claim.at = now_ms();
                 }
             }
-            // Dropping its reply answers `None`: nothing taken.
+            // Dropping its reply answers `None`: nothing claimed.
             Command::Withdraw { id } => self.offers.retain(|o| o.id != id),
             Command::Expect(expected) => self.expected = expected,
             Command::Read(work) => self.reads.push(work),
@@ -542,11 +543,11 @@ impl Owner {
         }
         self.queue = rest;
         let records = entries.iter().any(|e| matches!(e, Entry::Record { .. }));
-        let (taken, kept) = std::mem::take(&mut self.offers)
+        let (running, kept) = std::mem::take(&mut self.offers)
             .into_iter()
             .partition::<Vec<_>, _>(|o| same_fence(&o.fence, &fence) && (records || o.hurried));
         self.offers = kept;
-        entries.extend(taken.into_iter().map(|offer| Entry::Offer { offer, heads: Vec::new() }));
+        entries.extend(running.into_iter().map(|offer| Entry::Offer { offer, heads: Vec::new() }));
         entries.sort_by_key(Entry::rank);
         (fence, entries)
     }
