@@ -33,7 +33,7 @@ PLOTS = ROOT / "docs" / "benchmarks"
 SCHEMA = 1
 
 # The page's order; entries of other names follow in name order.
-ORDER = ["ingest", "relay", "api", "backends", "haproxy", "burst", "burst-sizes", "templates", "store_backends"]
+ORDER = ["ingest", "relay", "api", "backends", "haproxy", "burst", "burst-sizes", "templates", "store_backends", "failover"]
 
 # How each entry is run: the bench and, for a mode of it, the argument that selects it.
 COMMANDS = {"burst-sizes": ("burst", "--sizes")}

@@ -9,7 +9,7 @@
 //! `malloc_consolidate`, `unlink_chunk`: the 1–2 KB bodies, rows and buffers of every change are
 //! beyond its per-thread cache) took a large share of vipwatch's CPU in a burst of changes, and no
 //! glibc setting changed that (more per-thread cache, no fastbins, two arenas). mimalloc lowers the
-//! CPU per change and the latency of a burst, for a few MiB more peak RSS with the settings of
+//! CPU per change and the latency of a burst, for a little more peak RSS with the settings of
 //! [`tune_mimalloc`]. The measurements are in docs/explanation/design-decisions.md.
 
 /// Sets up both allocators. Call first thing in `main`.

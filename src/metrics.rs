@@ -63,6 +63,15 @@ pub struct WebhookLabels {
     pub webhook: String,
 }
 
+/// Labels of `vipwatch_webhook_receiver_resyncs_total`.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResyncLabels {
+    /// Endpoint name.
+    pub webhook: String,
+    /// `lost_state` or `not_caught_up`.
+    pub reason: String,
+}
+
 /// Labels of `vipwatch_webhook_circuit_transitions_total`.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CircuitLabels {
@@ -171,11 +180,13 @@ pub struct Metrics {
     pub services_in_scope: Gauge,
     /// `vipwatch_vips_in_use`: distinct VIP addresses over in-scope Services.
     pub vips_in_use: Gauge,
-    /// `vipwatch_pool_addresses_in_use{pool}`: distinct addresses of the pool held by Services.
+    /// `vipwatch_pool_addresses_in_use{pool}`: distinct addresses of the pool Services use or have
+    /// reserved.
     pub pool_in_use: Family<PoolLabels, Gauge>,
-    /// `vipwatch_pool_addresses_free{pool}`: usable addresses nobody holds (saturates at 2^63-1).
+    /// `vipwatch_pool_addresses_free{pool}`: usable addresses nobody uses or has reserved (saturates at
+    /// 2^63-1).
     pub pool_free: Family<PoolLabels, Gauge>,
-    /// `vipwatch_pool_addresses_reserved{pool}`: addresses of the pool held only for a DELETED or an
+    /// `vipwatch_pool_addresses_reserved{pool}`: addresses of the pool only reserved, for a DELETED or an
     /// address-withdrawing MODIFIED the appliance has not acknowledged yet (no other Service may take
     /// them meanwhile; part of `in_use`).
     pub pool_reserved: Family<PoolLabels, Gauge>,
@@ -227,6 +238,10 @@ pub struct Metrics {
     pub throttled_until: Family<WebhookLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// `vipwatch_webhook_throttles_total{webhook}`: answers that asked the endpoint be slowed down.
     pub throttles: Family<WebhookLabels, Counter>,
+    /// `vipwatch_webhook_receiver_resyncs_total{webhook, reason}`: full resyncs enqueued because the
+    /// endpoint said it is not caught up; `reason` `lost_state` (a new generation of its state) or
+    /// `not_caught_up` (a restart, or a resync that did not arrive).
+    pub receiver_resyncs: Family<ResyncLabels, Counter>,
     /// `vipwatch_template_removal_held{webhook}`: 1 while a full-state endpoint's removal guard holds
     /// a declaration (confirm it with `POST /api/v1/webhooks/{name}/confirm-removal`), else 0.
     pub template_held: Family<WebhookLabels, Gauge>,
@@ -294,6 +309,7 @@ impl Metrics {
             template_held: Family::default(),
             throttled_until: Family::default(),
             throttles: Family::default(),
+            receiver_resyncs: Family::default(),
         };
         let registry = &mut m.registry;
         registry.register("events", "Events recorded in the event log, by `type` (`ADDED`, `MODIFIED`, `DELETED`) and `cause` (`watch`, `relist`, `startup`, `allocation`, `appliance`, `backends`)", m.events.clone());
@@ -326,15 +342,15 @@ impl Metrics {
         registry.register("vips_in_use", "Distinct VIP addresses of in-scope Services", m.vips_in_use.clone());
         registry.register(
             "pool_addresses_in_use",
-            "Distinct addresses of the `pool` held by Services (reserved ones included)",
+            "Distinct addresses of the `pool` used by Services (reserved ones included)",
             m.pool_in_use.clone(),
         );
         registry.register(
             "pool_addresses_free",
-            "Usable addresses of the `pool` that nobody holds (saturates at 2^63-1)",
+            "Usable addresses of the `pool` that nobody uses or has reserved (saturates at 2^63-1)",
             m.pool_free.clone(),
         );
-        registry.register("pool_addresses_reserved", "Addresses of the `pool` held only for a DELETED or an address-withdrawing MODIFIED that the appliance has not acknowledged yet: no other Service may take them meanwhile (part of in use)", m.pool_reserved.clone());
+        registry.register("pool_addresses_reserved", "Addresses of the `pool` only reserved, for a DELETED or an address-withdrawing MODIFIED that the appliance has not acknowledged yet: no other Service may take them meanwhile (part of in use)", m.pool_reserved.clone());
         registry.register("kubernetes_writes", "Writes back to Kubernetes by `kind` (`status`, `finalizer_add`, `finalizer_remove`, `event`) and `outcome`: `ok`, `error`, or (Events only) `dropped`, never attempted because the Event queue was full. Every series exists at 0 from the start", m.kube_writes.clone());
         registry.register("deliveries", "Delivery attempts by `webhook` and `outcome`: `succeeded`, `retrying` (the attempt failed and will be retried), `failed` (given up)", m.deliveries.clone());
         registry.register(
@@ -376,6 +392,7 @@ impl Metrics {
             "Answers (429 or 503 with `Retry-After`) that started or extended a throttle of the `webhook`",
             m.throttles.clone(),
         );
+        registry.register("webhook_receiver_resyncs", "Full resyncs of the `webhook` enqueued because it said it is not caught up with this cluster (it answers the identity of its state with each request), by `reason`: `lost_state` (its state has a new generation: a wiped disk, a rebuilt host) or `not_caught_up` (it restarted, or an earlier resync did not arrive)", m.receiver_resyncs.clone());
         registry.register("webhook_circuit_transitions", "Circuit breaker state changes by `webhook` and the state entered, `to`: `open` (the first opening and each failed probe), `half_open` (a probe went out), `closed`", m.circuit_transitions.clone());
         registry.register("store_write_errors", "Database writes (and `/readyz` write probes) that failed with a storage fault, by `kind`: `full`, `io`, `busy`, `locked`, `readonly`, `timeout`, `fenced` (a deposed leader's write) or `other`; every retry counts again", m.store_write_errors.clone());
         registry.register(
@@ -397,6 +414,13 @@ impl Metrics {
         let labels = WebhookLabels { webhook: webhook.to_owned() };
         self.throttles.get_or_create(&labels).inc();
         self.throttled_until.get_or_create(&labels).set(until as f64 / 1000.0);
+    }
+
+    /// Counts a resync of `webhook` enqueued because it is not caught up (`lost_state`: with a new
+    /// generation of its state).
+    pub fn receiver_resync(&self, webhook: &str, lost_state: bool) {
+        let reason = if lost_state { "lost_state" } else { "not_caught_up" };
+        self.receiver_resyncs.get_or_create(&ResyncLabels { webhook: webhook.to_owned(), reason: reason.into() }).inc();
     }
 
     /// Sets `webhook`'s removal-guard gauge: 1 while a declaration is held.
@@ -526,6 +550,7 @@ impl Metrics {
         let _ = m.template_held.get_or_create(&Default::default());
         let _ = m.throttled_until.get_or_create(&Default::default());
         let _ = m.throttles.get_or_create(&Default::default());
+        let _ = m.receiver_resyncs.get_or_create(&Default::default());
         m.render()
     }
 

@@ -1,4 +1,4 @@
-//! Issue 12, item 6: an address never reaches the appliance for a second Service before the appliance
+//! An address never reaches the appliance for a second Service before the appliance
 //! acknowledged that the first one gave it up. One test per path that frees a pool address (a
 //! DELETED, a lost database with a terminating Service, a type change, a changed request), each over
 //! the fake apiserver, a real SQLite file and a real receiver that refuses the withdrawal until told.

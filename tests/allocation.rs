@@ -1,4 +1,4 @@
-//! Issue 5 end to end: pools, allocation, status write-back gated on the appliance, Kubernetes Events,
+//! Pools and VIPs end to end: pools, allocation, status write-back gated on the appliance, Kubernetes Events,
 //! the finalizer lifecycle, appliance-assigned VIPs. Real sockets throughout: the fake apiserver, a
 //! real SQLite file, real webhook receivers.
 

@@ -10,6 +10,7 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn swagger_ui_renders_the_operations_offline() {
+    let Some(_chromium) = require_tool("chromium") else { return };
     let h = Harness::new().await;
     let vw = h.start(h.config()).await;
     let profile = h.dir.path().join("chromium-profile");

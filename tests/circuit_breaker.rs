@@ -1,6 +1,8 @@
-//! The circuit breaker per webhook endpoint over real sockets: 30 Services pending
-//! against a receiver that answers 500 → the circuit opens, one probe at a time goes out on the
-//! backoff schedule, and the first answered probe closes it and lets everything go out in order.
+//! The circuit breaker per webhook endpoint over real sockets: 30 Services pending against a receiver
+//! that answers 500 → the circuit opens, one probe at a time goes out, and the first answered probe
+//! closes it and lets everything go out in order. The probes' timing (the backoff schedule) is
+//! asserted on paused time by the breaker's unit tests (`src/relay/circuit.rs`), not here on the wall
+//! clock of a loaded machine.
 
 mod common;
 
@@ -17,13 +19,10 @@ use common::*;
 use serde_json::{Value, json};
 use vipwatch::config::RetryConfig;
 use vipwatch::metrics::{CircuitLabels, WebhookLabels};
-use vipwatch::store::now_ms;
 
 /// One request as the receiver saw it.
 #[derive(Debug, Clone)]
 struct Seen {
-    /// Arrival, Unix ms (the clock vipwatch stamps `open_since` with).
-    at_ms: i64,
     /// Requests in flight at the receiver when it arrived, itself included.
     in_flight: usize,
     status: u16,
@@ -44,7 +43,7 @@ async fn failing_receiver(failures: usize) -> (String, Recorder) {
             let mut seen = rec.seen.lock().unwrap();
             let status = if seen.len() < failures { 500 } else { 204 };
             let body = serde_json::from_slice(&body).unwrap();
-            seen.push(Seen { at_ms: now_ms(), in_flight, status, body });
+            seen.push(Seen { in_flight, status, body });
             status
         };
         rec.in_flight.fetch_sub(1, Ordering::SeqCst);
@@ -60,10 +59,6 @@ async fn failing_receiver(failures: usize) -> (String, Recorder) {
 
 fn service_of(body: &Value) -> String {
     body["data"]["service"]["name"].as_str().unwrap().to_owned()
-}
-
-fn ms(rfc3339: &Value) -> i64 {
-    rfc3339.as_str().unwrap().parse::<jiff::Timestamp>().unwrap().as_millisecond()
 }
 
 #[tokio::test]
@@ -94,7 +89,7 @@ async fn an_endpoint_answering_500_gets_one_probe_at_a_time_then_everything_in_o
     })
     .await;
     assert!(open["consecutive_failures"].as_u64().unwrap() >= 5, "{open}");
-    let open_since = ms(&open["open_since"]);
+    assert!(open["open_since"].is_string(), "{open}");
     let gauge = WebhookLabels { webhook: "lab".into() };
     assert_eq!(vw.metrics.circuit_open.get(&gauge).map(|g| g.get()), Some(1));
     // While open, a change waits behind its Service's ADDED (per-Service order after recovery).
@@ -109,24 +104,19 @@ async fn an_endpoint_answering_500_gets_one_probe_at_a_time_then_everything_in_o
     let seen = rec.seen.lock().unwrap().clone();
     let first_ok = seen.iter().position(|s| s.status == 204).unwrap();
     assert_eq!(first_ok, FAILURES, "exactly the scripted failures came first");
-    // The first probe leaves at least `initial_delay` after the circuit opened; attempts started
-    // before it opened have all arrived by then.
-    let probes: Vec<&Seen> = seen[..=first_ok].iter().filter(|s| s.at_ms >= open_since + 200).collect();
-    assert!(probes.len() > FAILURES - SERVICES, "{} probes", probes.len());
-    assert!(probes.iter().all(|p| p.in_flight == 1), "one request in flight while open: {probes:?}");
-    for pair in probes.windows(2) {
-        let gap = pair[1].at_ms - pair[0].at_ms;
-        assert!(gap >= 199, "probes follow the backoff schedule (>= 200 ms apart): {gap} ms");
-    }
-    let span = probes.last().unwrap().at_ms - probes[0].at_ms;
-    assert!(probes.len() as i64 <= 1 + span / 200, "{} probes in {span} ms", probes.len());
+    // Each probe is a half-open transition. A probe leaves only when nothing is in flight (attempts
+    // started before the circuit opened have all been answered), and nothing goes out beside it: the
+    // probes are the last requests up to the first answered one.
     let half_open = CircuitLabels { webhook: "lab".into(), to: "half_open".into() };
     let transitions = |to: &str| {
         let labels = CircuitLabels { to: to.into(), ..half_open.clone() };
         vw.metrics.circuit_transitions.get(&labels).map(|c| c.get())
     };
-    let n = probes.len() as u64;
-    assert_eq!(transitions("half_open"), Some(n), "one half-open transition per probe");
+    let n = transitions("half_open").expect("the circuit went half-open");
+    let probes = &seen[first_ok + 1 - usize::try_from(n).unwrap()..=first_ok];
+    assert!(probes.len() > FAILURES - SERVICES, "{} probes", probes.len());
+    assert!(probes.iter().all(|p| p.in_flight == 1), "one request in flight while open: {probes:?}");
+    assert!(probes[..probes.len() - 1].iter().all(|p| p.status == 500), "{probes:?}");
     assert_eq!(transitions("open"), Some(n), "opened once, then again after each failed probe");
     assert_eq!(transitions("closed"), Some(1));
 

@@ -1,4 +1,4 @@
-//! Issue 12, item 4: the mass-deletion guard. One list that would delete most Services at once (a
+//! The mass-deletion guard. One list that would delete most Services at once (a
 //! relist after downtime, a namespace typo in the config) holds those deletions: no DELETED recorded
 //! or relayed, VIPs kept, an error, a metric, Kubernetes Events and `GET /api/v1/deletions/held` say
 //! so; released through the API or confirmed by a later list. Normal churn and live watch deletions

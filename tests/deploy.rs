@@ -10,6 +10,8 @@ mod deploy_files;
 mod kubelet;
 #[path = "deploy/postgres.rs"]
 mod postgres;
+#[path = "common/require.rs"]
+mod require;
 #[path = "deploy/serve.rs"]
 mod serve;
 
@@ -201,6 +203,7 @@ fn compose_with_postgres_configures_each_replica_as_the_single_one_but_for_the_d
 
 #[test]
 fn every_kubernetes_manifest_is_a_known_kind_with_only_known_fields() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let shared = [
         "Namespace/vipwatch",
         "ServiceAccount/vipwatch",
@@ -222,6 +225,7 @@ fn every_kubernetes_manifest_is_a_known_kind_with_only_known_fields() {
 
 #[test]
 fn kustomize_renders_every_manifest_file_into_the_vipwatch_namespace() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     // Every YAML file under deploy/kubernetes is a kustomization, or a resource or patch one uses.
     let root = repo(KUSTOMIZE_SQLITE);
     let mut files = BTreeSet::new();
@@ -264,6 +268,7 @@ fn kustomize_renders_every_manifest_file_into_the_vipwatch_namespace() {
 
 #[test]
 fn the_postgres_variant_keeps_the_base_identity_rbac_api_service_and_secret() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let (sqlite, postgres) = (Manifests::sqlite(), Manifests::postgres());
     let doc = |m: &Manifests, object: &str| {
         let (_, doc) = m.docs.iter().find(|(label, _)| label.ends_with(&format!(": {object}"))).unwrap();
@@ -285,6 +290,7 @@ fn the_postgres_variant_keeps_the_base_identity_rbac_api_service_and_secret() {
 
 #[test]
 fn the_deployment_serves_the_configmaps_port_and_mounts_the_claim_at_the_database_dir() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let m = Manifests::sqlite();
     let config = configmap_config(&m, &secret_env(&m, true));
     let deployment: Deployment = m.one();
@@ -309,6 +315,7 @@ fn the_deployment_serves_the_configmaps_port_and_mounts_the_claim_at_the_databas
 
 #[test]
 fn the_postgres_deployment_runs_two_replicas_rolling_one_at_a_time_without_a_volume() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let m = Manifests::postgres();
     let config = configmap_config(&m, &secret_env(&m, true));
     assert!(config.database.url.is_some(), "database.url from the Secret vipwatch-postgres");
@@ -349,6 +356,7 @@ fn the_postgres_deployment_runs_two_replicas_rolling_one_at_a_time_without_a_vol
 
 #[test]
 fn the_postgres_deployment_is_the_sqlite_one_but_for_replicas_storage_and_database() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let actual: Deployment = Manifests::postgres().one();
     let mut expected: Deployment = Manifests::sqlite().one();
     expected.spec.replicas = actual.spec.replicas;
@@ -373,6 +381,7 @@ fn the_postgres_deployment_is_the_sqlite_one_but_for_replicas_storage_and_databa
 
 #[test]
 fn each_postgres_replica_is_named_after_its_pod_and_reads_the_url_from_its_secret() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let m = Manifests::postgres();
     let deployment: Deployment = m.one();
     let container = deployment.spec.template.spec.unwrap().containers.remove(0);
@@ -394,6 +403,7 @@ fn each_postgres_replica_is_named_after_its_pod_and_reads_the_url_from_its_secre
 
 #[test]
 fn the_postgres_configmap_is_the_sqlite_one_but_for_the_database() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let effective = |m: &Manifests| {
         let dir = tempfile::tempdir().unwrap();
         let file = write_configmap_toml(m, &dir);
@@ -406,6 +416,7 @@ fn the_postgres_configmap_is_the_sqlite_one_but_for_the_database() {
 
 #[test]
 fn the_probes_are_real_api_routes_on_the_api_port() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let openapi: serde_json::Value = serde_json::from_str(&vipwatch::api::openapi::document_json()).unwrap();
     for m in Manifests::variants() {
         let deployment: Deployment = m.one();
@@ -432,6 +443,7 @@ fn the_probes_are_real_api_routes_on_the_api_port() {
 
 #[test]
 fn the_secret_holds_exactly_the_variables_the_config_reads() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     for m in Manifests::variants() {
         let secret: Secret = m.named("vipwatch");
         let keys: BTreeSet<String> = secret.string_data.clone().unwrap().into_keys().collect();
@@ -468,6 +480,7 @@ fn the_secret_holds_exactly_the_variables_the_config_reads() {
 
 #[test]
 fn the_shipped_placeholder_secret_is_refused_until_replaced() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     for m in Manifests::variants() {
         let dir = tempfile::tempdir().unwrap();
         let file = write_configmap_toml(&m, &dir);
@@ -482,6 +495,7 @@ fn the_shipped_placeholder_secret_is_refused_until_replaced() {
 
 #[test]
 fn the_pod_runs_as_the_images_user_without_privileges() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let uid = Dockerfile::read().args("USER")[0].parse::<i64>().unwrap();
     for m in Manifests::variants() {
         let deployment: Deployment = m.one();
@@ -500,6 +514,7 @@ fn the_pod_runs_as_the_images_user_without_privileges() {
 
 #[test]
 fn the_cluster_role_grants_what_vipwatch_does_and_is_bound_to_its_account() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     // The PostgreSQL variant has the same (the_postgres_variant_keeps_the_base_identity_rbac_api_service_and_secret).
     let m = Manifests::sqlite();
     let role: ClusterRole = m.one();
@@ -544,6 +559,7 @@ fn the_cluster_role_grants_what_vipwatch_does_and_is_bound_to_its_account() {
 
 #[test]
 fn the_deployment_turns_service_links_off_and_outlasts_the_shutdown_grace() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     for m in Manifests::variants() {
         let deployment: Deployment = m.one();
         let pod = deployment.spec.template.spec.unwrap();
@@ -584,6 +600,7 @@ fn every_compose_vipwatch_outlasts_the_shutdown_grace() {
 
 #[test]
 fn check_config_reads_the_same_configuration_from_what_a_kubelet_injects() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     for m in Manifests::variants() {
         let dir = tempfile::tempdir().unwrap();
         let file = write_configmap_toml(&m, &dir);
@@ -607,6 +624,7 @@ fn check_config_reads_the_same_configuration_from_what_a_kubelet_injects() {
 
 #[tokio::test]
 async fn serve_becomes_ready_on_a_read_only_root_from_what_a_kubelet_injects() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let m = Manifests::sqlite();
     let api = FakeApiServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -645,6 +663,7 @@ async fn compose_environment_is_accepted_by_check_config_and_serve() {
 
 #[tokio::test]
 async fn a_postgres_replica_becomes_ready_on_a_read_only_root_without_a_volume_from_what_a_kubelet_injects() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let Some(url) = postgres::fresh_database().await else { return };
     let m = Manifests::postgres();
     let dir = tempfile::tempdir().unwrap();
@@ -694,6 +713,7 @@ async fn a_replica_is_ready_with_only_tmp_writable(mut env: Vec<(String, String)
 
 #[tokio::test]
 async fn while_the_first_list_cannot_complete_the_probes_keep_the_pod_alive_but_unready() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let deployment: Deployment = Manifests::sqlite().one();
     let container = deployment.spec.template.spec.unwrap().containers.remove(0);
     let path = |p: Option<k8s_openapi::api::core::v1::Probe>| p.unwrap().http_get.unwrap().path.unwrap();

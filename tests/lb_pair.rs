@@ -15,361 +15,27 @@
 //! Needs root, `ip`, `keepalived`, `haproxy` and `curl` (the shipped track script's).
 
 mod common;
+#[path = "common/lb_topology.rs"]
+mod topology;
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::json;
 use tempfile::TempDir;
+use topology::{Client, Host, Net, in_namespace, other, recovery, request};
 use vipwatch::app::Running;
 use vipwatch::config::Config;
 use vipwatch::fake_apiserver::Resource;
 use vipwatch::model::backends::{MODE_ANNOTATION, ModeSetting, SERVICE_NAME_LABEL};
 use vipwatch::store::DeliveryFilter;
 
-/// The tools the pair needs, or why this run cannot build it.
-fn missing_prerequisite() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("network namespaces need root".into());
-    }
-    for tool in ["ip", "keepalived", "haproxy", "curl"] {
-        let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).output();
-        if !found.is_ok_and(|o| o.status.success()) {
-            return Some(format!("`{tool}` is not installed (`.ci/run` installs it)"));
-        }
-    }
-    None
-}
-
-/// Whether the pair can run here: under `CI` a missing prerequisite fails the test, elsewhere it is
-/// skipped with the reason printed.
+/// Whether the pair can run here: root and the programs it runs, under the suite's one policy for
+/// what is missing ([`require_tool`]: skipped locally, a failure under CI).
 fn can_run() -> bool {
-    let Some(why) = missing_prerequisite() else { return true };
-    assert!(std::env::var_os("CI").is_none(), "the load-balancer pair test cannot run: {why}");
-    eprintln!("SKIPPED: the load-balancer pair test: {why}");
-    false
-}
-
-/// Runs `ip ARGS`, failing the test with its stderr when it fails.
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("`ip` runs");
-    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-}
-
-/// The namespaces, veth pairs and bridge of one test run. Dropping it kills every process in its
-/// namespaces and removes them (and with them the veth pairs).
-struct Net {
-    /// Prefix of the namespaces' names and name of the test namespace's veth end: `vwp<pid>n<n>`
-    /// for the test process's `n`th network.
-    prefix: String,
-    /// The third octet of the network's `198.18.S.0/24` (RFC 2544 benchmarking space), from the pid
-    /// and `n`, so that two networks on one machine do not share a route.
-    subnet: u8,
-}
-
-impl Net {
-    const HOSTS: [&'static str; 3] = ["lb1", "lb2", "cl"];
-
-    fn build() -> Self {
-        static BUILT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let (pid, n) = (std::process::id(), BUILT.fetch_add(1, Ordering::Relaxed));
-        let net = Self { prefix: format!("vwp{pid}n{n}"), subnet: ((pid * 8 + n) % 250) as u8 + 1 };
-        net.remove();
-        let sw = net.ns("sw");
-        ip(&["netns", "add", &sw]);
-        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"]);
-        ip(&["-n", &sw, "link", "set", "br0", "up"]);
-        for (host, last) in Self::HOSTS.iter().zip([11, 12, 100]) {
-            let ns = net.ns(host);
-            ip(&["netns", "add", &ns]);
-            ip(&["link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", host, "netns", &sw]);
-            ip(&["-n", &sw, "link", "set", host, "master", "br0", "up"]);
-            ip(&["-n", &ns, "link", "set", "lo", "up"]);
-            ip(&["-n", &ns, "addr", "add", &format!("{}/24", net.ip(last)), "dev", "eth0"]);
-            ip(&["-n", &ns, "link", "set", "eth0", "up"]);
-        }
-        ip(&["link", "add", &net.prefix, "type", "veth", "peer", "name", "test", "netns", &sw]);
-        ip(&["-n", &sw, "link", "set", "test", "master", "br0", "up"]);
-        for last in [1, 51] {
-            ip(&["addr", "add", &format!("{}/24", net.ip(last)), "dev", &net.prefix]);
-        }
-        ip(&["link", "set", &net.prefix, "up"]);
-        net
-    }
-
-    fn ns(&self, host: &str) -> String {
-        format!("{}-{host}", self.prefix)
-    }
-
-    fn ip(&self, last: u8) -> Ipv4Addr {
-        Ipv4Addr::new(198, 18, self.subnet, last)
-    }
-
-    /// The host of the pair whose `eth0` holds `vip` right now (keepalived's MASTER).
-    fn holder(&self, vip: Ipv4Addr) -> Option<&'static str> {
-        ["lb1", "lb2"].into_iter().find(|host| {
-            let out = Command::new("ip").args(["-n", &self.ns(host), "-o", "addr", "show", "dev", "eth0"]).output();
-            out.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(" {vip}/")))
-        })
-    }
-
-    /// Takes `host`'s link to the bridge down (`up` false) or up again.
-    fn link(&self, host: &str, up: bool) {
-        ip(&["-n", &self.ns(host), "link", "set", "eth0", if up { "up" } else { "down" }]);
-    }
-
-    fn remove(&self) {
-        for host in Self::HOSTS.iter().chain(&["sw"]) {
-            let ns = self.ns(host);
-            let pids = Command::new("ip").args(["netns", "pids", &ns]).output();
-            for pid in pids.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default().lines() {
-                let _ = Command::new("kill").args(["-KILL", pid]).status();
-            }
-            let _ = Command::new("ip").args(["netns", "del", &ns]).stderr(Stdio::null()).status();
-        }
-        let _ = Command::new("ip").args(["link", "del", &self.prefix]).stderr(Stdio::null()).status();
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        self.remove();
-    }
-}
-
-/// The repository's `deploy/haproxy-agent/NAME`.
-fn shipped(name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/haproxy-agent").join(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// `keepalived.conf` as shipped, with the example VIPs replaced by `vips` and, for the second host,
-/// the priority its comment gives.
-fn keepalived_conf(vips: &[Ipv4Addr], second: bool) -> String {
-    let mut out = Vec::new();
-    let mut listed = false;
-    for line in shipped("keepalived.conf").lines() {
-        if line.trim_start().starts_with("192.0.2.") {
-            if !listed {
-                out.extend(vips.iter().map(|vip| format!("        {vip}/24 dev eth0")));
-                listed = true;
-            }
-            continue;
-        }
-        if second && line.trim_start().starts_with("priority 100") {
-            out.push(line.replacen("priority 100", "priority 90", 1));
-            continue;
-        }
-        out.push(line.to_owned());
-    }
-    assert!(listed, "the shipped keepalived.conf lists its example VIPs as 192.0.2.x lines");
-    out.join("\n") + "\n"
-}
-
-/// `vipwatch-haproxy.toml` as shipped, with the agent's directory and secret file under `dir`.
-fn agent_toml(dir: &Path) -> String {
-    let text = shipped("vipwatch-haproxy.toml");
-    let text = text.replace("/var/lib/vipwatch-haproxy", &dir.join("agent").display().to_string());
-    text.replace("/etc/vipwatch-haproxy/webhook-secret", &dir.join("webhook-secret").display().to_string())
-}
-
-/// The systemd unit's `ExecStart` and `Environment`, with the binary and configuration paths replaced.
-fn agent_command(config: &Path) -> (Vec<String>, Vec<(String, String)>) {
-    let unit = shipped("vipwatch-haproxy.service");
-    let value = |key: &str| unit.lines().filter_map(|l| l.strip_prefix(key)).map(str::to_owned).collect::<Vec<_>>();
-    let exec = value("ExecStart=").pop().expect("the unit has an ExecStart");
-    let binary = agent_binary().display().to_string();
-    let exec = exec
-        .replace("/usr/local/bin/vipwatch-haproxy", &binary)
-        .replace("/etc/vipwatch-haproxy/vipwatch-haproxy.toml", &config.display().to_string());
-    let env =
-        value("Environment=").iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect();
-    (exec.split_whitespace().map(str::to_owned).collect(), env)
-}
-
-/// The workspace's `vipwatch-haproxy` binary, beside vipwatch's (`cargo test --workspace` builds both).
-fn agent_binary() -> PathBuf {
-    let bin = Path::new(env!("CARGO_BIN_EXE_vipwatch")).with_file_name("vipwatch-haproxy");
-    assert!(bin.exists(), "{} is missing: run the tests with `cargo test --workspace`", bin.display());
-    bin
-}
-
-/// One load-balancer host: its namespace and directory, its keepalived and its agent (HAProxy is the
-/// agent's child in its own process group, as under systemd).
-struct Host {
-    name: &'static str,
-    ns: String,
-    dir: PathBuf,
-    keepalived: Option<std::process::Child>,
-    agent: Option<std::process::Child>,
-}
-
-impl Host {
-    fn new(net: &Net, root: &Path, name: &'static str, vips: &[Ipv4Addr]) -> Self {
-        let ns = net.ns(name);
-        let dir = root.join(name);
-        std::fs::create_dir_all(dir.join("agent")).unwrap();
-        std::fs::write(dir.join("webhook-secret"), receiver::SECRET).unwrap();
-        std::fs::write(dir.join("vipwatch-haproxy.toml"), agent_toml(&dir)).unwrap();
-        std::fs::write(dir.join("keepalived.conf"), keepalived_conf(vips, name == "lb2")).unwrap();
-        let sysctl = root.join("90-vipwatch-haproxy.conf");
-        std::fs::write(&sysctl, shipped("90-vipwatch-haproxy.conf")).unwrap();
-        let out = Command::new("ip").args(["netns", "exec", &ns, "sysctl", "-q", "-p"]).arg(&sysctl).output();
-        let out = out.unwrap();
-        assert!(out.status.success(), "sysctl -p in {ns}: {}", String::from_utf8_lossy(&out.stderr));
-        Self { name, ns, dir, keepalived: None, agent: None }
-    }
-
-    /// Runs `argv` in the host's namespace, its output appended to `DIR/<log>.log`.
-    fn spawn(&self, argv: &[String], env: &[(String, String)], log: &str) -> std::process::Child {
-        let file = || std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(log)).unwrap();
-        Command::new("ip")
-            .args(["netns", "exec", &self.ns])
-            .args(argv)
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(file())
-            .stderr(file())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{} in {}: {e}", argv[0], self.ns))
-    }
-
-    fn start_agent(&mut self) {
-        let (argv, env) = agent_command(&self.dir.join("vipwatch-haproxy.toml"));
-        self.agent = Some(self.spawn(&argv, &env, "agent.log"));
-    }
-
-    fn start_keepalived(&mut self) {
-        let path = |f: &str| self.dir.join(f).display().to_string();
-        let argv = vec![
-            "keepalived".to_owned(),
-            "--dont-fork".to_owned(),
-            "--log-console".to_owned(),
-            "--use-file".to_owned(),
-            path("keepalived.conf"),
-            "--pid".to_owned(),
-            path("keepalived.pid"),
-            "--vrrp_pid".to_owned(),
-            path("vrrp.pid"),
-            "--checkers_pid".to_owned(),
-            path("checkers.pid"),
-        ];
-        self.keepalived = Some(self.spawn(&argv, &[], "keepalived.log"));
-    }
-
-    /// SIGKILLs the agent (HAProxy keeps running, as `KillMode=process` leaves it).
-    fn kill_agent(&mut self) {
-        let mut agent = self.agent.take().expect("the agent runs");
-        agent.kill().unwrap();
-        agent.wait().unwrap();
-    }
-
-    /// SIGKILLs HAProxy's master and workers on this host.
-    fn kill_haproxy(&self) {
-        let pids = Command::new("ip").args(["netns", "pids", &self.ns]).output().unwrap();
-        for pid in String::from_utf8_lossy(&pids.stdout).lines() {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if comm.trim() == "haproxy" {
-                let _ = Command::new("kill").args(["-KILL", pid]).status();
-            }
-        }
-    }
-
-    /// What this host's agent answers on `GET /healthz`, from the test's namespace.
-    async fn healthz(&self, net: &Net) -> Option<u16> {
-        let host = if self.name == "lb1" { net.ip(11) } else { net.ip(12) };
-        let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build().unwrap();
-        let answer = client.get(format!("http://{host}:9080/healthz")).send().await.ok()?;
-        Some(answer.status().as_u16())
-    }
-
-    fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.join(name)).unwrap_or_default()
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        for child in [self.keepalived.as_mut(), self.agent.as_mut()].into_iter().flatten() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// What the client saw: `(when, answered)` per request, in order.
-type Seen = Arc<Mutex<Vec<(Instant, bool)>>>;
-
-/// A client in namespace `ns` asking `GET http://VIP/` over a new connection every 20 ms until
-/// dropped; an answer counts when it is a Pod's `hello from pod`.
-struct Client {
-    seen: Seen,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Client {
-    fn start(ns: &str, vip: SocketAddr) -> Self {
-        let seen = Seen::default();
-        let stop = Arc::new(AtomicBool::new(false));
-        let netns = std::fs::File::open(format!("/run/netns/{ns}")).expect("the client namespace exists");
-        let (s, st) = (seen.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            // SAFETY: setns on an open namespace file moves this thread (only) into that namespace.
-            let entered = unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(entered, 0, "setns: {}", std::io::Error::last_os_error());
-            while !st.load(Ordering::Relaxed) {
-                let answered = request(vip).is_some_and(|body| body.contains("hello from pod"));
-                s.lock().unwrap().push((Instant::now(), answered));
-                std::thread::sleep(Duration::from_millis(20)); // ok: the client's request rate
-            }
-        });
-        Self { seen, stop, thread: Some(thread) }
-    }
-
-    fn seen(&self) -> Vec<(Instant, bool)> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// One HTTP/1.0 `GET /` to `addr`, with 300 ms to connect and 1 s to answer.
-fn request(addr: SocketAddr) -> Option<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    stream.write_all(b"GET / HTTP/1.0\r\nHost: vip\r\n\r\n").ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).ok()?;
-    Some(body)
-}
-
-/// From the client's record: the first answered request after `since`, and how many failed between
-/// `since` and it.
-fn recovery(seen: &[(Instant, bool)], since: Instant) -> Option<(Duration, usize)> {
-    let after: Vec<_> = seen.iter().filter(|(at, _)| *at >= since).collect();
-    let first_failed = after.iter().position(|(_, ok)| !ok);
-    let back = match first_failed {
-        None => after.first()?,
-        Some(i) => after[i..].iter().find(|(_, ok)| *ok)?,
-    };
-    let failed = after.iter().filter(|(at, ok)| !ok && *at < back.0).count();
-    Some((back.0 - since, failed))
+    require_root().is_some() && ["ip", "keepalived", "haproxy", "curl"].iter().all(|t| require_tool(t).is_some())
 }
 
 /// The pair with vipwatch delivering to both agents.
@@ -384,18 +50,36 @@ struct Pair {
 
 impl Pair {
     async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`Pair::start`] with vipwatch's configuration changed by `change` first.
+    async fn start_with(change: impl FnOnce(&mut Config)) -> Self {
         init_logs();
+        vipwatch::relay::sender::install_crypto_provider();
         let net = Net::build();
         let root = tempfile::tempdir().unwrap();
         let vips: Vec<Ipv4Addr> = (200..204).map(|last| net.ip(last)).collect();
-        let mut hosts = vec![Host::new(&net, root.path(), "lb1", &vips), Host::new(&net, root.path(), "lb2", &vips)];
+        let mut hosts = vec![
+            Host::new(&net, root.path(), "lb1", &vips, receiver::SECRET),
+            Host::new(&net, root.path(), "lb2", &vips, receiver::SECRET),
+        ];
         for host in &mut hosts {
             host.start_agent();
             host.start_keepalived();
         }
         let pod = pod(SocketAddr::from((net.ip(51), 8080))).await;
+        for host in &hosts {
+            wait_until(&format!("{}'s agent runs HAProxy", host.name), || async {
+                let state = agent_state(&net, host.name).await?;
+                (state["haproxyUp"] == true).then_some(())
+            })
+            .await;
+        }
         let h = Harness::new().await;
-        let vw = Some(h.start(Self::config(&h, &net)).await);
+        let mut config = Self::config(&h, &net);
+        change(&mut config);
+        let vw = Some(h.start(config).await);
         Self { net, _root: root, hosts, h, vw, pod }
     }
 
@@ -476,20 +160,6 @@ impl Pair {
     }
 }
 
-/// Runs `f` on this thread inside namespace `ns` (a blocking call, from `spawn_blocking`), then
-/// returns the thread to the namespace it was in.
-fn in_namespace<T>(ns: &str, f: impl FnOnce() -> T) -> T {
-    let own = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
-    let target = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-    // SAFETY: setns on open namespace files moves only this thread; it is moved back before returning.
-    unsafe {
-        assert_eq!(libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET), 0, "setns into {ns}");
-        let out = f();
-        assert_eq!(libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET), 0, "setns back");
-        out
-    }
-}
-
 /// A Pod at `addr`: an HTTP server answering every request with `hello from pod <ip>`.
 async fn pod(addr: SocketAddr) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind(addr).await.expect("the Pod's address is free");
@@ -499,11 +169,6 @@ async fn pod(addr: SocketAddr) -> SocketAddr {
         let _ = axum::serve(listener, app).await;
     });
     addr
-}
-
-/// The other host of the pair.
-fn other(host: &str) -> &'static str {
-    if host == "lb1" { "lb2" } else { "lb1" }
 }
 
 /// Waits until the client's record shows it answered again after `lost` (and the VIP is on a host);
@@ -548,7 +213,8 @@ async fn losing_the_active_host_moves_every_vip_to_the_standby_which_serves_ever
     // HAProxy is SIGKILLed on the host now active: its agent starts it again.
     let active = standby;
     let lost = Instant::now();
-    pair.host(active).kill_haproxy();
+    let killed = pair.host(active).kill_haproxy();
+    assert!(killed >= 2, "HAProxy's master and a worker killed on {active}: {killed}");
     let (back, failed) = recovered(&client, lost).await;
     let holder_now = pair.wait_serving(web).await;
     eprintln!("HAProxy killed on {active}: answered from {holder_now} after {back:?}, {failed} failed requests");
@@ -585,5 +251,146 @@ async fn a_pair_is_one_appliance_a_new_service_gets_its_status_while_one_host_is
     let filter = DeliveryFilter { name: Some("api".into()), webhook: Some(standby.into()), ..Default::default() };
     let to_standby = store.deliveries(&filter).await.unwrap();
     assert_eq!(to_standby.iter().map(|d| d.state.as_str()).collect::<Vec<_>>(), ["pending"], "{to_standby:?}");
+    pair.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_split_brain_puts_the_vips_on_both_hosts_and_one_keeps_them_once_they_see_each_other_again() {
+    if !can_run() {
+        return;
+    }
+    let pair = Pair::start().await;
+    let web = pair.service("web").await;
+    let active = pair.wait_serving(web).await;
+    let client = Client::start(&pair.net.ns("cl"), (web, 80).into());
+    wait_until("the client's first answer", || async { client.seen().iter().any(|(_, ok)| *ok).then_some(()) }).await;
+
+    // The hosts stop hearing each other's adverts: the standby takes the VIPs too.
+    let split = Instant::now();
+    pair.net.split(true);
+    wait_until("both hosts hold the VIP", || async { (pair.net.holders(web).len() == 2).then_some(()) }).await;
+    let both = Instant::now();
+    wait_until("an answer while both hold it", || async {
+        client.seen().iter().any(|(at, ok)| *ok && *at > both + Duration::from_secs(1)).then_some(())
+    })
+    .await;
+    let failed_split = client.seen().iter().filter(|(at, ok)| !ok && *at >= split).count();
+
+    // They hear each other again: the higher priority keeps the VIPs, the other lets them go.
+    let healed = Instant::now();
+    pair.net.split(false);
+    wait_until("one host holds the VIP again", || async { (pair.net.holders(web).len() == 1).then_some(()) }).await;
+    let (back, failed_heal) = recovered(&client, healed).await;
+    let holder = pair.wait_serving(web).await;
+    eprintln!(
+        "split brain: both hosts held {web} {:?} after the split, {failed_split} failed requests while split; \
+         healed: {holder} holds it (was {active}), answered after {back:?}, {failed_heal} failed",
+        both - split
+    );
+    assert_eq!(pair.net.holders(web), [holder]);
+    drop(client);
+    pair.stop().await;
+}
+
+/// What `host`'s agent answers on `GET /state`, from the test's namespace.
+async fn agent_state(net: &Net, host: &str) -> Option<serde_json::Value> {
+    let ip = if host == "lb1" { net.ip(11) } else { net.ip(12) };
+    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build().unwrap();
+    client.get(format!("http://{ip}:9080/state")).send().await.ok()?.json().await.ok()
+}
+
+/// The `eval/…` Services in an agent's `/state`, sorted.
+fn services_in(state: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = state["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["service"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_back_from_an_outage_catches_up_by_itself_before_it_can_take_the_vips() {
+    if !can_run() {
+        return;
+    }
+    // Production-like backoff: one failed attempt opens the circuit, whose next probe is 30-60 s
+    // away, longer than the test waits; vipwatch must notice the host coming back by itself.
+    let pair = Pair::start_with(|config| {
+        config.relay.lease = Duration::from_secs(30);
+        for w in &mut config.webhooks {
+            w.circuit_failures = Some(1);
+            w.timeout = Duration::from_secs(10); // the agent's answer_timeout is 8 s
+            w.retry.initial_delay = Duration::from_secs(30);
+            w.retry.max_delay = Duration::from_secs(60);
+        }
+    });
+    let mut pair = pair.await;
+    let web = pair.service("web").await;
+    let active = pair.wait_serving(web).await;
+    let standby = other(active);
+
+    // The standby host goes down whole: keepalived, the agent and HAProxy gone, its link down.
+    pair.host(standby).power_off();
+    pair.net.link(standby, false);
+    let api = pair.service("api").await;
+    assert_eq!(pair.wait_serving(api).await, active, "the active host serves what was created meanwhile");
+
+    // It comes back: nobody runs a resync.
+    pair.net.link(standby, true);
+    let back = Instant::now();
+    pair.host(standby).start_agent();
+    pair.host(standby).start_keepalived();
+    let restarted = pair.hosts.iter().find(|h| h.name == standby).unwrap().log("keepalived.log").lines().count();
+    let (not_caught_up, held_vip_early) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let caught_up = wait_until(&format!("{standby} caught up"), || async {
+        let healthz = pair.hosts.iter().find(|h| h.name == standby).unwrap().healthz(&pair.net).await;
+        if healthz == Some(200) {
+            return Some(back.elapsed());
+        }
+        not_caught_up.fetch_add(usize::from(healthz == Some(503)), Ordering::Relaxed);
+        held_vip_early.fetch_or(pair.net.holders(web).contains(&standby), Ordering::Relaxed);
+        None
+    })
+    .await;
+    let (not_caught_up, held_vip_early) = (not_caught_up.into_inner(), held_vip_early.into_inner());
+    assert!(!held_vip_early, "{standby} held a VIP before it was caught up");
+    let state = agent_state(&pair.net, standby).await.unwrap();
+    assert_eq!(services_in(&state), ["eval/api", "eval/web"], "{state}");
+    let metrics = reqwest::get(format!("http://{}/metrics", pair.vw.as_ref().unwrap().addr)).await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    let series = format!("vipwatch_webhook_receiver_resyncs_total{{webhook=\"{standby}\",reason=\"not_caught_up\"}} ");
+    let resyncs = metrics.lines().find_map(|l| l.strip_prefix(&series)).and_then(|n| n.parse::<f64>().ok());
+    assert!(resyncs.is_some_and(|n| n >= 1.0), "no resync counted for {standby}:\n{metrics}");
+    eprintln!("{standby} back: caught up {caught_up:?} after its agent started ({not_caught_up} answers of 503 seen)");
+
+    // Once it is BACKUP again, the active host is lost: the new Service answers from it at once.
+    wait_until(&format!("{standby}'s keepalived in BACKUP"), || async {
+        let log = pair.hosts.iter().find(|h| h.name == standby).unwrap().log("keepalived.log");
+        let last = log
+            .lines()
+            .skip(restarted)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .find(|l| l.contains("Entering") && l.contains("STATE"))
+            .map(str::to_owned);
+        last.filter(|l| l.contains("BACKUP")).map(drop)
+    })
+    .await;
+    let client = Client::start(&pair.net.ns("cl"), (api, 80).into());
+    wait_until("the client's first answer", || async { client.seen().iter().any(|(_, ok)| *ok).then_some(()) }).await;
+    let lost = Instant::now();
+    pair.host(active).kill_agent();
+    pair.wait_holder(api, standby).await;
+    let (answered, failed) = recovered(&client, lost).await;
+    eprintln!(
+        "then {active}'s agent killed: {api} answered from {standby} after {answered:?}, {failed} failed requests"
+    );
+    assert_eq!(pair.wait_serving(api).await, standby);
+    assert_eq!(pair.wait_serving(web).await, standby);
+    drop(client);
     pair.stop().await;
 }

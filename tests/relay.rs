@@ -130,9 +130,10 @@ async fn retry_after_is_honoured() {
     h.api.apply(lb_service("shop", "web", 80));
     wait_accepted(&rx, 1).await;
     let hits = rx.hits();
+    // Never sooner than asked (a slow machine only makes the gap longer); the exact schedule, within
+    // `max_delay`, is the policy's unit test (`src/relay/policy.rs`).
     let gap = hits[1].at - hits[0].at;
     assert!(gap >= Duration::from_millis(1900), "second attempt {gap:?} after a 429 with Retry-After: 2");
-    assert!(gap < Duration::from_secs(5), "{gap:?}");
     vw.stop().await.unwrap();
 }
 
@@ -604,8 +605,8 @@ async fn an_endpoint_with_its_own_concurrency_has_no_more_deliveries_in_flight()
 /// change in place, keeping its place in line: while the endpoint is disabled (one slot), `web`
 /// changes, `db` is created, `web` changes again; the one `MODIFIED` row now carries the newer event
 /// (same id and due time, the newer one's `webhook-id`), and once enabled `web`'s newest change goes out before `db`'s
-/// ADDED and its older change not at all (a stale head must not wait for its turn, be sent,
-/// and send the newer change to the back of the line).
+/// ADDED and its older change not at all (a stale head that waited for its turn and was sent would
+/// send the newer change to the back of the line).
 #[tokio::test]
 async fn an_untouched_modified_head_collapses_into_a_newer_one_that_keeps_its_place_in_line() {
     let h = Harness::new().await;

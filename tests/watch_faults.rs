@@ -207,6 +207,7 @@ impl KubectlProxy {
 
 #[tokio::test]
 async fn create_modify_delete_through_kubectl_proxy() {
+    let Some(_kubectl) = require_tool("kubectl") else { return };
     let h = Harness::new().await;
     let mut proxy = KubectlProxy::start(&h.api.url()).await;
     let vw = h.start(h.config_for(&proxy.url)).await;

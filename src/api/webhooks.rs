@@ -39,6 +39,10 @@ pub struct WebhookDto {
     pub secret: String,
     /// Extra header names, each value `<redacted>`.
     pub headers: BTreeMap<String, String>,
+    /// The appliance this endpoint is one host of (`appliance` in its config; `null`: an appliance of
+    /// its own). Its hosts each get every delivery; `pending` and `oldest_pending_age_seconds` say
+    /// which host is behind and by how much.
+    pub appliance: Option<String>,
     /// Whether deliveries are sent: enabled in the config and not disabled by a 410.
     pub enabled: bool,
     /// Why not: `config` (`enabled = false`) or the reason recorded on a 410; `null` when enabled.
@@ -124,6 +128,7 @@ async fn health(state: &ApiState, w: &WebhookConfig) -> Result<WebhookDto, ApiEr
         label_selector: w.label_selector.clone(),
         secret: REDACTED.to_owned(),
         headers: w.headers.keys().map(|k| (k.clone(), REDACTED.to_owned())).collect(),
+        appliance: w.appliance.clone(),
         enabled: w.enabled && disabled.is_none(),
         disabled_reason: if w.enabled {
             disabled.as_ref().and_then(|s| s.disabled_reason.clone())

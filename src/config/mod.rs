@@ -161,8 +161,8 @@ pub struct KubernetesConfig {
     /// never ours. Set `false` on a cluster where MetalLB or a cloud controller serves classless Services, and give
     /// vipwatch's Services the class `load_balancer_class`.
     pub manage_classless: bool,
-    /// Server-side watch timeout (`timeoutSeconds`). A watch whose response head or next byte does not come within
-    /// 5 s longer is dropped as stalled (logged, `vipwatch_watch_errors_total{kind="stalled"}`) and resumed from
+    /// Server-side watch timeout (`timeoutSeconds`). A watch whose response head or next event (or BOOKMARK) does not
+    /// come within 5 s longer is dropped as stalled (logged, `vipwatch_watch_errors_total{kind="stalled"}`) and resumed from
     /// the last `resourceVersion`. vipwatch asks for BOOKMARKs, so a healthy stream is never that quiet.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String", extend("x-humantime" = true))]
@@ -172,8 +172,8 @@ pub struct KubernetesConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String", extend("x-humantime" = true))]
     pub relist_interval: Duration,
-    /// Longest wait for a list response: for its head, between two of its chunks, and for the whole body. Past it
-    /// the list is dropped as stalled and retried with backoff. At least `1s`.
+    /// Longest wait for a list response, its head and its whole body, counted from the request. Past it the list is
+    /// dropped as stalled and retried with backoff. At least `1s`.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String", extend("x-humantime" = true))]
     pub list_timeout: Duration,

@@ -101,14 +101,14 @@ impl Allocator {
         self.pools.iter().any(|p| p.contains(ip))
     }
 
-    /// Whether `key` holds any address.
-    pub fn holds(&self, key: &ServiceKey) -> bool {
+    /// Whether `key` uses any address (reserved ones not counted).
+    pub fn uses_addresses(&self, key: &ServiceKey) -> bool {
         self.by_service.contains_key(key)
     }
 
-    /// Records what `view.allocation` says `key` holds (from the database, or after an event), replacing
-    /// what it held before. Appliance-assigned or pending allocations hold nothing.
-    pub fn hold(&mut self, key: &ServiceKey, view: &ServiceView) {
+    /// Records that `key` uses what `view.allocation` says (from the database, or after an event),
+    /// instead of what it used before. Appliance-assigned or pending allocations use no pool address.
+    pub fn use_addresses(&mut self, key: &ServiceKey, view: &ServiceView) {
         self.release(key);
         let Some(a) = view.allocation.as_ref().filter(|a| a.source == VipSource::Pool) else { return };
         let ips: Vec<IpAddr> = a.addresses.iter().filter_map(|s| s.parse().ok()).collect();
@@ -757,7 +757,7 @@ mod tests {
             Box::new(|al| drop(al.assign(&key("w"), &want("192.0.2.5"), &[]))),
             Box::new(|al| _ = al.finish_drain(&key("s1"), "uid-s1", &[ip("192.0.2.0")])),
             Box::new(|al| _ = al.finish_drain(&key("s1"), "uid-s1", &[ip("192.0.2.0")])),
-            Box::new(|al| al.hold(&key("h"), &al_view("192.0.2.4"))),
+            Box::new(|al| al.use_addresses(&key("h"), &al_view("192.0.2.4"))),
             Box::new(|al| _ = al.finish_drain(&key("w"), "uid-w", &[ip("192.0.2.3")])),
             Box::new(|al| _ = al.finish_drain(&key("s2"), "uid-s2", &[ip("192.0.2.0")])),
             Box::new(|al| al.release(&key("p"))),

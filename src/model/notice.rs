@@ -9,7 +9,7 @@ pub const FINALIZER: &str = "vipwatch.io/cleanup";
 
 /// Capacity of the queue of Kubernetes Events waiting to be published (notices): a writer that finds
 /// it full drops the Event and says so, so a batch never holds more than this many either (see
-/// `watch::writer::Plan::note`). client-go's event broadcasters queue at most 1,000 too
+/// `watch::recorder::Notices::note`). client-go's event broadcasters queue at most 1,000 too
 /// (`maxQueuedEvents`, tools/record and tools/events) and drop the rest. A larger queue would let a
 /// first list of many Services without members publish thousands of Warnings, one request each,
 /// while the same Services' first deliveries and finalizer patches go out.

@@ -36,8 +36,9 @@ const STATUS_WINDOW: i64 = 2048;
 const CONCURRENCY: usize = 32;
 
 /// Least time from the end of one pass to the start of the next when woken by `committed` or `acked`. Every commit and
-/// every acknowledged batch wakes the publisher; at 500 changes/s unspaced passes ran ~460 times a
-/// second (four queries each) for nothing. A single change still gets its pass at once.
+/// every acknowledged batch wakes the publisher: under a steady stream of changes, unspaced passes would follow
+/// each other back to back (four queries each) and nearly all of them find nothing new. A single change still gets
+/// its pass at once (see docs/explanation/design-decisions.md, "Publisher passes at least 25 ms apart").
 const PASS_SPACING: Duration = Duration::from_millis(25);
 
 /// Errors of one pass (logged; the pass is retried).

@@ -106,6 +106,17 @@ impl Circuit {
         Some(until)
     }
 
+    /// The endpoint answered at `now` (Unix ms) outside the deliveries (a probe of
+    /// [`super::catch_up`]): while open, the next probe may go now instead of at the next backoff
+    /// step, so a receiver that comes back is noticed at once. Returns whether that changed anything.
+    pub fn reachable(&mut self, now: i64) -> bool {
+        let later = self.view.next_probe_at.is_some_and(|at| at > now);
+        if self.view.state == CircuitState::Open && later {
+            self.view.next_probe_at = Some(now);
+        }
+        self.view.state == CircuitState::Open && later
+    }
+
     /// A probe was started (call after claiming while open).
     pub fn probe_started(&mut self) -> Option<Transition> {
         (self.view.state == CircuitState::Open).then(|| {
@@ -200,6 +211,53 @@ mod tests {
         assert_eq!(c.view().open_since, Some(1000), "open since the first opening");
     }
 
+    /// The schedule tests/circuit_breaker.rs drives over real sockets, on tokio's paused clock: 30
+    /// attempts fail at once (threshold 5), then a dispatcher that sleeps until [`Circuit::wake_at`]
+    /// sends one probe at a time, each answered 500 after 30 ms, until the seventh is answered 204.
+    #[tokio::test(start_paused = true)]
+    async fn while_open_one_probe_at_a_time_goes_out_on_the_backoff_schedule_until_one_is_answered() {
+        const EPOCH_MS: i64 = 1_000_000;
+        let start = tokio::time::Instant::now();
+        let now = || EPOCH_MS + millis(start.elapsed());
+        let at = |ms: i64| start + Duration::from_millis(u64::try_from(ms - EPOCH_MS).unwrap());
+        let mut c = Circuit::new(5, retry());
+        let mut transitions = Vec::new();
+        for _ in 0..30 {
+            transitions.extend(c.record(true, None, now()));
+        }
+        assert_eq!(transitions, [Transition::Opened], "the fifth failure opens it; the others change nothing");
+        let opened = now();
+
+        let mut probes = Vec::new();
+        for failed in [true, true, true, true, true, true, false] {
+            let due = c.wake_at().expect("an open circuit says when to look again");
+            assert_eq!(c.allowance(due - 1, 0, 8), 0, "nothing before the probe is due");
+            tokio::time::sleep_until(at(due)).await;
+            assert_eq!(c.allowance(now(), 0, 8), 1, "one probe once due");
+            transitions.extend(c.probe_started());
+            assert_eq!(c.allowance(now(), 1, 8), 0, "nothing else while the probe is out");
+            assert_eq!(c.wake_at(), None, "half-open: the probe's answer wakes the dispatcher");
+            probes.push(now());
+            tokio::time::sleep(Duration::from_millis(30)).await; // ok: the probe's round trip, on paused time
+            transitions.extend(c.record(failed, None, now()));
+        }
+
+        let first = probes[0] - opened;
+        assert!((200..=400).contains(&first), "the first probe 200..400 ms after opening: {first} ms");
+        let gaps: Vec<i64> = probes.windows(2).map(|p| p[1] - p[0]).collect();
+        assert_eq!(gaps, [430; 6], "each later step 400 ms (200 doubled, capped) after the 30 ms failure");
+        let count = |t: Transition| transitions.iter().filter(|&&x| x == t).count();
+        assert_eq!(count(Transition::Probing), probes.len(), "one half-open transition per probe");
+        assert_eq!(
+            count(Transition::Opened) + count(Transition::Reopened),
+            probes.len(),
+            "opened, then once per failed probe"
+        );
+        assert_eq!((count(Transition::Closed), transitions.last()), (1, Some(&Transition::Closed)));
+        assert_eq!(c.view(), CircuitView::default());
+        assert_eq!(c.allowance(now(), 0, 8), 8, "closed: every slot");
+    }
+
     #[test]
     fn retry_after_lengthens_the_step_within_max_delay_and_an_answer_closes_it() {
         let mut c = Circuit::new(1, retry());
@@ -256,5 +314,19 @@ mod tests {
                 .map(|s| endpoint_down(&answered(s)))
                 .collect();
         assert_eq!(down, [true, true, true, true, true, true, false, false, false, false]);
+    }
+
+    #[test]
+    fn an_answer_outside_the_deliveries_brings_the_next_probe_forward_only_while_open() {
+        let mut c = Circuit::new(1, retry());
+        assert!(!c.reachable(0), "closed: nothing to bring forward");
+        assert_eq!(c.record(true, None, 0), Some(Transition::Opened));
+        let due = c.view().next_probe_at.unwrap();
+        assert!(due > 100);
+        assert!(c.reachable(100));
+        assert_eq!(c.view().next_probe_at, Some(100));
+        assert!(!c.reachable(100), "already due");
+        c.probe_started();
+        assert!(!c.reachable(150), "half open: the probe is out");
     }
 }

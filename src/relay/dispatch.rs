@@ -24,6 +24,11 @@
 //!   recording it failed.
 //! - **The circuit** ([`super::circuit`]) decides how many attempts may start: while open, one probe
 //!   at a time; the probe that closes it makes every waiting delivery due ([`Action::CatchUp`]).
+//!   When the endpoint answers a catch-up probe ([`super::catch_up`]) while the circuit is open,
+//!   the next probe goes at once rather than at the next backoff step ([`Event::Reachable`]): the
+//!   waiting deliveries are made due so that there is one to probe with. An answer that brings
+//!   nothing forward (the circuit closed, half-open or its probe due already) changes nothing, not
+//!   even the timer.
 //! - **The leader's term.** No attempt starts once [`Now::leading`] is false (the heads stay leased
 //!   and are claimed again once the lease ends); an attempt still running then is abandoned by the
 //!   shell ([`Finished::Abandoned`]) and not recorded.
@@ -117,6 +122,9 @@ pub(super) enum Event {
     Disabled(bool),
     /// [`Action::CatchUp`] is done.
     CaughtUp,
+    /// The endpoint answered a catch-up probe ([`super::catch_up`]): while the circuit is open, its
+    /// next probe may go now ([`super::circuit::Circuit::reachable`]).
+    Reachable,
     /// The timer ([`Action::SleepUntil`]) fired.
     Timer,
     /// Stop (shutdown, or the end of the leader's term).
@@ -161,7 +169,8 @@ pub(super) enum Action {
     Assign(Claimed, Vec<u8>),
     /// Tell the publisher that attempts succeeded.
     Acked,
-    /// Make every waiting delivery due at `now` (Unix ms): answer [`Event::CaughtUp`].
+    /// Make every waiting delivery due at `now` (Unix ms): answer [`Event::CaughtUp`]. After a probe
+    /// closed the circuit, or an answer to a catch-up probe brought the next probe forward.
     CatchUp { now: i64 },
     /// Abandon every attempt in flight (the shutdown grace is over).
     Abort,
@@ -275,6 +284,9 @@ pub(super) struct Dispatch {
     disabled: Option<bool>,
     /// A 410 disabled the endpoint during the last round: read it again.
     disabled_now: bool,
+    /// An answer to a catch-up probe brought the circuit's next probe forward: make the waiting
+    /// deliveries due ([`Action::CatchUp`]) before anything else.
+    reached: bool,
     /// Attempts started and not finished.
     in_flight: usize,
     /// Attempts finished and not in a round yet, and when they go even if others are still in flight.
@@ -324,6 +336,7 @@ impl Dispatch {
             failing: false,
             disabled: None,
             disabled_now: false,
+            reached: false,
             in_flight: 0,
             finished: Vec::new(),
             round_due: None,
@@ -352,6 +365,11 @@ impl Dispatch {
     /// Takes `event`, at `now`; returns what to do, in order.
     pub fn on(&mut self, event: Event, now: Now) -> Vec<Action> {
         let mut out = Vec::new();
+        if matches!(event, Event::Reachable) && (self.stopping.is_some() || !self.circuit.reachable(now.ms)) {
+            // Nothing brought forward (it answers every catch-up probe, open circuit or not): no
+            // store read, no new timer.
+            return out;
+        }
         if !matches!(event, Event::NextDue(_)) {
             self.nap = None;
         }
@@ -432,6 +450,12 @@ impl Dispatch {
                 self.op = None;
                 self.want_claim = true;
             }
+            Event::Reachable => {
+                let (name, url) = (&self.settings.name, &self.settings.url);
+                info!(webhook = %name, url = %url, "the endpoint answers again: probing it now, not at the next backoff step");
+                out.push(Action::Publish(self.circuit.view(), None));
+                self.reached = true;
+            }
             Event::Timer => {
                 self.timer = None;
                 self.want_claim = true;
@@ -461,6 +485,11 @@ impl Dispatch {
         }
         if let Some(stopping) = self.stopping {
             return self.stop(stopping, now, out);
+        }
+        if std::mem::take(&mut self.reached) {
+            self.op = Some(Op::CatchUp);
+            out.push(Action::CatchUp { now: now.ms });
+            return;
         }
         let waiting = self.backoff.waiting(now.at);
         // Outcomes the database refused go first, before any claim.
@@ -1072,6 +1101,46 @@ mod tests {
         assert_eq!(finished, ["Observe 2", "Publish closed Some(Closed)", "Round [2:ok] claim 4"]);
         let rounded = on(&mut m, &clock, Event::Rounded(Ok(heads(vec![head(3, &clock)], None))));
         assert_eq!(rounded, ["Acked", "Publish closed None", "Send [3]", "CatchUp"]);
+    }
+
+    /// An answer to a catch-up probe while the circuit is open brings its next probe forward: the
+    /// waiting deliveries are made due and one is claimed as the probe at once, not at the next
+    /// backoff step. An answer while the circuit is closed, or while the probe is out, changes
+    /// nothing (no store read, no timer).
+    #[test]
+    fn an_answer_to_a_catch_up_probe_while_the_circuit_is_open_probes_at_once() {
+        let (mut m, mut clock) = machine(4, 1);
+        idle(&mut m, &mut clock, 4);
+        assert_eq!(on(&mut m, &clock, Event::Reachable), Vec::<String>::new(), "closed: nothing to bring forward");
+
+        let answered = Event::Answered(Some(heads(vec![head(1, &clock)], Some(10))));
+        on(&mut m, &clock, answered);
+        clock.advance(INTERVAL);
+        assert_eq!(on(&mut m, &clock, Event::Finished(vec![Finished::Done(head(1, &clock), refused())])), ["Withdraw"]);
+        let opened_at = clock.now().ms;
+        let opened = on(&mut m, &clock, Event::Withdrawn(None));
+        assert_eq!(opened, ["Observe 1", "Publish open Some(Opened)", "Failing", "Round [1:retry] claim 0"]);
+        assert_eq!(on(&mut m, &clock, Event::Rounded(Ok(Heads::default()))), ["SleepUntil 45ms"]);
+        clock.advance(INTERVAL);
+        let probe_at = m.circuit.view().next_probe_at.expect("open: a probe is scheduled");
+        assert!(probe_at - opened_at >= 1_000, "the first backoff step, 1 s or more: {}", probe_at - opened_at);
+        let wait = Duration::from_millis(u64::try_from(probe_at - clock.now().ms).unwrap()).min(POLL);
+        let sleep = format!("SleepUntil {}ms", (clock.now().at + wait - clock.start).as_millis());
+        assert_eq!(on(&mut m, &clock, Event::Timer), [sleep], "until the probe (at most the poll), no claim");
+
+        clock.advance(Duration::from_millis(55));
+        let now_ms = clock.now().ms;
+        assert_eq!(on(&mut m, &clock, Event::Reachable), ["Publish open None", "CatchUp"]);
+        assert_eq!(m.circuit.view().next_probe_at, Some(now_ms), "the probe is due now");
+        assert_eq!(on(&mut m, &clock, Event::CaughtUp), ["Claim 1"], "one probe, at once");
+        let probe = head(2, &clock);
+        let sent = on(&mut m, &clock, Event::Claimed(Ok(vec![probe.clone()])));
+        assert_eq!(sent[..2], ["Publish half_open Some(Probing)", "Send [2]"]);
+        assert_eq!(on(&mut m, &clock, Event::Reachable), Vec::<String>::new(), "half-open: the probe is out");
+
+        clock.advance(Duration::from_millis(20));
+        let finished = on(&mut m, &clock, Event::Finished(vec![Finished::Done(probe, delivered())]));
+        assert_eq!(finished, ["Observe 2", "Publish closed Some(Closed)", "Round [2:ok] claim 4"]);
     }
 
     /// Once this replica's term is over no attempt starts (the heads stay leased until the next

@@ -5,8 +5,8 @@
 //!
 //! What to do next is decided by a state machine without IO ([`super::dispatch`]); this is its
 //! shell: it turns the machine's actions into store calls, attempts, logs and metrics, and what
-//! happens (a commit, attempts finishing, a standing claim's answer, the timer, the stop) into the
-//! machine's events, one at a time.
+//! happens (a commit, attempts finishing, a standing claim's answer, an answer to a catch-up probe,
+//! the timer, the stop) into the machine's events, one at a time.
 //!
 //! When the database cannot be written (disk full, locked), the dispatcher backs off
 //! ([`Store::write_backoff`]) instead of claiming again at once, and keeps the outcomes it could not
@@ -54,6 +54,22 @@ pub(super) struct Dispatcher {
     /// Until when this replica leads: no attempt starts after it, and one still running then is
     /// abandoned (its lease runs out; the next leader sends it again under the same `webhook-id`).
     pub leading_until: crate::leader::Trust,
+    /// Pulsed when the endpoint answered a probe of [`super::catch_up`]: while the circuit is open,
+    /// the next probe goes at once ([`Event::Reachable`]). `None` for a templated endpoint (not
+    /// probed).
+    pub reachable: Option<watch::Receiver<u64>>,
+}
+
+/// The next pulse of `reachable`; never without one, nor once its sender is gone (then it is
+/// dropped).
+async fn reached(reachable: &mut Option<watch::Receiver<u64>>) {
+    if let Some(rx) = reachable.as_mut() {
+        if rx.changed().await.is_ok() {
+            return;
+        }
+        *reachable = None;
+    }
+    std::future::pending().await
 }
 
 /// Attempts in flight; one abandoned when this replica stopped leading ends as `None`.
@@ -133,9 +149,11 @@ impl Dispatcher {
     }
 
     /// Runs until `cancel` and then stops as the machine says; wakes on every commit (`committed`),
-    /// on finished attempts, on a standing claim's answer, and at the machine's timer (a round due,
-    /// the next retry, the backoff, `relay.poll_interval` for work enqueued by another process).
-    pub async fn run(self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
+    /// on finished attempts, on a standing claim's answer, when the endpoint answered a catch-up
+    /// probe (`reachable`), and at the machine's timer (a round due, the next retry, the backoff,
+    /// `relay.poll_interval` for work enqueued by another process).
+    pub async fn run(mut self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
+        let mut reachable = self.reachable.take();
         let mut machine = Dispatch::new(self.settings(), Instant::now());
         let mut shell = Shell { in_flight: InFlight::new(), standing: None, timer: None };
         let mut event = Event::Start;
@@ -161,6 +179,7 @@ impl Dispatcher {
                     }
                     Event::Finished(done)
                 }
+                () = reached(&mut reachable) => Event::Reachable,
                 changed = committed.changed(), if listens => match changed {
                     Ok(()) => Event::Commit(*committed.borrow_and_update()),
                     Err(_) => Event::CommitsClosed,

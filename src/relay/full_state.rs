@@ -87,8 +87,8 @@ impl FullState {
     }
 
     /// The template context of a declaration of `rows`: each Service's value in this endpoint's
-    /// backend mode, built on tokio's blocking pool (like the render, [`TemplateSender`]: for many
-    /// Services both together take most of a second; see docs/benchmarks.md).
+    /// backend mode, built on tokio's blocking pool (like the render, [`TemplateSender`]): for many
+    /// Services both are long CPU work that would hold a runtime worker (docs/benchmarks.md).
     async fn context(
         &self,
         rows: Vec<crate::store::ServiceRow>,

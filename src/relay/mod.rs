@@ -13,6 +13,7 @@
 //! never swallows them.
 
 mod assign;
+pub mod catch_up;
 pub mod circuit;
 mod dispatch;
 mod dispatcher;
@@ -72,6 +73,7 @@ pub async fn start(
         info!(deliveries = released, "re-sending deliveries that were in flight when vipwatch stopped");
     }
     let mut tasks = JoinSet::new();
+    let shared = Arc::new(config.clone());
     for w in config.webhooks.iter().filter(|w| w.enabled) {
         if let Some(state) = store.webhook_state(&w.name).await?
             && state.disabled_url.as_deref() != Some(redact_url(&w.url).as_str())
@@ -79,8 +81,28 @@ pub async fn start(
             store.enable_webhook(&w.name).await?;
             info!(webhook = %w.name, "re-enabled: its URL changed since it answered 410");
         }
+        let (identity_tx, identity_rx) = watch::channel(None);
+        let (reachable_tx, reachable_rx) = watch::channel(0u64);
+        if w.template.is_none() {
+            let client = sender::client(w, resolve::system_lookup())?;
+            let (store, metrics, trust) = (store.clone(), metrics.clone(), trust.clone());
+            let (name, url) = (w.name.clone(), w.url.clone());
+            let watch = catch_up::watch(
+                name,
+                url,
+                client,
+                identity_rx,
+                reachable_tx,
+                shared.clone(),
+                store,
+                metrics,
+                trust,
+                cancel.clone(),
+            );
+            tasks.spawn(watch);
+        }
         let transport = match &w.template {
-            None => templated::Transport::Plain(Box::new(sender::Sender::new(w)?)),
+            None => templated::Transport::Plain(Box::new(sender::Sender::new(w)?.reporting_identity(identity_tx))),
             Some(t) => {
                 let full = (t.mode == crate::config::TemplateMode::FullState)
                     .then(|| full_state::FullState::new(config, w, store.clone(), metrics.clone()))
@@ -104,6 +126,7 @@ pub async fn start(
             circuit_failures: w.circuit_failures.unwrap_or(config.relay.circuit_failures),
             circuits: circuits.clone(),
             leading_until: trust.clone(),
+            reachable: w.template.is_none().then_some(reachable_rx),
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));
     }

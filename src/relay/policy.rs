@@ -127,6 +127,25 @@ mod tests {
         assert_eq!(retry_delay(&r, 3, Some(Duration::from_secs(3600))), Duration::from_secs(60));
     }
 
+    /// tests/relay.rs `retry_after_is_honoured` and `a_retry_after_in_the_past_or_unreadable_waits_our_backoff`
+    /// check over real sockets that the next attempt never comes sooner; the exact times are here, on
+    /// the policy's own clock (`now_ms`), not on the wall clock of a loaded machine.
+    #[test]
+    fn the_next_attempt_is_scheduled_at_the_retry_after_asked_within_max_delay_or_after_our_backoff() {
+        let r = RetryConfig { initial_delay: Duration::from_millis(400), max_delay: Duration::from_secs(5), ..retry() };
+        let now = 1_000_000;
+        let two_s = Some(Duration::from_secs(2));
+        assert_eq!(after_failure(&r, 1, Duration::ZERO, now, two_s), Outcome::Retry(now + 2_000), "as asked");
+        let at = |asked| match after_failure(&r, 1, Duration::ZERO, now, asked) {
+            Outcome::Retry(at) => at - now,
+            other => panic!("{other:?}"),
+        };
+        for asked in [None, Some(Duration::ZERO), Some(Duration::from_millis(10))] {
+            assert!((400..=800).contains(&at(asked)), "{asked:?}: our first step, 400 ms plus jitter");
+        }
+        assert_eq!(at(Some(Duration::from_secs(60))), 5_000, "clamped to max_delay");
+    }
+
     #[test]
     fn retry_after_takes_seconds_and_http_dates() {
         let now = httpdate::parse_http_date("Sun, 29 Nov 2026 12:00:00 GMT").unwrap();

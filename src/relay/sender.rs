@@ -14,6 +14,7 @@ use super::resolve::{ForbiddenAddress, GuardedResolver, Lookup, system_lookup};
 use crate::config::WebhookConfig;
 use crate::model::bounded::{self, bound};
 use crate::store::{AttemptRecord, ToldValue, now_ms};
+use vipwatch_contract::ReceiverIdentity;
 
 /// Most response-body bytes read per attempt (64 KiB); the rest is dropped with the connection.
 pub const MAX_BODY_READ: usize = 64 * 1024;
@@ -44,6 +45,8 @@ pub struct Sender {
     signer: standardwebhooks::Webhook,
     headers: HeaderMap,
     timeout: Duration,
+    /// Where the identity a receiver answers with goes ([`super::catch_up`]).
+    identity: Option<tokio::sync::watch::Sender<Option<ReceiverIdentity>>>,
 }
 
 impl Sender {
@@ -52,6 +55,13 @@ impl Sender {
     /// or an invalid secret.
     pub fn new(cfg: &WebhookConfig) -> Result<Self, RelayError> {
         Self::with_lookup(cfg, system_lookup())
+    }
+
+    /// Passes the identity each answer carries, when it carries one (a receiver that speaks the
+    /// identity contract, [`vipwatch_contract::receiver`]), to `identity`.
+    pub fn reporting_identity(mut self, identity: tokio::sync::watch::Sender<Option<ReceiverIdentity>>) -> Self {
+        self.identity = Some(identity);
+        self
     }
 
     /// [`Sender::new`] resolving names with `lookup` (a test's fixed answers); forbidden addresses
@@ -68,7 +78,7 @@ impl Sender {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
-        Ok(Self { client, url: cfg.url.clone(), signer, headers, timeout: cfg.timeout })
+        Ok(Self { client, url: cfg.url.clone(), signer, headers, timeout: cfg.timeout, identity: None })
     }
 
     /// POSTs `payload` with `webhook-id: msg_id`, a fresh `webhook-timestamp` and its signature. Never
@@ -103,7 +113,16 @@ impl Sender {
             .header("webhook-signature", signature)
             .body(payload.to_owned());
         match request.send().await {
-            Ok(response) => read_response(response).await,
+            Ok(response) => {
+                if let Some(tx) = &self.identity {
+                    let headers = response.headers();
+                    let id = ReceiverIdentity::from_headers(|n| headers.get(n).and_then(|v| v.to_str().ok()));
+                    if id.is_some() {
+                        tx.send_replace(id);
+                    }
+                }
+                read_response(response).await
+            }
             Err(e) => failure(classify(&e), error_chain(&e)),
         }
     }

@@ -2,10 +2,11 @@
 //! of `GET /api/v1/status` and of the `X-Vipwatch-Last-Synced` header. Fed by the Kubernetes client's
 //! watchdog layer ([`super::watchdog`]), which sees every list and watch request of the watcher.
 //!
-//! "In sync" rule: a scope holding an open, healthy watch is in sync *now*, however quiet (a stalled
-//! stream is caught by the watchdog within `watch_timeout + 5 s`). Once the watch ends or fails, the
-//! scope stays in sync as of that moment; once a stream is found stalled, as of its last byte. A scope
-//! not watching whose sync time is older than `kubernetes.stale_after` makes `/readyz` answer 503.
+//! "In sync" rule: a scope holding an open, healthy watch is in sync *now*, however quiet (kube-runtime's
+//! watcher drops a stream that sent no event for `watch_timeout + 5 s`, and the watchdog reports that
+//! as a stall). Once the watch ends, fails or is dropped, the scope stays in sync as of that moment;
+//! once a stream is found stalled, as of its last byte. A scope not watching whose sync time is older
+//! than `kubernetes.stale_after` makes `/readyz` answer 503.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -145,6 +146,12 @@ impl WatchHealth {
         });
     }
 
+    /// A watch body was dropped before its end while events still came in time (the scope's task
+    /// restarted the watcher): the scope was in sync up to now.
+    pub(crate) fn left(&self, spec: &ScopeSpec) {
+        self.update(spec, leave_watch);
+    }
+
     /// A list or watch was answered `status` (not 2xx). 401/403 are logged at error level with the
     /// RBAC grant that is missing and counted towards [`AUTH_FAILURES_NOT_READY`].
     pub(crate) fn refused(&self, spec: &ScopeSpec, verb: Verb, status: u16) {
@@ -192,7 +199,7 @@ impl WatchHealth {
             scope,
             verb = verb.as_str(),
             silent_secs = silent.as_secs_f64(),
-            "{} of {} stalled: nothing received for {}; dropping the connection and resuming",
+            "{} of {} stalled: nothing received for {}; the connection is dropped and the watch resumes",
             verb.as_str(),
             describe(spec),
             humantime::format_duration(silent)

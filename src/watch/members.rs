@@ -2,8 +2,8 @@
 //! up to date, which Services must have their members recomputed and when (coalescing), and the ADDEDs
 //! that wait for their first endpoints. Rules (docs/how-to/backends.md):
 //!
-//! - a Service whose inputs changed is recomputed once no further change came for `backends.window`
-//!   (250 ms), and at the latest `backends.max_wait` (2 s) after the first change: one MODIFIED per
+//! - a Service whose inputs changed is recomputed once no further change came for `backends.window`,
+//!   and at the latest `backends.max_wait` after the first change: one MODIFIED per
 //!   window, never a storm during a rolling update;
 //! - a Service whose own spec changes is recomputed at once (its MODIFIED carries the members too);
 //! - a new Service in mode `pod` with no member yet is announced at most one window later, with what
@@ -11,7 +11,6 @@
 //! - a recomputation that finds the same members (same hash) records nothing.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -19,7 +18,6 @@ use vipwatch_contract::{BackendMode, CompactString};
 
 use super::stream::{Change, ScopeSpec};
 use crate::config::Config;
-use crate::metrics::Metrics;
 use crate::model::backends::{
     BackendIndex, BackendSets, MODE_ANNOTATION, MemberRules, ModePlan, ObservedNode, ObservedSlice, annotated,
     compute_sets,
@@ -40,9 +38,10 @@ pub(super) struct Members {
     rules: MemberRules,
     window: Duration,
     max_wait: Duration,
+    /// Services whose inputs changed, by when they are due.
     dirty: HashMap<ServiceKey, Pending>,
+    /// ADDEDs of Services in mode `pod` waiting for their first endpoints, until when.
     deferred: HashMap<ServiceKey, (Observed, Instant)>,
-    metrics: Arc<Metrics>,
 }
 
 /// What a Node change means for the state table: upserts and deletes of `nodes` rows.
@@ -55,7 +54,7 @@ pub(super) struct NodeRows {
 
 impl Members {
     /// Members computed as `config` says, with `stored` (the `nodes` table) as the known Nodes.
-    pub fn new(config: &Config, stored: Vec<ObservedNode>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(config: &Config, stored: Vec<ObservedNode>) -> Self {
         let mut index = BackendIndex::default();
         for n in stored {
             index.set_node(&n.name, n.view);
@@ -68,13 +67,7 @@ impl Members {
             max_wait: config.backends.max_wait,
             dirty: HashMap::new(),
             deferred: HashMap::new(),
-            metrics,
         }
-    }
-
-    /// Whether Nodes and EndpointSlices are watched at all (some mode but `none` is configured).
-    pub fn watched(&self) -> bool {
-        self.plan.any()
     }
 
     /// The members of `key` with `view` in every mode some endpoint may use, numbered against `current`.
@@ -132,15 +125,17 @@ impl Members {
     }
 
     /// `key`'s inputs changed at `now`: it is due once the window passes without another change, and
-    /// at the latest `max_wait` after the first one.
-    pub fn touch(&mut self, key: &ServiceKey, now: Instant) {
+    /// at the latest `max_wait` after the first one. Returns whether the change was folded into one
+    /// already pending (coalesced).
+    pub fn touch(&mut self, key: &ServiceKey, now: Instant) -> bool {
         match self.dirty.get_mut(key) {
             Some(p) => {
                 p.last = now;
-                self.metrics.backend_coalesced.inc();
+                true
             }
             None => {
                 self.dirty.insert(key.clone(), Pending { first: now, last: now });
+                false
             }
         }
     }
@@ -161,29 +156,29 @@ impl Members {
         obs.backends.get(&BackendMode::Pod).is_some_and(|b| b.members().next().is_none())
     }
 
-    /// Holds the ADDED of `obs` until one window after the first time it was held.
+    /// Defers the ADDED of `obs` until one window after the first time it was deferred.
     pub fn defer(&mut self, obs: Observed, now: Instant) {
         let at = self.deferred.get(&obs.key).map_or(now + self.window, |(_, at)| *at);
         self.deferred.insert(obs.key.clone(), (obs, at));
     }
 
-    /// Drops the held ADDED of `key`, if any; returns whether there was one.
+    /// Drops the deferred ADDED of `key`, if any; returns whether there was one.
     pub fn forget(&mut self, key: &ServiceKey) -> bool {
         self.deferred.remove(key).is_some()
     }
 
-    /// Every held ADDED, by key (a relist decides them at once).
+    /// Every deferred ADDED, by key (a relist decides them at once).
     pub fn deferred_keys(&self) -> Vec<ServiceKey> {
         self.deferred.keys().cloned().collect()
     }
 
-    /// When the next recomputation or held ADDED is due.
+    /// When the next recomputation or deferred ADDED is due.
     pub fn next_due(&self) -> Option<Instant> {
         let dirty = self.dirty.values().map(|p| self.due(p));
         dirty.chain(self.deferred.values().map(|(_, at)| *at)).min()
     }
 
-    /// Takes the Services due at `now` (by key, deterministic) and the held ADDEDs due.
+    /// Takes the Services due at `now` (by key, deterministic) and the deferred ADDEDs due (by key).
     pub fn take_due(&mut self, now: Instant) -> (Vec<ServiceKey>, Vec<Observed>) {
         let mut due: Vec<ServiceKey> =
             self.dirty.iter().filter(|(_, p)| self.due(p) <= now).map(|(k, _)| k.clone()).collect();
@@ -191,20 +186,15 @@ impl Members {
         for k in &due {
             self.dirty.remove(k);
         }
-        let mut held: Vec<ServiceKey> =
+        let mut ready: Vec<ServiceKey> =
             self.deferred.iter().filter(|(_, (_, at))| *at <= now).map(|(k, _)| k.clone()).collect();
-        held.sort();
-        let adds = held.iter().filter_map(|k| self.deferred.remove(k)).map(|(o, _)| o).collect();
+        ready.sort();
+        let adds = ready.iter().filter_map(|k| self.deferred.remove(k)).map(|(o, _)| o).collect();
         (due, adds)
     }
 
     fn due(&self, p: &Pending) -> Instant {
         (p.last + self.window).min(p.first + self.max_wait)
-    }
-
-    /// Counts a recomputation that changed nothing.
-    pub fn noop(&self) {
-        self.metrics.backend_noop.inc();
     }
 
     /// The known Nodes by eligibility: `(eligible, not eligible)`.
@@ -216,7 +206,7 @@ impl Members {
 
 /// Kubernetes Events about the members of a recorded change: `UnAvailableLoadBalancer` (Warning, the
 /// upstream service controller's reason) when a mode's members become empty, saying why; and
-/// `InvalidBackendMode` (Warning) when the `vipwatch.io/backend-mode` annotation newly holds a value
+/// `InvalidBackendMode` (Warning) when the `vipwatch.io/backend-mode` annotation newly has a value
 /// that is not a mode.
 pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) -> Vec<Notice> {
     if e.kind == ChangeKind::Deleted {
@@ -245,4 +235,143 @@ pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) 
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    //! The member side alone: which Node rows a change writes, and when pending recomputations and
+    //! deferred ADDEDs come due (default `backends.window` 250 ms, `backends.max_wait` 2 s).
+
+    use std::time::Duration;
+
+    use serde_json::json;
+    use tokio::time::Instant;
+
+    use super::super::stream::Change;
+    use super::Members;
+    use crate::config::Config;
+    use crate::model::backends::ObservedNode;
+    use crate::model::{Observed, ServiceKey};
+
+    fn node(name: &str, address: &str) -> ObservedNode {
+        let n = json!({"metadata": {"name": name, "resourceVersion": "1"},
+                       "status": {"addresses": [{"type": "InternalIP", "address": address}]}});
+        ObservedNode::from_node(&serde_json::from_value(n).expect("a Node"))
+    }
+
+    /// `(upserts, deletes, node set changed)` of one Node change.
+    fn rows(members: &mut Members, change: Change<ObservedNode>) -> (Vec<String>, Vec<String>, bool) {
+        let (rows, changed) = members.node(change);
+        (rows.upserts.into_iter().map(|n| n.name).collect(), rows.deletes, changed)
+    }
+
+    fn strings(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn node_changes_write_only_the_rows_that_changed() {
+        let stored = vec![node("n1", "10.0.0.1"), node("n2", "10.0.0.2")];
+        let mut members = Members::new(&Config::default(), stored);
+        let listed = || Change::Listed { items: vec![node("n1", "10.0.0.1"), node("n3", "10.0.0.3")], first: true };
+        assert_eq!(rows(&mut members, listed()), (strings(&["n3"]), strings(&["n2"]), true));
+        assert_eq!(rows(&mut members, listed()), (vec![], vec![], false), "the same list again");
+        assert_eq!(rows(&mut members, Change::Apply(node("n1", "10.0.0.1"))), (vec![], vec![], false));
+        assert_eq!(rows(&mut members, Change::Apply(node("n1", "10.0.0.9"))), (strings(&["n1"]), vec![], true));
+        assert_eq!(rows(&mut members, Change::Delete(node("n3", "10.0.0.3"))), (vec![], strings(&["n3"]), true));
+        assert_eq!(rows(&mut members, Change::Delete(node("n3", "10.0.0.3"))), (vec![], vec![], false));
+        assert_eq!(members.node_counts(), (1, 0));
+    }
+
+    #[test]
+    fn a_pending_recomputation_is_due_a_window_after_the_last_change_and_max_wait_after_the_first() {
+        let mut members = Members::new(&Config::default(), Vec::new());
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let (web, api) = (ServiceKey::new("shop", "web"), ServiceKey::new("shop", "api"));
+        assert!(!members.touch(&web, at(0)), "the first change is not coalesced");
+        assert!(members.touch(&web, at(100)));
+        assert!(!members.touch(&api, at(100)));
+        assert_eq!(members.next_due(), Some(at(350)));
+        assert_eq!(members.take_due(at(349)).0, Vec::<ServiceKey>::new());
+        assert_eq!(members.take_due(at(350)).0, [api.clone(), web.clone()], "by key");
+        assert_eq!(members.next_due(), None);
+
+        // Changes that never pause for a window: due `max_wait` after the first.
+        for ms in (1_000..3_000).step_by(200) {
+            members.touch(&web, at(ms));
+        }
+        assert_eq!(members.next_due(), Some(at(3_000)));
+        // Recomputed with a change of its own: nothing pending.
+        members.settled(&web);
+        assert_eq!(members.next_due(), None);
+    }
+
+    #[test]
+    fn a_deferred_added_keeps_the_deadline_it_was_first_given() {
+        let mut members = Members::new(&Config::default(), Vec::new());
+        let t0 = Instant::now();
+        let service = json!({"metadata": {"namespace": "shop", "name": "web", "uid": "u-web", "resourceVersion": "1"},
+                             "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
+        let obs = |rv: &str| {
+            let mut s = service.clone();
+            s["metadata"]["resourceVersion"] = json!(rv);
+            let s = serde_json::from_value(s).expect("a Service");
+            super::super::stream::observe(s, &Config::default().kubernetes.scope())
+        };
+        members.defer(obs("1"), t0);
+        members.defer(obs("2"), t0 + Duration::from_millis(100));
+        assert_eq!(members.next_due(), Some(t0 + Duration::from_millis(250)));
+        let (due, added) = members.take_due(t0 + Duration::from_millis(250));
+        assert_eq!(due, Vec::<ServiceKey>::new());
+        let added: Vec<String> = added.iter().map(|o: &Observed| format!("{} {}", o.key, o.resource_version)).collect();
+        assert_eq!(added, ["shop/web 2"], "the last observation, at the first deadline");
+        assert!(!members.forget(&ServiceKey::new("shop", "web")), "taken");
+    }
+
+    /// The recorder's loop over the coalescing rules on tokio's paused clock: a member change of
+    /// `web` at each of `changes` (ms after the start), a recomputation whenever [`Members::next_due`]
+    /// comes; returns when each recomputation ran (ms after the start) and how many changes were
+    /// coalesced into one already pending.
+    async fn recomputations(m: &mut Members, changes: &[u64]) -> (Vec<u64>, usize) {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let web = ServiceKey { namespace: "shop".into(), name: "web".into() };
+        let mut changes = changes.iter().copied().peekable();
+        let (mut ran, mut coalesced) = (Vec::new(), 0);
+        loop {
+            let next = match (changes.peek().map(|&ms| at(ms)), m.next_due()) {
+                (None, None) => return (ran, coalesced),
+                (Some(c), Some(d)) => c.min(d),
+                (c, d) => c.or(d).unwrap(),
+            };
+            tokio::time::sleep_until(next).await;
+            let now = Instant::now();
+            if changes.next_if(|&ms| at(ms) <= now).is_some() {
+                coalesced += usize::from(m.touch(&web, now));
+            }
+            let (due, held) = m.take_due(now);
+            assert!(held.is_empty());
+            if !due.is_empty() {
+                assert_eq!(due, std::slice::from_ref(&web));
+                ran.push(u64::try_from((now - start).as_millis()).unwrap());
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn member_changes_closer_than_the_window_are_one_recomputation_at_the_latest_max_wait_after_the_first() {
+        // The defaults: `backends.window` 250 ms, `backends.max_wait` 2 s.
+        let mut m = Members::new(&Config::default(), Vec::new());
+        // A change every 100 ms for 3 s (a rolling update): the first at 50 ms is due at 2,050 ms
+        // however many follow; the next pending change starts at 2,150 ms, and the last, at 2,950 ms,
+        // is due a quiet window later.
+        let rolling: Vec<u64> = (0..30).map(|k| 50 + 100 * k).collect();
+        let (ran, coalesced) = recomputations(&mut m, &rolling).await;
+        assert_eq!(ran, [2_050, 3_200]);
+        assert_eq!(coalesced, 28, "30 changes, 2 recomputations");
+
+        // Changes further apart than the window: one recomputation each, a window after it.
+        assert_eq!(recomputations(&mut m, &[0, 300, 900]).await, (vec![250, 550, 1_150], 0));
+    }
 }

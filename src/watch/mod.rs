@@ -2,8 +2,10 @@
 //! configured scope, and record every LB-relevant change through the [`Recorder`].
 //!
 //! Flow: one [`stream`] task per scope (all namespaces, or each configured namespace) turns watcher
-//! events into [`Observation`]s; the single [`Recorder`] diffs them against the current-state table
-//! and writes events + state in batched transactions.
+//! events into [`Observation`]s; the single [`Recorder`], a pure index, diffs them against its mirror
+//! of the current-state table and decides the events, allocations and members of each batch; its
+//! async shell ([`recorder::run`]) hands every batch to the [`writer`], which stores it in batched
+//! transactions.
 
 mod client;
 mod health;
@@ -17,7 +19,7 @@ mod writer;
 pub use client::{connect, connect_watched};
 pub use health::{AUTH_FAILURES_NOT_READY, ScopeState, ScopeStatus, Verb, WatchHealth};
 pub use ownership::Ownership;
-pub use recorder::Recorder;
+pub use recorder::{Batch, Gauges, Listing, Loaded, Notices, Now, Recorder, Report};
 pub use stream::{Change, Observation, Resource, ScopeSpec};
 pub use watchdog::{Stalled, WATCH_SLACK, Watchdog, is_stall};
 pub use writer::Signals;
@@ -53,10 +55,9 @@ pub enum WatchError {
 
 /// Capacity of the observation channel between the stream tasks and the recorder (messages): how
 /// far the watch reads ahead of the recorder. Beyond it the stream tasks wait and the changes wait
-/// in the socket and the apiserver's watch buffer instead of this process's heap. 512, not 1,024:
-/// a burst of changes peaks lower, at the same latency and CPU. At 256 and below the transactions
-/// get smaller: more bytes written and more CPU per change in a burst (see
-/// docs/explanation/design-decisions.md).
+/// in the socket and the apiserver's watch buffer instead of this process's heap. Larger, a burst of
+/// changes peaks higher at the same latency and CPU; smaller, the transactions get smaller, with more
+/// bytes written and more CPU per change (the measurements: docs/explanation/design-decisions.md).
 const CHANNEL_CAPACITY: usize = 512;
 
 /// Runs the watch until `cancel` fires: one stream task per scope plus the recorder and its writer.
@@ -78,8 +79,8 @@ pub async fn run(
     let cfg = &config.kubernetes;
     let pools = Pools::new(&config.pools).map_err(|e| WatchError::Config(e.to_string()))?;
     let ownership = Ownership { allocator: Allocator::new(pools), finalizer: cfg.finalizer };
-    let members = members::Members::new(config, store.nodes().await?, signals.metrics.clone());
-    let scopes = scopes(cfg, members.watched());
+    let loaded = Loaded::read(&store).await?;
+    let scopes = scopes(cfg, config.mode_plan().any());
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     let mut tasks = tokio::task::JoinSet::new();
     for scope in &scopes {
@@ -91,9 +92,9 @@ pub async fn run(
         };
     }
     tasks.spawn(forward(feedback, tx, cancel.clone()));
-    let refused = signals.refused.clone();
-    let recorder = Recorder::load(store, outbox, &scopes, signals, (ownership, members), config.guard.clone()).await?;
-    recorder.run(rx).await;
+    let (refused, metrics) = (signals.refused.clone(), signals.metrics.clone());
+    let recorder = Recorder::new(config, ownership, loaded, &scopes, Now::read());
+    recorder::run(recorder, rx, writer::Writer::new(store, outbox, &scopes, signals), metrics).await;
     tasks.join_all().await;
     match refused.get() {
         Some(why) => Err(WatchError::Refused(why.clone())),

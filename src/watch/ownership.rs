@@ -68,7 +68,7 @@ impl Ownership {
     /// addresses take them, so a Service without a request cannot grab them first.
     pub fn reserve_requested(&mut self, current: Option<&Tracked>, obs: &Observed) {
         let stored = current.and_then(|t| t.view.allocation.as_ref()).is_some_and(|a| !a.addresses.is_empty());
-        if stored || !obs.in_scope || !self.allocator.manages(&obs.view) || self.allocator.holds(&obs.key) {
+        if stored || !obs.in_scope || !self.allocator.manages(&obs.view) || self.allocator.uses_addresses(&obs.key) {
             return;
         }
         if crate::ipam::request::read(&obs.view).is_ok_and(|r| !r.ips.is_empty()) {
@@ -85,8 +85,8 @@ impl Ownership {
     }
 
     /// Whether the deliveries of `e` wait for the finalizer: it is on, the event is not a DELETED, and
-    /// the object does not carry the finalizer yet.
-    pub fn hold(&self, e: &Recorded) -> bool {
+    /// the object does not carry the finalizer yet (the store's `hold` flag of the event).
+    pub fn waits_for_finalizer(&self, e: &Recorded) -> bool {
         self.finalizer && e.kind != ChangeKind::Deleted && !e.view.finalizers.iter().any(|f| f == FINALIZER)
     }
 
@@ -141,10 +141,10 @@ fn allocated_note(a: &Allocation) -> String {
 
 /// Whether a recorded change makes the appliance ensure the load balancer anew, which
 /// `EnsuringLoadBalancer` announces: an ADDED, or a MODIFIED of anything but the labels and the
-/// members. The upstream service controller's `needsUpdate` (k8s.io/cloud-provider, controllers/service)
-/// leaves labels out the same way; members changing are its node sync, which announces nothing per
-/// Service either. A Service relabelled 500 times a second would otherwise write an Event to the
-/// apiserver for every change.
+/// members. The upstream service controller (Kubernetes' cloud-provider library) leaves labels out
+/// of its `needsUpdate` the same way; members changing are its node sync, which announces nothing per
+/// Service either. A Service relabelled in a loop would otherwise write an Event to the apiserver for
+/// every change.
 fn ensures(kind: ChangeKind, changed: &[&str]) -> bool {
     match kind {
         ChangeKind::Added => true,

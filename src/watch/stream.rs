@@ -1,10 +1,10 @@
 //! One watch scope: kube-runtime's watcher (with its default backoff) turned into [`Observation`]s.
 //! Buffers a (re)list between `Init` and `InitDone` so absence can be read as deletion; restarts the
 //! watcher (hence re-lists) on a malformed line, on a `410 Gone` at watch start, and every
-//! `relist_interval`. A restart forced by an error waits kube-runtime's default backoff first (0.8 s
-//! doubling to 30 s with jitter, reset after 2 minutes without one, as client-go's reflector backs
-//! off between list-and-watch attempts): on a large cluster every relist is a full list, and an
-//! apiserver or proxy that keeps answering `410` must not be listed in a loop. The same loop serves
+//! `relist_interval`. A restart forced by an error waits kube-runtime's default backoff first (as
+//! client-go's reflector backs off between list-and-watch attempts; its steps are in
+//! docs/explanation/recording.md): on a large cluster every relist is a full list, and an apiserver
+//! or proxy that keeps answering `410` must not be listed in a loop. The same loop serves
 //! Services, Nodes and EndpointSlices ([`Kind`]).
 
 use std::fmt::Debug;
@@ -227,22 +227,22 @@ enum End {
 
 impl<K: Kind> ScopeTask<K> {
     /// Runs watcher after watcher until `cancel` fires or the recorder is gone; a run that failed is
-    /// followed by the backoff ([`watcher::DefaultBackoff`], which resets itself once 2 minutes pass
-    /// without a backoff) before the next list.
+    /// followed by the backoff ([`watcher::DefaultBackoff`], which resets itself after a while without
+    /// a backoff) before the next list.
     pub async fn run(self, cancel: CancellationToken) {
         self.zero_metrics();
-        let mut first = true;
+        let mut lists = Lists::new();
         let mut backoff = watcher::DefaultBackoff::default();
         loop {
             info!(resource = self.spec.resource.as_str(), scope = self.spec.label(), "listing and watching");
-            match self.run_once(&cancel, &mut first).await {
+            match self.run_once(&cancel, &mut lists).await {
                 End::Cancelled => return,
                 End::Relist => {
                     self.metrics.watch_restarts.get_or_create(&self.labels()).inc();
                 }
                 End::Failed => {
                     self.metrics.watch_restarts.get_or_create(&self.labels()).inc();
-                    let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+                    let delay = next_wait(&mut backoff);
                     self.metrics.watch_backoffs.get_or_create(&self.labels()).inc();
                     let (resource, scope) = (self.spec.resource.as_str(), self.spec.label());
                     let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
@@ -282,12 +282,11 @@ impl<K: Kind> ScopeTask<K> {
         }
     }
 
-    async fn run_once(&self, cancel: &CancellationToken, first: &mut bool) -> End {
+    async fn run_once(&self, cancel: &CancellationToken, lists: &mut Lists<K::Item>) -> End {
         let stream = watcher(self.api.clone(), self.watcher_config.clone()).default_backoff();
         let mut stream = pin!(stream);
         let relist = tokio::time::sleep(self.relist_interval);
         let mut relist = pin!(relist);
-        let mut buffer: Vec<K::Item> = Vec::new();
         loop {
             let item = tokio::select! {
                 _ = cancel.cancelled() => return End::Cancelled,
@@ -299,7 +298,7 @@ impl<K: Kind> ScopeTask<K> {
             };
             let message = match item {
                 None => return End::Failed,
-                Some(Ok(event)) => self.on_event(event, &mut buffer, first),
+                Some(Ok(event)) => self.on_event(event, lists),
                 Some(Err(err)) if self.on_error(&err) => return End::Failed,
                 Some(Err(_)) => None,
             };
@@ -311,37 +310,17 @@ impl<K: Kind> ScopeTask<K> {
         }
     }
 
-    fn on_event(
-        &self,
-        event: watcher::Event<K::Object>,
-        buffer: &mut Vec<K::Item>,
-        first: &mut bool,
-    ) -> Option<Observation> {
-        let change = match event {
-            watcher::Event::Init => {
-                buffer.clear();
-                return None;
+    /// One watcher event as an observation: none while a list is being buffered; a complete re-list
+    /// is counted (`vipwatch_watch_relists_total`).
+    fn on_event(&self, event: watcher::Event<K::Object>, lists: &mut Lists<K::Item>) -> Option<Observation> {
+        let change = lists.on_event(event, |obj| self.kind.project(obj))?;
+        if let Change::Listed { items, first } = &change {
+            let (resource, scope) = (self.spec.resource.as_str(), self.spec.label());
+            debug!(resource, scope, objects = items.len(), "list complete");
+            if !first {
+                self.metrics.relists.get_or_create(&self.labels()).inc();
             }
-            watcher::Event::InitApply(obj) => {
-                buffer.push(self.kind.project(obj));
-                return None;
-            }
-            watcher::Event::InitDone => {
-                let items = std::mem::take(buffer);
-                debug!(
-                    resource = self.spec.resource.as_str(),
-                    scope = self.spec.label(),
-                    objects = items.len(),
-                    "list complete"
-                );
-                if !*first {
-                    self.metrics.relists.get_or_create(&self.labels()).inc();
-                }
-                Change::Listed { items, first: std::mem::replace(first, false) }
-            }
-            watcher::Event::Apply(obj) => Change::Apply(self.kind.project(obj)),
-            watcher::Event::Delete(obj) => Change::Delete(self.kind.project(obj)),
-        };
+        }
         Some(self.kind.wrap(self.spec.clone(), change))
     }
 
@@ -373,6 +352,43 @@ impl<K: Kind> ScopeTask<K> {
     }
 }
 
+/// The lists of one scope's watchers: the objects of a (re)list buffered between the watcher's
+/// `Init` and `InitDone` (so that absence from a complete list can be read as deletion), and whether
+/// the next complete list is the first since start. Kept across watcher restarts: a new watcher
+/// begins with `Init`, which drops what an interrupted list had buffered.
+pub(super) struct Lists<T> {
+    buffer: Vec<T>,
+    first: bool,
+}
+
+impl<T> Lists<T> {
+    /// No list seen yet: the next complete one is the first.
+    pub fn new() -> Self {
+        Self { buffer: Vec::new(), first: true }
+    }
+
+    /// Turns one watcher event into a change, projecting its object with `project`: `None` while a
+    /// list is being buffered, the whole list at `InitDone`.
+    pub fn on_event<O>(&mut self, event: watcher::Event<O>, project: impl FnOnce(O) -> T) -> Option<Change<T>> {
+        match event {
+            watcher::Event::Init => {
+                self.buffer.clear();
+                None
+            }
+            watcher::Event::InitApply(obj) => {
+                self.buffer.push(project(obj));
+                None
+            }
+            watcher::Event::InitDone => {
+                let items = std::mem::take(&mut self.buffer);
+                Some(Change::Listed { items, first: std::mem::replace(&mut self.first, false) })
+            }
+            watcher::Event::Apply(obj) => Some(Change::Apply(project(obj))),
+            watcher::Event::Delete(obj) => Some(Change::Delete(project(obj))),
+        }
+    }
+}
+
 /// Sorts a watcher error into a metrics `kind` and whether to restart the watcher.
 fn classify(err: &watcher::Error) -> (&'static str, bool) {
     match err {
@@ -390,4 +406,110 @@ fn classify(err: &watcher::Error) -> (&'static str, bool) {
 
 fn is_gone(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(status) if status.code == 410)
+}
+
+/// The wait before listing again after a run that gave no working watch: the next step of
+/// kube-runtime's [`watcher::DefaultBackoff`] (0.8 s doubling to 30 s, plus jitter of up to the step
+/// again, starting over once 2 minutes pass without a wait), as client-go's reflector waits.
+fn next_wait(backoff: &mut watcher::DefaultBackoff) -> Duration {
+    backoff.next().unwrap_or(Duration::from_secs(30))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kube::core::Status;
+    use kube::runtime::watcher::{Error, Event};
+
+    use super::{Change, Lists, ScopeSpec, classify};
+    use crate::model::ServiceKey;
+
+    /// `Listed` as `(items, first)`, the other changes as `apply x` / `delete x`.
+    fn shown(change: Option<Change<String>>) -> Option<String> {
+        change.map(|c| match c {
+            Change::Apply(x) => format!("apply {x}"),
+            Change::Delete(x) => format!("delete {x}"),
+            Change::Listed { items, first } => format!("listed [{}] first={first}", items.join(",")),
+        })
+    }
+
+    #[test]
+    fn a_list_is_buffered_until_init_done_and_only_the_first_since_start_is_first() {
+        let mut lists = Lists::new();
+        let mut step = |event: Event<&str>| shown(lists.on_event(event, str::to_owned));
+        assert_eq!(step(Event::Init), None);
+        assert_eq!(step(Event::InitApply("a")), None);
+        assert_eq!(step(Event::InitApply("b")), None);
+        assert_eq!(step(Event::InitDone).as_deref(), Some("listed [a,b] first=true"));
+        assert_eq!(step(Event::Apply("c")).as_deref(), Some("apply c"));
+        assert_eq!(step(Event::Delete("a")).as_deref(), Some("delete a"));
+        // A relist interrupted (the watcher restarted): what it buffered is dropped at the next Init.
+        assert_eq!(step(Event::Init), None);
+        assert_eq!(step(Event::InitApply("x")), None);
+        assert_eq!(step(Event::Init), None);
+        assert_eq!(step(Event::InitApply("b")), None);
+        assert_eq!(step(Event::InitApply("c")), None);
+        assert_eq!(step(Event::InitDone).as_deref(), Some("listed [b,c] first=false"));
+        // An empty list is a list: everything tracked in the scope is gone.
+        assert_eq!(step(Event::Init), None);
+        assert_eq!(step(Event::InitDone).as_deref(), Some("listed [] first=false"));
+    }
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(Status::failure("x", "y").with_code(code).boxed())
+    }
+
+    /// Which errors count as what, and which restart the watcher (a re-list) at once: a `410` at
+    /// watch start and a malformed line; the rest kube-runtime's watcher retries itself.
+    #[test]
+    fn watcher_errors_are_sorted_by_kind_and_only_two_restart_the_watcher() {
+        let malformed = serde_json::from_str::<u8>("x").unwrap_err();
+        let cases = [
+            (Error::WatchError(Status::failure("expired", "Expired").with_code(410).boxed()), ("gone", false)),
+            (Error::WatchError(Status::failure("x", "y").with_code(500).boxed()), ("status", false)),
+            (Error::InitialListFailed(api(410)), ("gone", false)),
+            (Error::InitialListFailed(api(403)), ("list", false)),
+            (Error::WatchStartFailed(api(410)), ("gone", true)),
+            (Error::WatchStartFailed(api(500)), ("watch_start", false)),
+            (Error::WatchFailed(kube::Error::SerdeError(malformed)), ("decode", true)),
+            (Error::WatchFailed(api(500)), ("stream", false)),
+            (Error::NoResourceVersion, ("no_resource_version", false)),
+        ];
+        for (error, expected) in cases {
+            assert_eq!(classify(&error), expected, "{error}");
+        }
+    }
+
+    #[test]
+    fn scope_keys_labels_and_coverage() {
+        let all = ScopeSpec::services(None);
+        let shop = ScopeSpec::services(Some("shop".into()));
+        let nodes = ScopeSpec { resource: super::Resource::Nodes, namespace: None };
+        let slices = ScopeSpec { resource: super::Resource::EndpointSlices, namespace: Some("shop".into()) };
+        let keys = [&all, &shop, &nodes, &slices].map(|s| (s.label().to_owned(), s.key()));
+        let expected = [("*", "*"), ("shop", "shop"), ("*", "nodes"), ("shop", "endpointslices/shop")];
+        assert_eq!(keys, expected.map(|(l, k)| (l.to_owned(), k.to_owned())));
+        let (web, other) = (ServiceKey::new("shop", "web"), ServiceKey::new("other", "web"));
+        assert_eq!(
+            [all.covers(&web), all.covers(&other), shop.covers(&web), shop.covers(&other)],
+            [true, true, true, false]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_runs_wait_from_0_8_s_doubling_to_30_s_and_start_over_after_2_quiet_minutes() {
+        let mut backoff = kube::runtime::watcher::DefaultBackoff::default();
+        let within = |wait: Duration, step_ms: u128| {
+            let ms = wait.as_millis();
+            assert!((step_ms..=2 * step_ms).contains(&ms), "{ms} ms for a step of {step_ms} ms");
+        };
+        for step_ms in [800, 1_600, 3_200, 6_400, 12_800, 25_600, 30_000, 30_000] {
+            let wait = super::next_wait(&mut backoff);
+            within(wait, step_ms);
+            tokio::time::advance(wait).await; // the scope task's sleep, on paused time
+        }
+        tokio::time::advance(Duration::from_secs(121)).await;
+        within(super::next_wait(&mut backoff), 800);
+    }
 }

@@ -1,11 +1,10 @@
 //! The writer: the single writer of the event log and current-state table. Paces the recorder's plans
 //! into group commits ([`crate::store::Pacing`]), prepares each chunk and hands it to the store's
 //! owner of the write connection, retried with backoff until it commits (the recorder's mirror
-//! already reflects it, so giving up would lose events), then updates metrics, readiness and the
-//! commit signal.
+//! already reflects it, so giving up would lose events), then reports it: counters, Kubernetes
+//! Events, readiness and the commit signal. The recorder's shell sets the gauges.
 
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,21 +13,19 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
-use vipwatch_contract::{BackendMode, MemberState};
-
+use super::recorder::Batch;
 use super::stream::ScopeSpec;
-use crate::ipam::PoolUsage;
 use crate::metrics::Metrics;
-use crate::model::{NOTICE_QUEUE, Notice};
+use crate::model::Notice;
 use crate::store::{Chunk, Outbox, Prepared, Recorded, StateChange, Store, StoreError, WatchProgress};
 
 /// How many planned batches may wait for the writer (the recorder plans ahead by this much).
 const QUEUED_PLANS: usize = 2;
 
-/// Most changes per transaction while other writes share the write connection. A plan holding
-/// more (a first list of 10,000 Services, a burst) is committed as several transactions in order, so
-/// the relay's claims and completions, which share the one write connection, wait for one chunk (a
-/// few ms) rather than for the whole plan; the `committed` signal is pulsed after each chunk, so
+/// Most changes per transaction while other writes share the write connection. A plan with more (a
+/// first list of many Services, a burst) is committed as several transactions in order, so the
+/// relay's claims and completions, which share the one write connection, wait for one chunk rather
+/// than for the whole plan; the `committed` signal is pulsed after each chunk, so
 /// deliveries start while the rest is written. The watch progress (resourceVersion) goes with the
 /// last chunk: a crash between chunks resumes from the previous resourceVersion and the re-seen
 /// changes diff as already recorded.
@@ -37,89 +34,26 @@ const CHUNK_CHANGES: usize = 128;
 /// Most changes per transaction while the watch's writer has the write connection to itself (its
 /// last transaction carried no other write and none waited when it ended: [`Recorded::shared`]) and
 /// the last transaction that recorded events enqueued no delivery for them: a guess that the next
-/// ones will not either, which holds while no endpoint subscribes to these Services. With an endpoint
-/// subscribed the relay claims after every commit, and the writer stays at [`CHUNK_CHANGES`].
+/// ones will not either, which is right while no endpoint subscribes to these Services. With an
+/// endpoint subscribed the relay claims after every commit, and the writer stays at
+/// [`CHUNK_CHANGES`].
 ///
 /// Each commit has a cost of its own (the pages it touched go into the WAL once per commit;
-/// statements are bound and stepped per chunk), so larger chunks store changes faster. But with 512
-/// whenever the connection is free, peak RSS in a burst is higher (the bigger transactions' rows and
-/// payloads at once), and with 512 always deliveries come later, as the relay's rounds wait for the
-/// longer transactions (see docs/explanation/design-decisions.md). Measured on SQLite; on PostgreSQL
-/// the same rule applies, and the writes it sees are this process's only (another replica does not
+/// statements are bound and stepped per chunk), so larger chunks store changes faster. But the larger
+/// size whenever the connection is free raises peak RSS in a burst (the bigger transactions' rows and
+/// payloads at once), and the larger size always delays deliveries, as the relay's rounds wait for
+/// the longer transactions (the trade-off: docs/explanation/design-decisions.md). On PostgreSQL the
+/// same rule applies, and the writes it sees are this process's only (another replica does not
 /// write: only the leader does).
-const CHUNK_CHANGES_ALONE: usize = 512;
+pub(super) const CHUNK_CHANGES_ALONE: usize = 512;
 
-/// Changes and progress planned for one transaction.
-#[derive(Default)]
-pub(super) struct Plan {
-    pub changes: Vec<StateChange>,
-    pub progress: HashMap<String, WatchProgress>,
-    pub first_lists: Vec<String>,
-    pub services_in_scope: usize,
-    pub vips_in_use: usize,
-    /// Kubernetes Events to publish once this plan committed: at most [`NOTICE_QUEUE`] (add with
-    /// [`Plan::note`]).
-    pub notices: Vec<Notice>,
-    /// Events not kept because the plan already held [`NOTICE_QUEUE`]: more than the Event queue
-    /// takes, so they would be dropped when sent. A first list of many Services without members
-    /// makes one Warning each, and holding them all until the list is stored would cost memory for
-    /// nothing.
-    pub notices_dropped: usize,
-    pub pool_usage: Vec<PoolUsage>,
-    /// Members over every in-scope Service, per (mode, state).
-    pub members: Vec<((BackendMode, MemberState), i64)>,
-    /// Known Nodes: `(eligible, not eligible)`.
-    pub nodes: (usize, usize),
-    /// Deletions the guard holds after this batch.
-    pub deletions_held: usize,
-    /// Guard trips in this batch, by cause (`startup`, `relist`).
-    pub guard_trips: Vec<&'static str>,
-    /// Held deletions let go in this batch: `(how, count)`, how = `api`, `confirmed`, `reappeared`.
-    pub held_released: Vec<(&'static str, usize)>,
-}
+/// What the writer takes: one batch of the recorder, what to store and what to report once it is
+/// stored. Plans sent together are stored together ([`Batch::append`]).
+pub(super) type Plan = Batch;
 
-impl Plan {
-    /// Adds Kubernetes Events to publish, keeping at most [`NOTICE_QUEUE`]; the rest are counted in
-    /// `notices_dropped` (logged once the plan committed).
-    pub fn note(&mut self, notices: impl IntoIterator<Item = Notice>) {
-        for notice in notices {
-            if self.notices.len() < NOTICE_QUEUE {
-                self.notices.push(notice);
-            } else {
-                self.notices_dropped += 1;
-            }
-        }
-    }
-
-    /// Appends `later` (planned after this one): its changes follow ours, its progress is folded into
-    /// ours per scope ([`WatchProgress::absorb`]), its gauges win, its first lists join ours.
-    fn merge(&mut self, later: Plan) {
-        self.changes.extend(later.changes);
-        for (scope, progress) in later.progress {
-            match self.progress.entry(scope) {
-                Entry::Occupied(mut e) => e.get_mut().absorb(progress),
-                Entry::Vacant(e) => {
-                    e.insert(progress);
-                }
-            }
-        }
-        self.first_lists.extend(later.first_lists);
-        self.note(later.notices);
-        self.notices_dropped += later.notices_dropped;
-        self.guard_trips.extend(later.guard_trips);
-        self.held_released.extend(later.held_released);
-        self.services_in_scope = later.services_in_scope;
-        self.vips_in_use = later.vips_in_use;
-        self.pool_usage = later.pool_usage;
-        self.members = later.members;
-        self.nodes = later.nodes;
-        self.deletions_held = later.deletions_held;
-    }
-}
-
-/// Takes the plans that arrive before `due` into `plan`, until it holds [`CHUNK_CHANGES`] changes
+/// Takes the plans that arrive before `due` into `plan`, until it has [`CHUNK_CHANGES`] changes
 /// or the recorder is gone. Receiving them while it waits, rather than only once `due` passed, keeps
-/// the recorder from blocking on the [`QUEUED_PLANS`] plans already waiting: what it held back then
+/// the recorder from blocking on the [`QUEUED_PLANS`] plans already waiting: what it kept back then
 /// would miss this commit and wait for the next, so a change would wait up to two intervals instead
 /// of at most one.
 async fn gather_until(rx: &mut mpsc::Receiver<Plan>, plan: &mut Plan, due: tokio::time::Instant) {
@@ -130,7 +64,7 @@ async fn gather_until(rx: &mut mpsc::Receiver<Plan>, plan: &mut Plan, due: tokio
             // A plan already waiting is taken even when `due` passed too.
             biased;
             more = rx.recv() => match more {
-                Some(more) => plan.merge(more),
+                Some(more) => plan.append(more),
                 None => return,
             },
             _ = &mut deadline => return,
@@ -244,7 +178,7 @@ impl Writer {
                     gather_until(&mut rx, &mut plan, due).await;
                 }
                 while let Ok(more) = rx.try_recv() {
-                    plan.merge(more);
+                    plan.append(more);
                 }
                 last = tokio::time::Instant::now();
                 writer.commit(plan).await;
@@ -259,17 +193,16 @@ impl Writer {
 
     /// Writes the plan in transactions of at most [`CHUNK_CHANGES`] changes ([`CHUNK_CHANGES_ALONE`]
     /// while no delivery is enqueued and no other write shares the connection; see
-    /// [`Writer::chunk_size`]), each retried with the store's backoff ([`Store::write_backoff`]: 0.1 s
-    /// doubling to `database.write_retry_max_delay`, jittered) until it commits. Each chunk is
-    /// prepared first ([`Store::prepare`]: ids, JSON, routed and rendered deliveries), so the
-    /// transaction, and with it the write connection the relay shares, only runs statements. Nothing
-    /// is reported (metrics, log, readiness, Kubernetes Events) before the last chunk committed, and
-    /// `committed` only after each chunk did; a failed attempt left nothing behind (the store rolls it
-    /// back and drops the connection).
+    /// [`Writer::chunk_size`]), each retried with the store's backoff ([`Store::write_backoff`], up to
+    /// `database.write_retry_max_delay` apart) until it commits. Each chunk is prepared first
+    /// ([`Store::prepare`]: ids, JSON, routed and rendered deliveries), so the transaction, and with it
+    /// the write connection the relay shares, only runs statements. Nothing is reported (counters,
+    /// log, readiness, Kubernetes Events) before the last chunk committed, and `committed` only after
+    /// each chunk did; a failed attempt left nothing behind (the store rolls it back and drops the
+    /// connection).
     async fn commit(&mut self, mut plan: Plan) {
         if plan.changes.is_empty() && plan.progress.is_empty() {
-            // Nothing to store, but the gauges may have moved: an acknowledged withdrawal frees a
-            // reserved address without a change to record when no Service waits for one.
+            // Nothing to store, only to report (counters, Kubernetes Events).
             self.after_commit(plan);
             return;
         }
@@ -354,18 +287,17 @@ impl Writer {
     /// `rest`, with the ids after `prepared`'s, on this thread through
     /// [`tokio::task::block_in_place`] (the runtime's other tasks, the store's owner of the write
     /// connection among them, go on on another), when `prepared` enqueued no delivery (no endpoint
-    /// takes these changes), the next chunk holds [`OFFLOAD_CHANGES`] changes or more and the
-    /// runtime is multi-thread: the chunks of a large plan then cost the longer of the two rather
-    /// than their sum; a first list is stored faster (see docs/explanation/design-decisions.md). Not
-    /// while deliveries are enqueued: the relay's rounds then share the write connection, whose
-    /// thread is the bound, so there is no gain in latency, only more peak RSS (two chunks held at
-    /// once).
+    /// takes these changes), the next chunk has [`OFFLOAD_CHANGES`] changes or more and the runtime
+    /// is multi-thread: the chunks of a large plan then cost the longer of the two rather than their
+    /// sum; a first list is stored faster (see docs/explanation/design-decisions.md). Not while
+    /// deliveries are enqueued: the relay's rounds then share the write connection, whose thread is
+    /// the bound, so there is no gain in latency, only more peak RSS (two chunks in memory at once).
     ///
     /// Returns once both are done, so the chunk's commit is signalled (`committed`) after the next
-    /// chunk's preparation too, a few ms later; with the write's outcome, `prepared` given back, and
-    /// the next chunk if it was taken (prepared, or given back when its preparation failed: the
-    /// caller prepares it again on this thread and handles the error). The caller uses a prepared
-    /// chunk only if its first id is still the next free one (not after an id conflict).
+    /// chunk's preparation too; with the write's outcome, `prepared` given back, and the next chunk
+    /// if it was taken (prepared, or given back when its preparation failed: the caller prepares it
+    /// again on this thread and handles the error). The caller uses a prepared chunk only if its
+    /// first id is still the next free one (not after an id conflict).
     async fn write_beside(
         &self,
         prepared: Prepared,
@@ -479,45 +411,29 @@ impl Writer {
         if counts.iter().any(|&n| n > 0) {
             info!(added = counts[0], modified = counts[1], deleted = counts[2], "recorded events");
         }
-        metrics.services_in_scope.set(plan.services_in_scope as i64);
-        metrics.vips_in_use.set(plan.vips_in_use as i64);
-        for u in &plan.pool_usage {
-            metrics.pool_usage(&u.pool, u.in_use, u.free);
-            metrics.pool_reserved(&u.pool, u.reserved);
-        }
-        for ((mode, state), n) in &plan.members {
-            let state = match state {
-                MemberState::Active => "active",
-                MemberState::Draining => "draining",
-            };
-            let labels = crate::metrics::MemberLabels { mode: mode.as_str().to_owned(), state: state.to_owned() };
-            metrics.backend_members.get_or_create(&labels).set(*n);
-        }
-        for (eligible, n) in [("true", plan.nodes.0), ("false", plan.nodes.1)] {
-            let labels = crate::metrics::NodeLabels { eligible: eligible.to_owned() };
-            metrics.nodes.get_or_create(&labels).set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
-        metrics.deletions_held.set(i64::try_from(plan.deletions_held).unwrap_or(i64::MAX));
-        for cause in &plan.guard_trips {
+        let report = plan.report;
+        for cause in &report.guard_trips {
             metrics.guard_trips.get_or_create(&crate::metrics::GuardTripLabels { cause: (*cause).to_owned() }).inc();
         }
-        for (how, n) in &plan.held_released {
+        for (how, n) in &report.guard_releases {
             let labels = crate::metrics::HeldReleaseLabels { how: (*how).to_owned() };
             metrics.held_released.get_or_create(&labels).inc_by(*n as u64);
         }
-        let mut dropped = plan.notices_dropped;
-        for notice in plan.notices {
+        metrics.backend_coalesced.inc_by(report.members_coalesced);
+        metrics.backend_noop.inc_by(report.members_unchanged);
+        let mut dropped = report.notices.dropped;
+        for notice in report.notices.kept {
             dropped += usize::from(self.signals.notices.try_send(notice).is_err());
         }
         if dropped > 0 {
             metrics.kube_events_dropped(dropped);
             warn!(dropped, "Kubernetes Event queue full; some Events were not published");
         }
-        for scope in &plan.first_lists {
+        for scope in &report.first_lists {
             self.awaiting_first_list.remove(scope);
         }
-        if !plan.first_lists.is_empty() && self.awaiting_first_list.is_empty() {
-            info!(services = plan.services_in_scope, "first full list stored: ready");
+        if !report.first_lists.is_empty() && self.awaiting_first_list.is_empty() {
+            info!(services = metrics.services_in_scope.get(), "first full list stored: ready");
             self.signals.ready.send_replace(true);
             let store = self.store.clone();
             tokio::spawn(async move {
@@ -526,7 +442,7 @@ impl Writer {
                 }
             });
         }
-        // Freeing a plan's changes (each event's views, and the previous views only it still held) is
+        // Freeing a plan's changes (each event's views, and the previous views only it still referenced) is
         // a noticeable cost on this writer's path between two plans: it is done on a blocking thread
         // instead.
         if plan.changes.len() >= CHUNK_CHANGES {
@@ -542,8 +458,8 @@ mod tests {
     use tokio::sync::mpsc;
     use tokio::time::Instant;
 
-    use super::{CHUNK_CHANGES, NOTICE_QUEUE, Plan, QUEUED_PLANS, gather_until};
-    use crate::model::{Notice, ServiceKey};
+    use super::{CHUNK_CHANGES, Plan, QUEUED_PLANS, gather_until};
+    use crate::model::{NOTICE_QUEUE, Notice, ServiceKey};
     use crate::store::StateChange;
 
     /// A plan of `n` changes (Nodes forgotten: the simplest change there is).
@@ -553,7 +469,7 @@ mod tests {
     }
 
     /// While the writer waits for its commit's due time it takes every plan the recorder sends, more
-    /// than the channel holds, so none waits for the next commit; it stops at a transaction's worth.
+    /// than the channel takes, so none waits for the next commit; it stops at a transaction's worth.
     #[tokio::test]
     async fn waiting_for_the_due_time_takes_the_plans_that_arrive_up_to_a_transaction() {
         let (tx, mut rx) = mpsc::channel::<Plan>(QUEUED_PLANS);
@@ -596,20 +512,20 @@ mod tests {
     }
 
     /// A plan keeps the first [`NOTICE_QUEUE`] Events (what the Event queue can take) and counts the
-    /// rest, also across merged plans, so a first list of any size holds a bounded number.
+    /// rest, also across appended plans, so a first list of any size keeps a bounded number.
     #[test]
     fn a_plan_keeps_at_most_a_queue_of_notices_and_counts_the_rest() {
         let mut plan = Plan::default();
-        plan.note(notices(NOTICE_QUEUE - 1));
-        assert_eq!((plan.notices.len(), plan.notices_dropped), (NOTICE_QUEUE - 1, 0));
-        plan.note(notices(3));
-        assert_eq!((plan.notices.len(), plan.notices_dropped), (NOTICE_QUEUE, 2));
-        assert_eq!(plan.notices.last().map(|n| n.key.name.as_str()), Some("svc-0"));
+        plan.report.notices.note(notices(NOTICE_QUEUE - 1));
+        assert_eq!((plan.report.notices.kept.len(), plan.report.notices.dropped), (NOTICE_QUEUE - 1, 0));
+        plan.report.notices.note(notices(3));
+        assert_eq!((plan.report.notices.kept.len(), plan.report.notices.dropped), (NOTICE_QUEUE, 2));
+        assert_eq!(plan.report.notices.kept.last().map(|n| n.key.name.as_str()), Some("svc-0"));
 
         let mut later = Plan::default();
-        later.note(notices(NOTICE_QUEUE + 5));
-        assert_eq!(later.notices_dropped, 5);
-        plan.merge(later);
-        assert_eq!((plan.notices.len(), plan.notices_dropped), (NOTICE_QUEUE, 2 + 5 + NOTICE_QUEUE));
+        later.report.notices.note(notices(NOTICE_QUEUE + 5));
+        assert_eq!(later.report.notices.dropped, 5);
+        plan.append(later);
+        assert_eq!((plan.report.notices.kept.len(), plan.report.notices.dropped), (NOTICE_QUEUE, 2 + 5 + NOTICE_QUEUE));
     }
 }

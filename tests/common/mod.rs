@@ -7,6 +7,10 @@
 pub mod api;
 pub mod appliance;
 pub mod receiver;
+pub mod require;
+
+#[allow(unused_imports)] // each test binary uses some of them
+pub use require::{PG_URL_VAR, require_pg, require_root, require_tool, under_ci};
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -31,10 +35,6 @@ pub struct Harness {
     pub pg_url: Option<String>,
 }
 
-/// The environment variable with the URL of the PostgreSQL server the tests may use (any database on
-/// it; each harness creates its own). `scripts/pg-test.sh start DIR` prints one.
-pub const PG_URL_VAR: &str = "VIPWATCH_TEST_PG_URL";
-
 /// The backend the end-to-end tests run on: PostgreSQL in the `postgres` test binary
 /// (tests/postgres.rs, which runs the store-heavy test files again as its modules) or when
 /// `VIPWATCH_TEST_BACKEND=postgres`; SQLite otherwise.
@@ -47,25 +47,11 @@ pub fn backend() -> Backend {
     }
 }
 
-/// The PostgreSQL server URL from [`PG_URL_VAR`]. Unset outside CI: the test binary stops here
-/// with exit status 0 and a note that it skipped (a newcomer without PostgreSQL still gets a green
-/// `cargo test`). Unset while `CI` is set: panics, since CI starts a server (`.ci/run`) and its
-/// absence is a broken run, not a reason to skip.
+/// The PostgreSQL server URL from [`PG_URL_VAR`], by [`require_pg`]'s policy. Without one (outside
+/// CI) the test binary stops here with exit status 0 after the `SKIPPED` line: it is called by the
+/// harness of the `postgres` binary, where every test needs the server.
 pub fn pg_server_url() -> String {
-    match std::env::var(PG_URL_VAR) {
-        Ok(url) if !url.is_empty() => url,
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("{PG_URL_VAR} is not set but CI is: start one with scripts/pg-test.sh (see .ci/run)")
-        }
-        _ => {
-            // Straight to stderr: the test harness captures `eprintln!`.
-            use std::io::Write as _;
-            let note =
-                format!("SKIPPED: the PostgreSQL tests need {PG_URL_VAR} (`scripts/pg-test.sh start DIR` prints one)");
-            let _ = writeln!(std::io::stderr(), "{note}");
-            std::process::exit(0);
-        }
-    }
+    require_pg().unwrap_or_else(|| std::process::exit(0))
 }
 
 /// A fresh, empty PostgreSQL database on the server at `server_url`; returns its URL.

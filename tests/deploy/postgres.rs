@@ -1,23 +1,12 @@
 //! A fresh database for the tests that run `vipwatch serve` on PostgreSQL, on the throwaway server of
 //! `VIPWATCH_TEST_PG_URL` (`scripts/pg-test.sh start DIR` prints one; `.ci/run` starts one). Without
-//! it those tests pass with a note, except under CI, where they fail (as tests/postgres.rs does).
+//! it those tests skip with a `SKIPPED` line, except under CI, where they fail
+//! ([`crate::require::require_pg`]).
 
-use std::io::Write as _;
-
-/// The URL of a new, empty database on the test server, or `None` (after a note) when there is none.
+/// The URL of a new, empty database on the test server, or `None` (after a `SKIPPED` line) when there
+/// is none.
 pub async fn fresh_database() -> Option<String> {
-    let server = match std::env::var("VIPWATCH_TEST_PG_URL") {
-        Ok(url) if !url.is_empty() => url,
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("VIPWATCH_TEST_PG_URL is not set but CI is: start one with scripts/pg-test.sh (see .ci/run)")
-        }
-        _ => {
-            // Straight to stderr: the test harness captures `eprintln!`.
-            let note = "SKIPPED: serving on PostgreSQL needs VIPWATCH_TEST_PG_URL (`scripts/pg-test.sh start DIR`)";
-            let _ = writeln!(std::io::stderr(), "{note}");
-            return None;
-        }
-    };
+    let server = crate::require::require_pg()?;
     use sqlx::Connection as _;
     let name = format!("vw_deploy_{}", uuid::Uuid::new_v4().simple());
     let mut conn = sqlx::PgConnection::connect(&server).await.expect("PostgreSQL test server reachable");

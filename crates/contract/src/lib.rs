@@ -10,11 +10,15 @@
 //!
 //! Receivers should acknowledge (2xx) a `type` they do not know: new types are added without a new
 //! version (`sync.completed` is one).
+//!
+//! A receiver that keeps state answers with its identity ([`receiver`]): a new generation means it
+//! lost its state, `caught-up: false` that it needs a full resync before it may carry traffic.
 
 mod backends;
 #[cfg(feature = "kubernetes")]
 mod kubernetes;
 mod payload;
+pub mod receiver;
 mod view;
 
 pub use backends::{
@@ -24,6 +28,7 @@ pub use backends::{
 /// short, repetitive strings of a [`ServiceView`] and its [`Backends`]. Serialized as a JSON string.
 pub use compact_str::{CompactString, ToCompactString};
 pub use payload::{Cause, EventKind, PayloadType, SyncMarker, WebhookPayload, WebhookPayloadData, WebhookService};
+pub use receiver::{ReceiverIdentity, ReceiverState};
 pub use view::{
     AllocatedAddress, Allocation, IngressView, IpFamily, PortView, REQUESTED_IP_ANNOTATIONS, ServiceView, StringMap,
     VipSource, compact_map, object, requested_ip_entries, string_map,

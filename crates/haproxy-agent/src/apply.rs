@@ -3,8 +3,14 @@
 //! (the Runtime API commands answered without error, or the reload is confirmed and the new binds
 //! accept connections). A batch HAProxy refuses is re-applied one delivery at a time, so only the
 //! bad Service fails. Each delivery is first judged by who sent it ([`crate::clusters`]): a cluster
-//! name another vipwatch holds is refused (409) before anything is applied. Between batches it
-//! checks HAProxy every second and restarts it from the last applied configuration when it is gone.
+//! name another vipwatch holds is refused (409) before anything is applied. Watching HAProxy (and
+//! starting it again) is [`crate::supervise`]'s, in a task of its own.
+//!
+//! It also knows whether the agent is caught up ([`crate::catchup`]). An agent that lost its state
+//! while HAProxy kept serving (or found a `haproxy.cfg` it did not make) **holds** HAProxy: it folds
+//! deliveries into its state but changes nothing in HAProxy, and answers them only once it is caught
+//! up — when the full resync it waits for goes live in one reload, which replaces the configuration
+//! it did not make — so the Services HAProxy serves are never taken away by an empty state.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -17,6 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::catchup::{CatchUp, Start, new_generation, new_instance};
 use crate::clusters::{Change, Claim, Clusters, Liveness, Sender};
 use crate::config::AgentConfig;
 use crate::haproxy::{Haproxy, HaproxyError};
@@ -39,6 +46,9 @@ pub enum Outcome {
     Conflict(String),
     /// Transient trouble: HAProxy down, a reload failed or timed out (503).
     Unavailable(String),
+    /// Folded into the state while the agent holds a HAProxy it did not configure (202): live with
+    /// the full resync that makes it caught up (why it is not yet).
+    Held(String),
 }
 
 /// One verified delivery waiting for its outcome.
@@ -51,23 +61,21 @@ pub struct Job {
     pub reply: oneshot::Sender<Outcome>,
 }
 
-/// What `/healthz` and `/state` report.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+/// What the applier reports to `/healthz`, `/state` and the answers' headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Status {
-    /// The HAProxy master answers.
-    pub haproxy_up: bool,
     /// Why the last apply failed, until one succeeds.
     pub last_error: Option<String>,
     /// `sha256:` of the applied `haproxy.cfg`.
     pub config_sha256: String,
     /// Services applied.
     pub services: usize,
-    /// The applied desired state.
-    #[serde(skip)]
+    /// The applied desired state (while holding HAProxy: the state waiting to be applied).
     pub desired: Desired,
     /// Per cluster name: when its bound event log last delivered, and the refusals of its name.
-    #[serde(skip)]
     pub liveness: BTreeMap<String, Liveness>,
+    /// Whether the agent is caught up, per cluster and as a whole.
+    pub catch_up: CatchUp,
 }
 
 /// Why an activation failed.
@@ -80,7 +88,7 @@ enum Failure {
 pub struct Applier {
     desired: Desired,
     applied: Rendered,
-    haproxy: Haproxy,
+    haproxy: Arc<Haproxy>,
     globals: Globals,
     config: AgentConfig,
     state_path: PathBuf,
@@ -90,54 +98,85 @@ pub struct Applier {
     status: watch::Sender<Status>,
     /// Sweeps of completed resyncs not yet live.
     sweeps: Vec<crate::state::Intent>,
+    /// Whether the agent is caught up.
+    catch_up: CatchUp,
+    /// While holding HAProxy: the clusters whose resync is folded into the state, not yet live.
+    staged: BTreeSet<String>,
     /// `agent.lock` in the directory, held exclusively: one agent per directory (and HAProxy).
     _lock: std::fs::File,
 }
 
 impl Applier {
     /// Loads `state.json`, renders it, and makes HAProxy run it: attaches to a running master (no
-    /// reload when its file is already this render) or starts one. Errors: the state cannot be read, or
-    /// HAProxy cannot be started or reloaded.
-    pub async fn start(config: AgentConfig, metrics: Arc<Metrics>) -> Result<(Self, watch::Receiver<Status>), String> {
+    /// reload when its file is already this render) or starts one. Without a `state.json` while HAProxy
+    /// runs, or with a `haproxy.cfg` the state does not render, it holds HAProxy instead (module
+    /// docs): attaches to it, or starts it from that file, and changes nothing. Returns the applier,
+    /// its status and the HAProxy it drives (for [`crate::supervise`]). Errors: the state cannot be
+    /// read, or HAProxy cannot be started or reloaded.
+    pub async fn start(
+        config: AgentConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Self, watch::Receiver<Status>, Arc<Haproxy>), String> {
         std::fs::create_dir_all(&config.dir).map_err(|e| format!("{}: {e}", config.dir.display()))?;
         let lock = lock_dir(&config.dir)?;
         let state_path = config.dir.join("state.json");
-        let mut desired = Desired::load(&state_path)?;
+        let stored = Desired::load_existing(&state_path)?;
+        let found = stored.is_some();
+        let mut desired = stored.unwrap_or_default();
+        let mut save = desired.generation.is_none();
+        let generation = desired.generation.get_or_insert_with(new_generation).clone();
         desired.reslot(config.server_slots);
-        let haproxy = Haproxy::new(&config.haproxy_bin, &config.dir);
+        let haproxy = Arc::new(Haproxy::new(&config.haproxy_bin, &config.dir));
         let globals = Globals {
             admin_socket: haproxy.admin.display().to_string(),
             hard_stop_after: config.hard_stop_after,
             mworker_max_reloads: config.mworker_max_reloads,
         };
-        let applied = render(&desired, &globals);
+        let rendered = render(&desired, &globals);
         let on_disk = std::fs::read_to_string(&haproxy.config).ok();
-        if on_disk.as_deref() != Some(applied.text.as_str()) {
-            write_atomically(&haproxy.config, applied.text.as_bytes())
-                .map_err(|e| format!("{}: {e}", haproxy.config.display()))?;
+        let running = haproxy.show_proc().await.is_ok();
+        let foreign = match &on_disk {
+            Some(text) => *text != rendered.text,
+            None => running,
+        };
+        if !found && foreign {
+            warn!(
+                generation,
+                running,
+                "no state.json, but HAProxy runs or a haproxy.cfg is left: holding HAProxy as it is until a full resync went live"
+            );
+            desired.held = true;
+            save = true;
         }
-        match haproxy.show_proc().await {
-            Ok(_) if on_disk.as_deref() == Some(applied.text.as_str()) => {
-                info!(
-                    services = desired.services.len(),
-                    "attached to the running HAProxy; its configuration is current"
-                )
+        let applied = if desired.held {
+            match hold(&haproxy, &config, running, on_disk, &rendered).await? {
+                Some(foreign) => foreign,
+                None => {
+                    desired.held = false;
+                    rendered
+                }
             }
-            Ok(_) => {
-                haproxy.reload(config.reload_timeout).await.map_err(|e| e.to_string())?;
-                info!(services = desired.services.len(), "attached to the running HAProxy and reloaded it");
-            }
-            Err(_) => {
-                haproxy.start(config.reload_timeout, config.stop_haproxy_on_exit).await.map_err(|e| e.to_string())?;
-                info!(services = desired.services.len(), pid = haproxy.pid(), "started HAProxy");
-            }
+        } else {
+            run_render(&haproxy, &config, running, on_disk.as_deref(), &rendered, desired.services.len()).await?;
+            rendered
+        };
+        if save {
+            desired.save(&state_path).map_err(|e| format!("{}: {e}", state_path.display()))?;
         }
+        let start = Start {
+            generation,
+            trusted: found && !desired.held,
+            bound: desired.clusters.keys().cloned().collect(),
+            expected: config.clusters.clone(),
+        };
+        let catch_up = CatchUp::new(start, new_instance(), desired.held);
+        info!(generation = catch_up.generation(), waiting_for = ?catch_up.waiting_for(), "not caught up until a full resync went live");
         let (status, rx) = watch::channel(Status::default());
         let clusters = Clusters::new(config.cluster_takeover_after, Instant::now());
         let applier = Self {
             desired,
             applied,
-            haproxy,
+            haproxy: haproxy.clone(),
             globals,
             config,
             state_path,
@@ -146,15 +185,16 @@ impl Applier {
             metrics,
             status,
             sweeps: Vec::new(),
+            catch_up,
+            staged: BTreeSet::new(),
             _lock: lock,
         };
-        applier.publish(true, None);
-        Ok((applier, rx))
+        applier.publish(None);
+        Ok((applier, rx, haproxy))
     }
 
-    /// Applies batches from `jobs` and watches HAProxy until `cancel`.
+    /// Applies batches from `jobs` until `cancel`.
     pub async fn run(mut self, mut jobs: mpsc::Receiver<Job>, cancel: CancellationToken) {
-        let mut health = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -165,12 +205,7 @@ impl Applier {
                     }
                     None => break,
                 },
-                _ = health.tick() => self.supervise().await,
             }
-        }
-        if self.config.stop_haproxy_on_exit {
-            self.haproxy.stop().await;
-            info!("stopped HAProxy");
         }
     }
 
@@ -214,38 +249,32 @@ impl Applier {
         for sweep in &self.sweeps {
             let _ = candidate.apply(sweep.clone());
         }
+        let resynced: BTreeSet<String> = self.sweeps.iter().filter_map(swept_cluster).map(str::to_owned).collect();
+        if self.catch_up.held {
+            return self.apply_held(candidate, pending, changes, resynced).await;
+        }
         if pending.is_empty() && candidate == self.desired {
             self.sweeps.clear();
+            self.live_resyncs(&resynced);
+            self.publish(None);
             return;
         }
         candidate.reslot(self.config.server_slots);
-        match self.activate(&candidate).await {
+        match self.activate(&candidate, true).await {
             Ok(()) => {
                 if !self.sweeps.is_empty() {
                     let removed = self.desired.services.keys().filter(|k| !candidate.services.contains_key(*k)).count();
-                    let clusters: Vec<&str> = self
-                        .sweeps
-                        .iter()
-                        .filter_map(|s| match s {
-                            crate::state::Intent::Sweep { cluster, .. } => Some(cluster.as_str()),
-                            _ => None,
-                        })
-                        .collect();
                     info!(
-                        clusters = clusters.join(","),
+                        clusters = resynced.iter().cloned().collect::<Vec<_>>().join(","),
                         removed,
                         services = candidate.services.len(),
                         "resync complete: removed what it did not include"
                     );
                 }
                 self.sweeps.clear();
-                self.desired = candidate;
-                self.clusters.committed(&changes, &self.desired, Instant::now());
-                self.log_changes(&changes);
-                if let Err(e) = self.desired.save(&self.state_path) {
-                    warn!(error = %e, path = %self.state_path.display(), "cannot save the state; a restart would roll back to the previous one");
-                }
-                self.publish(true, None);
+                self.commit(candidate, &changes);
+                self.live_resyncs(&resynced);
+                self.publish(None);
                 for job in pending {
                     self.answer(job, Outcome::Applied);
                 }
@@ -257,17 +286,99 @@ impl Applier {
                 }
             }
             Err(Failure::Rejected(why)) => {
-                self.publish(true, Some(why.clone()));
+                self.publish(Some(why.clone()));
                 for job in pending {
                     self.answer(job, Outcome::Rejected(why.clone()));
                 }
             }
             Err(Failure::Transient(why)) => {
-                self.publish(false, Some(why.clone()));
+                self.publish(Some(why.clone()));
                 for job in pending {
                     self.answer(job, Outcome::Unavailable(why.clone()));
                 }
             }
+        }
+    }
+
+    /// A batch while holding HAProxy: folded into the state and answered at once as held (202),
+    /// unless the resyncs it completes make the agent caught up — then the whole state goes live in
+    /// one reload that replaces the configuration HAProxy ran, and the batch is answered once it is.
+    /// Held deliveries are not kept waiting: a resync has more Services than vipwatch has deliveries
+    /// in flight to one endpoint, and answers that time out would count against the endpoint.
+    async fn apply_held(
+        &mut self,
+        mut candidate: Desired,
+        pending: Vec<Job>,
+        changes: Vec<Change>,
+        resynced: BTreeSet<String>,
+    ) {
+        self.sweeps.clear();
+        self.staged.extend(resynced);
+        candidate.reslot(self.config.server_slots);
+        self.commit(candidate, &changes);
+        if !self.catch_up.caught_up_with(&self.staged) {
+            self.publish(None);
+            let why = self.catch_up.reason().unwrap_or_default();
+            for job in pending {
+                self.answer(job, Outcome::Held(why.clone()));
+            }
+            return;
+        }
+        let desired = self.desired.clone();
+        match self.activate(&desired, false).await {
+            Ok(()) => {
+                info!(
+                    services = self.desired.services.len(),
+                    clusters = self.staged.iter().cloned().collect::<Vec<_>>().join(","),
+                    "caught up: the resynced state replaced the configuration HAProxy ran"
+                );
+                self.catch_up.held = false;
+                self.desired.held = false;
+                self.save();
+                let staged = std::mem::take(&mut self.staged);
+                self.live_resyncs(&staged);
+                self.publish(None);
+                for job in pending {
+                    self.answer(job, Outcome::Applied);
+                }
+            }
+            Err(Failure::Rejected(why) | Failure::Transient(why)) => {
+                let why = format!("the resynced state cannot replace the configuration HAProxy runs: {why}");
+                self.publish(Some(why.clone()));
+                for job in pending {
+                    self.answer(job, Outcome::Unavailable(why.clone()));
+                }
+            }
+        }
+    }
+
+    /// Makes `candidate` the state, with the cluster `changes` that came with it, and saves it.
+    fn commit(&mut self, candidate: Desired, changes: &[Change]) {
+        self.desired = candidate;
+        self.clusters.committed(changes, &self.desired, Instant::now());
+        for change in changes {
+            if let Change::Renamed { from, to, .. } = change {
+                self.catch_up.renamed(from, to);
+            }
+        }
+        self.log_changes(changes);
+        self.save();
+    }
+
+    fn save(&self) {
+        if let Err(e) = self.desired.save(&self.state_path) {
+            warn!(error = %e, path = %self.state_path.display(), "cannot save the state; a restart would roll back to the previous one");
+        }
+    }
+
+    /// Records that the resyncs of `clusters` are live; logs when that makes the agent caught up.
+    fn live_resyncs(&mut self, clusters: &BTreeSet<String>) {
+        let before = self.catch_up.caught_up();
+        for c in clusters {
+            self.catch_up.resynced(c);
+        }
+        if !before && self.catch_up.caught_up() {
+            info!(generation = self.catch_up.generation(), "caught up: every cluster the agent waits for was resynced");
         }
     }
 
@@ -333,13 +444,18 @@ impl Applier {
             Outcome::Unavailable(why) => {
                 warn!(cluster, service, event = d.event.as_str(), reason = %why, "not applied; vipwatch retries")
             }
+            Outcome::Held(why) => {
+                info!(cluster, service, event = d.event.as_str(), reason = %why, "recorded, not live until caught up")
+            }
         }
         let _ = job.reply.send(outcome);
     }
 
     /// Makes HAProxy run `candidate`: Runtime API commands when only server slots differ, else a
-    /// checked, confirmed reload.
-    async fn activate(&mut self, candidate: &Desired) -> Result<(), Failure> {
+    /// checked, confirmed reload; `preflight`: first check that the binds it adds are free (not when
+    /// HAProxy runs a configuration the agent did not make: its binds are unknown, and HAProxy's own
+    /// holds them).
+    async fn activate(&mut self, candidate: &Desired, preflight: bool) -> Result<(), Failure> {
         let new = render(candidate, &self.globals);
         if new.text == self.applied.text {
             return Ok(());
@@ -361,13 +477,15 @@ impl Applier {
                 Err(e) => warn!(error = %e, "runtime update failed; reloading instead"),
             }
         }
-        self.reload(new).await
+        self.reload(new, preflight).await
     }
 
-    async fn reload(&mut self, new: Rendered) -> Result<(), Failure> {
+    async fn reload(&mut self, new: Rendered, check_binds: bool) -> Result<(), Failure> {
         let added: Vec<SocketAddr> = new.binds.iter().filter(|b| !self.applied.binds.contains(b)).copied().collect();
         let removed: Vec<SocketAddr> = self.applied.binds.iter().filter(|b| !new.binds.contains(b)).copied().collect();
-        preflight(&added)?;
+        if check_binds {
+            preflight(&added)?;
+        }
         let next = self.haproxy.config.with_extension("cfg.new");
         write_atomically(&next, new.text.as_bytes()).map_err(|e| Failure::Transient(e.to_string()))?;
         if let Err(e) = self.haproxy.check(&next).await {
@@ -385,7 +503,9 @@ impl Applier {
             // A bind that failed after the pre-flight passed (a program took the address meanwhile):
             // the same Service would fail again, so it is refused. HAProxy's own words are only there
             // when this agent started it (they go to the starting agent's stderr).
-            preflight(&added)?;
+            if check_binds {
+                preflight(&added)?;
+            }
             let why = e.to_string();
             return Err(if why.contains("cannot bind") { Failure::Rejected(why) } else { Failure::Transient(why) });
         }
@@ -395,47 +515,19 @@ impl Applier {
         Ok(())
     }
 
-    /// Checks HAProxy; restarts it from the applied configuration when the master is gone.
-    async fn supervise(&mut self) {
-        match self.haproxy.show_proc().await {
-            Ok(p) => {
-                self.metrics.up.set(1);
-                self.metrics.workers.set(i64::try_from(p.workers).unwrap_or(i64::MAX));
-                if !self.status.borrow().haproxy_up {
-                    self.publish(true, None);
-                }
-            }
-            Err(e) => {
-                self.metrics.up.set(0);
-                warn!(error = %e, "HAProxy is not answering; starting it from the last applied configuration");
-                self.publish(false, Some(e.to_string()));
-                match self.haproxy.start(self.config.reload_timeout, self.config.stop_haproxy_on_exit).await {
-                    Ok(()) => {
-                        info!(
-                            pid = self.haproxy.pid(),
-                            services = self.desired.services.len(),
-                            "HAProxy started again"
-                        );
-                        self.publish(true, None);
-                    }
-                    Err(e) => warn!(error = %e, "cannot start HAProxy; retrying"),
-                }
-            }
-        }
-    }
-
-    fn publish(&self, up: bool, error: Option<String>) {
+    fn publish(&self, error: Option<String>) {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(self.applied.text.as_bytes());
         let config_sha256 = format!("sha256:{}", digest.iter().map(|b| format!("{b:02x}")).collect::<String>());
         self.metrics.set_services(&self.desired.services_per_cluster());
+        self.metrics.caught_up.set(i64::from(self.catch_up.caught_up()));
         self.status.send_replace(Status {
-            haproxy_up: up,
             last_error: error,
             config_sha256,
             services: self.desired.services.len(),
             desired: self.desired.clone(),
             liveness: self.liveness(),
+            catch_up: self.catch_up.clone(),
         });
     }
 
@@ -489,6 +581,89 @@ impl Applier {
                 }
             }
         }
+    }
+}
+
+/// Makes HAProxy run `rendered` (what the state renders) at start: attaches to a running master
+/// (reloading it when `on_disk` is another configuration) or starts one. `services` is for the log.
+/// Errors: HAProxy cannot be reloaded or started.
+async fn run_render(
+    haproxy: &Haproxy,
+    config: &AgentConfig,
+    running: bool,
+    on_disk: Option<&str>,
+    rendered: &Rendered,
+    services: usize,
+) -> Result<(), String> {
+    let current = on_disk == Some(rendered.text.as_str());
+    if !current {
+        write_atomically(&haproxy.config, rendered.text.as_bytes())
+            .map_err(|e| format!("{}: {e}", haproxy.config.display()))?;
+    }
+    match (running, current) {
+        (true, true) => info!(services, "attached to the running HAProxy; its configuration is current"),
+        (true, false) => {
+            haproxy.reload(config.reload_timeout).await.map_err(|e| e.to_string())?;
+            info!(services, "attached to the running HAProxy and reloaded it");
+        }
+        (false, _) => {
+            haproxy.start(config.reload_timeout, config.stop_haproxy_on_exit).await.map_err(|e| e.to_string())?;
+            info!(services, pid = haproxy.pid(), "started HAProxy");
+        }
+    }
+    Ok(())
+}
+
+/// Holds HAProxy at start: attaches to the running master as it is, or starts one from the
+/// `haproxy.cfg` left in the directory (`on_disk`). With HAProxy running and no file, the file gets
+/// `rendered` (what HAProxy would start from if it died: the agent knows nothing else), and HAProxy
+/// is not reloaded. Returns what HAProxy runs as the applied render (its text that file, its slots
+/// and binds unknown); `None` when there is nothing to hold — no HAProxy and no file, or a file that
+/// does not start — and HAProxy runs `rendered` instead. Errors: HAProxy cannot be started at all.
+async fn hold(
+    haproxy: &Haproxy,
+    config: &AgentConfig,
+    running: bool,
+    on_disk: Option<String>,
+    rendered: &Rendered,
+) -> Result<Option<Rendered>, String> {
+    if !running && on_disk.is_none() {
+        run_render(haproxy, config, false, None, rendered, 0).await?;
+        return Ok(None);
+    }
+    let text = match on_disk {
+        Some(text) => text,
+        None => {
+            write_atomically(&haproxy.config, rendered.text.as_bytes())
+                .map_err(|e| format!("{}: {e}", haproxy.config.display()))?;
+            String::new()
+        }
+    };
+    let foreign = Rendered { text, skeleton: String::new(), slots: BTreeMap::new(), binds: Vec::new() };
+    if running {
+        info!("attached to the running HAProxy; holding it as it is");
+        return Ok(Some(foreign));
+    }
+    match haproxy.start(config.reload_timeout, config.stop_haproxy_on_exit).await {
+        Ok(()) => {
+            info!(pid = haproxy.pid(), "started HAProxy from the haproxy.cfg left in the directory; holding it");
+            Ok(Some(foreign))
+        }
+        Err(e) => {
+            warn!(error = %e, "the haproxy.cfg left in the directory does not start; starting from the empty state");
+            write_atomically(&haproxy.config, rendered.text.as_bytes())
+                .map_err(|e| format!("{}: {e}", haproxy.config.display()))?;
+            haproxy.start(config.reload_timeout, config.stop_haproxy_on_exit).await.map_err(|e| e.to_string())?;
+            Ok(None)
+        }
+    }
+}
+
+/// The cluster a sweep is of.
+fn swept_cluster(intent: &crate::state::Intent) -> Option<&str> {
+    match intent {
+        crate::state::Intent::Sweep { cluster, .. } => Some(cluster),
+        _ => None,
     }
 }
 

@@ -97,6 +97,12 @@ pub struct AgentConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String", extend("x-humantime" = true))]
     pub cluster_takeover_after: Duration,
+    /// The clusters (`cluster.name` of each vipwatch delivering here) whose full resync the agent waits for after it
+    /// starts: until each has gone live, `/healthz` answers 503 (not caught up), so keepalived does not give this host
+    /// the VIPs. Empty: every cluster `state.json` knows at start (with no state, the first cluster to complete a
+    /// resync). List them on an agent serving several clusters, so that one that lost its state waits for all of them
+    /// before it replaces the configuration HAProxy runs; leave out a cluster whose vipwatch is gone for good.
+    pub clusters: Vec<String>,
     /// Stop HAProxy when the agent stops. `false`: traffic keeps flowing while the agent is restarted or upgraded,
     /// and the next agent attaches to the running HAProxy. `true` also has the kernel stop it when the agent is
     /// killed (SIGKILL included): for demos and tests.
@@ -122,6 +128,7 @@ impl Default for AgentConfig {
             hard_stop_after: Duration::from_secs(30 * 60),
             mworker_max_reloads: 50,
             cluster_takeover_after: Duration::from_secs(10 * 60),
+            clusters: Vec::new(),
             stop_haproxy_on_exit: false,
         }
     }
@@ -184,6 +191,12 @@ impl AgentConfig {
                 "cluster_takeover_after",
                 "must be at least 1s (0 would let any vipwatch take any cluster's name)",
             );
+        }
+        if let Some(c) = self.clusters.iter().find(|c| !crate::state::is_dns_label(c)) {
+            return Err(ConfigError::Value {
+                key: "clusters",
+                reason: format!("`{c}` is not a DNS-1123 label (vipwatch's cluster.name is one)"),
+            });
         }
         if self.dir.as_os_str().is_empty() {
             return bad("dir", "must not be empty");

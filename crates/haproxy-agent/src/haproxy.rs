@@ -57,12 +57,25 @@ pub enum HaproxyError {
 /// `show proc` of the master: its reload counters and how many workers run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Proc {
+    /// The master's pid (it keeps it across reloads: the master re-executes itself).
+    pub pid: u32,
     /// Reloads since the master started.
     pub reloads: u64,
     /// Failed reloads since the last good one.
     pub failed: u64,
     /// Workers (the current one and old ones still draining).
     pub workers: usize,
+}
+
+/// What one look at the master found ([`Haproxy::look`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Look {
+    /// It answered `show proc`.
+    Up(Proc),
+    /// No master process runs (why).
+    Gone(String),
+    /// A master process runs but did not answer (why).
+    Silent(String),
 }
 
 /// One HAProxy installation in the agent's directory.
@@ -74,6 +87,8 @@ pub struct Haproxy {
     /// The admin socket (`stats socket`, level admin).
     pub admin: PathBuf,
     pid_file: PathBuf,
+    /// The last pid read from `pid_file` (0: none yet).
+    last_pid: std::sync::atomic::AtomicU32,
     log: Arc<Mutex<VecDeque<String>>>,
 }
 
@@ -86,6 +101,7 @@ impl Haproxy {
             master: dir.join("master.sock"),
             admin: dir.join("admin.sock"),
             pid_file: dir.join("haproxy.pid"),
+            last_pid: Default::default(),
             log: Arc::default(),
         }
     }
@@ -161,16 +177,29 @@ impl Haproxy {
         parse_proc(&ask(&self.master, "show proc").await?)
     }
 
-    /// Reloads through the master CLI and confirms it with `show proc` within `timeout`. Errors:
-    /// [`HaproxyError::ReloadFailed`] (with the master's last lines) or [`HaproxyError::Unavailable`].
+    /// Reloads through the master CLI and confirms it with `show proc` within `timeout`. Call it
+    /// once `haproxy.cfg` holds the new configuration: a master other than the one answering here
+    /// (HAProxy died meanwhile and [`crate::supervise`] started it again) was started after the file
+    /// was in place, so it runs the new configuration, and that counts as a confirmed reload.
+    /// Errors: [`HaproxyError::ReloadFailed`] (with the master's last lines) or
+    /// [`HaproxyError::Unavailable`].
     pub async fn reload(&self, timeout: Duration) -> Result<(), HaproxyError> {
         let before = self.show_proc().await?;
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clear();
         ask(&self.master, "reload").await?;
+        tracing::debug!(master = before.pid, "reload sent; waiting for `show proc` to confirm it");
         let deadline = Instant::now() + timeout;
         loop {
             tokio::time::sleep(Duration::from_millis(10)).await;
             match self.show_proc().await {
+                Ok(p) if p.pid != before.pid && p.workers > 0 => {
+                    info!(
+                        old = before.pid,
+                        new = p.pid,
+                        "HAProxy was started again during the reload: it runs the new configuration"
+                    );
+                    return Ok(());
+                }
                 Ok(p) if p.reloads > before.reloads && p.failed == 0 => return Ok(()),
                 Ok(p) if p.reloads > before.reloads => {
                     let tail = self.log_tail(10);
@@ -208,9 +237,58 @@ impl Haproxy {
         }
     }
 
-    /// The master's pid from the pid file.
+    /// The master's pid from the pid file; the last one read while the file cannot be read (a
+    /// master re-executing itself for a reload writes it anew).
     pub fn pid(&self) -> Option<u32> {
-        std::fs::read_to_string(&self.pid_file).ok()?.trim().parse().ok()
+        use std::sync::atomic::Ordering;
+        let read = std::fs::read_to_string(&self.pid_file).ok().and_then(|t| t.trim().parse().ok());
+        match read {
+            Some(pid) => {
+                self.last_pid.store(pid, Ordering::Relaxed);
+                Some(pid)
+            }
+            None => Some(self.last_pid.load(Ordering::Relaxed)).filter(|p| *p != 0),
+        }
+    }
+
+    /// Whether process `pid` is a master of this installation: its command line names this master
+    /// socket (`-S <dir>/master.sock`), which no other process's does. A pid that was reused, or a
+    /// master that exited (an exited child not yet reaped is a zombie), is not. A live process whose
+    /// command line cannot be read at this instant (in the middle of an `exec`, as a master is on
+    /// every reload) is taken as the master still.
+    pub fn is_master(&self, pid: u32) -> bool {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !cmdline.is_empty() {
+            let socket = self.master.as_os_str().as_encoded_bytes();
+            return cmdline.split(|b| *b == 0).any(|arg| arg == socket);
+        }
+        // `/proc/<pid>/stat`: `pid (comm) state ...`; Z and X are exited.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+        !matches!(state, None | Some("Z" | "X"))
+    }
+
+    /// One look at the master, quick whatever its state: gone (no master process), answering `show
+    /// proc`, or alive but silent. One attempt, at most `patience`: a master re-executing itself for a
+    /// reload refuses connections for some 100 ms, which the caller judges over several looks.
+    pub async fn look(&self, patience: Duration) -> Look {
+        let pid = self.pid();
+        if let Some(pid) = pid
+            && !self.is_master(pid)
+        {
+            return Look::Gone(format!("the HAProxy master (pid {pid}) exited"));
+        }
+        let answer = tokio::time::timeout(patience, exchange(&self.master, "show proc")).await;
+        match answer.map_err(|_| std::io::Error::other(format!("no answer in {patience:?}"))) {
+            Ok(Ok(text)) => match parse_proc(&text) {
+                Ok(p) => Look::Up(p),
+                Err(e) => Look::Silent(e.to_string()),
+            },
+            Ok(Err(e)) | Err(e) if pid.is_none() => {
+                Look::Gone(format!("no HAProxy master runs ({}: {e})", self.master.display()))
+            }
+            Ok(Err(e)) | Err(e) => Look::Silent(format!("its master CLI does not answer: {e}")),
+        }
     }
 
     /// HAProxy's last `n` output lines, joined.
@@ -268,6 +346,7 @@ fn parse_proc(text: &str) -> Result<Proc, HaproxyError> {
     let bad = || HaproxyError::Unavailable(format!("unexpected `show proc` answer: {text:?}"));
     let master = text.lines().find(|l| l.split_whitespace().nth(1) == Some("master")).ok_or_else(bad)?;
     let fields: Vec<&str> = master.split_whitespace().collect();
+    let pid = fields.first().and_then(|f| f.parse().ok()).ok_or_else(bad)?;
     let reloads = fields.get(2).and_then(|f| f.parse().ok()).ok_or_else(bad)?;
     let failed = master
         .split("[failed: ")
@@ -276,7 +355,7 @@ fn parse_proc(text: &str) -> Result<Proc, HaproxyError> {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0);
     let workers = text.lines().filter(|l| l.split_whitespace().nth(1) == Some("worker")).count();
-    Ok(Proc { reloads, failed, workers })
+    Ok(Proc { pid, reloads, failed, workers })
 }
 
 #[cfg(test)]
@@ -298,6 +377,6 @@ mod tests {
                     1244            master          2 [failed: 1]   0d00h00m02s     2.6.12-1+deb12u4\n\
                     # workers\n1298            worker          1               0d00h00m01s     2.6.12-1+deb12u4\n\
                     # programs\n\n";
-        assert_eq!(parse_proc(text).unwrap(), Proc { reloads: 2, failed: 1, workers: 1 });
+        assert_eq!(parse_proc(text).unwrap(), Proc { pid: 1244, reloads: 2, failed: 1, workers: 1 });
     }
 }

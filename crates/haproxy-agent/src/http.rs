@@ -1,9 +1,12 @@
 //! The agent's HTTP side: a `POST` on any path is a delivery (Standard Webhooks signature checked
-//! against every configured secret, duplicate `webhook-id`s answered without applying twice);
-//! `GET /healthz`, `GET /state` and `GET /metrics`.
+//! against every configured secret, duplicate `webhook-id`s answered without applying twice), a
+//! `GET` on it a probe ([`vipwatch_contract::receiver`]); `GET /healthz`, `GET /state` and
+//! `GET /metrics`. Every answer carries the agent's identity headers (the state's generation, the
+//! run), and answers about a cluster whether the agent is caught up with it ([`crate::catchup`]).
 //!
 //! Answers (docs/reference/agent-api.md): 200 once the change is live (or when it is a duplicate or
-//! stale, with the reason); 401 for a bad or old signature; 400 for a signed body that is not a
+//! stale, with the reason); 202 `held` while the agent holds a HAProxy it did not configure (its
+//! state was lost): recorded, live with the full resync that makes it caught up; 401 for a bad or old signature; 400 for a signed body that is not a
 //! vipwatch delivery; 409 (problem+json, with the reason) for a cluster name another vipwatch holds
 //! (see [`crate::clusters`]); 422 (problem+json, with the reason) for a Service HAProxy can never
 //! serve; 503 with `Retry-After` for transient trouble. Never 410, which would make vipwatch disable the
@@ -26,6 +29,7 @@ use vipwatch_contract::WebhookPayload;
 
 use crate::apply::{Job, Outcome, Status};
 use crate::metrics::{AnswerLabels, Metrics};
+use crate::supervise::Health;
 
 /// Largest delivery body, in bytes (a Service with 10,000 members is about 1.5 MB); larger ones get
 /// a 413 problem.
@@ -43,6 +47,11 @@ pub struct Http {
     pub jobs: mpsc::Sender<Job>,
     /// The applier's status.
     pub status: watch::Receiver<Status>,
+    /// What the supervisor last saw of HAProxy.
+    pub health: watch::Receiver<Health>,
+    /// HAProxy itself: `/healthz` checks that its master process still runs at every request, so a
+    /// master that died since the supervisor last looked is reported at once.
+    pub haproxy: Arc<crate::haproxy::Haproxy>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Recently applied `webhook-id`s.
@@ -83,7 +92,31 @@ pub fn router(http: Http) -> Router {
         .route("/metrics", get(metrics))
         .fallback(deliver)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::map_response_with_state(http.clone(), identify))
         .with_state(http)
+}
+
+/// Adds the identity headers (generation, instance) to every answer; the caught-up header is added
+/// where an answer is about a cluster.
+async fn identify(State(http): State<Http>, mut response: Response) -> Response {
+    let identity = http.status.borrow().catch_up.identity(None);
+    set_headers(&mut response, &identity);
+    response
+}
+
+fn set_headers(response: &mut Response, identity: &vipwatch_contract::ReceiverIdentity) {
+    for (name, value) in identity.headers() {
+        if let Ok(value) = header::HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+}
+
+/// `caught-up` for `cluster` on `response`.
+fn about(mut response: Response, cluster: &str, http: &Http) -> Response {
+    let identity = http.status.borrow().catch_up.identity(Some(cluster));
+    set_headers(&mut response, &identity);
+    response
 }
 
 async fn deliver(
@@ -92,8 +125,11 @@ async fn deliver(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    if method == axum::http::Method::GET || method == axum::http::Method::HEAD {
+        return probe(&http, &headers);
+    }
     if method != axum::http::Method::POST {
-        return problem(StatusCode::METHOD_NOT_ALLOWED, "deliveries are POSTed", &http);
+        return problem(StatusCode::METHOD_NOT_ALLOWED, "deliveries are POSTed (a GET is a probe)", &http);
     }
     let body = match body {
         Ok(b) => b,
@@ -130,25 +166,55 @@ async fn deliver(
             return problem(StatusCode::BAD_REQUEST, &format!("not a vipwatch delivery: {e}"), &http);
         }
     };
+    let cluster = payload.data.cluster.clone().unwrap_or_else(|| crate::state::DEFAULT_CLUSTER.to_owned());
     let (reply, outcome) = oneshot::channel();
     if http.jobs.send(Job { payload, received, reply }).await.is_err() {
         return unavailable("the agent is stopping", &http);
     }
-    match tokio::time::timeout(http.patience, outcome).await {
+    let response = outcome_response(tokio::time::timeout(http.patience, outcome).await, id, &http);
+    about(response, &cluster, &http)
+}
+
+/// The answer to a delivery, from its outcome (`Err`: not in time).
+fn outcome_response(
+    outcome: Result<Result<Outcome, oneshot::error::RecvError>, tokio::time::error::Elapsed>,
+    id: String,
+    http: &Http,
+) -> Response {
+    match outcome {
         Ok(Ok(Outcome::Applied)) => {
             http.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
-            answer(StatusCode::OK, json!({"status": "applied"}), &http)
+            answer(StatusCode::OK, json!({"status": "applied"}), http)
         }
         Ok(Ok(Outcome::Ignored(why))) => {
             http.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
-            answer(StatusCode::OK, json!({"status": "ignored", "reason": why}), &http)
+            answer(StatusCode::OK, json!({"status": "ignored", "reason": why}), http)
         }
-        Ok(Ok(Outcome::Rejected(why))) => problem(StatusCode::UNPROCESSABLE_ENTITY, &why, &http),
-        Ok(Ok(Outcome::Conflict(why))) => problem(StatusCode::CONFLICT, &why, &http),
-        Ok(Ok(Outcome::Unavailable(why))) => unavailable(&why, &http),
-        Ok(Err(_)) => unavailable("the agent is stopping", &http),
-        Err(_) => unavailable("the change was not live in time", &http),
+        Ok(Ok(Outcome::Rejected(why))) => problem(StatusCode::UNPROCESSABLE_ENTITY, &why, http),
+        Ok(Ok(Outcome::Conflict(why))) => problem(StatusCode::CONFLICT, &why, http),
+        Ok(Ok(Outcome::Unavailable(why))) => unavailable(&why, http),
+        Ok(Ok(Outcome::Held(why))) => answer(StatusCode::ACCEPTED, json!({"status": "held", "reason": why}), http),
+        Ok(Err(_)) => unavailable("the agent is stopping", http),
+        Err(_) => unavailable("the change was not live in time", http),
     }
+}
+
+/// The answer to a probe (`GET` on a delivery path): the agent's state for the cluster in the
+/// `vipwatch-cluster` header (`default` when absent), as headers and as JSON.
+fn probe(http: &Http, headers: &HeaderMap) -> Response {
+    let cluster = headers
+        .get(vipwatch_contract::receiver::CLUSTER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .unwrap_or(crate::state::DEFAULT_CLUSTER)
+        .to_owned();
+    let body = {
+        let status = http.status.borrow();
+        status.catch_up.probe(&cluster, status.desired.clusters.keys().cloned())
+    };
+    let body = serde_json::to_string(&body).unwrap_or_default();
+    about(([(header::CONTENT_TYPE, "application/json")], body).into_response(), &cluster, http)
 }
 
 /// The `type` of a JSON body when it is a string this agent does not know.
@@ -181,17 +247,32 @@ fn unavailable(detail: &str, http: &Http) -> Response {
     r
 }
 
-/// 200 `ok` while HAProxy answers and the last apply did not fail transiently; else 503 with why.
+/// `200 ok` while HAProxy answers with a worker and the agent is caught up; else `503` with the
+/// first reason that holds: `not healthy: the applier stopped`, `not healthy: <HAProxy's trouble>`
+/// (what the supervisor last saw, or a master process gone since),
+/// `not caught up: <what it waits for>` (docs/reference/agent-api.md).
 async fn healthz(State(http): State<Http>) -> Response {
+    let unhealthy = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
     if http.jobs.is_closed() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "not healthy: the applier stopped").into_response();
+        return unhealthy("not healthy: the applier stopped".into());
     }
-    let s = http.status.borrow().clone();
-    if s.haproxy_up {
-        (StatusCode::OK, "ok").into_response()
-    } else {
-        let why = s.last_error.unwrap_or_else(|| "HAProxy is not answering".into());
-        (StatusCode::SERVICE_UNAVAILABLE, format!("not healthy: {why}")).into_response()
+    let health = http.health.borrow().clone();
+    if !health.up {
+        return unhealthy(format!(
+            "not healthy: {}",
+            health.reason.unwrap_or_else(|| "HAProxy is not answering".into())
+        ));
+    }
+    match http.haproxy.pid() {
+        Some(pid) if !http.haproxy.is_master(pid) => {
+            return unhealthy(format!("not healthy: the HAProxy master (pid {pid}) exited; the agent starts it again"));
+        }
+        None => return unhealthy("not healthy: no HAProxy master runs (no pid file)".into()),
+        Some(_) => {}
+    }
+    match http.status.borrow().catch_up.reason() {
+        Some(why) => unhealthy(why),
+        None => (StatusCode::OK, "ok").into_response(),
     }
 }
 
@@ -213,6 +294,7 @@ async fn state(State(http): State<Http>) -> Response {
                 json!({"logId": c.log_id, "secondsAgo": ago(c.at), "reason": c.reason})
             });
             json!({"cluster": name, "logId": b.log_id, "services": counts.get(&Some(name.clone())).copied().unwrap_or(0),
+                   "caughtUp": s.catch_up.cluster(name),
                    "lastDeliverySecondsAgo": live.last_delivery.map(ago),
                    "formerNames": b.former_names.keys().collect::<Vec<_>>(),
                    "conflicts": live.conflicts, "lastConflict": last_conflict, "takeovers": live.takeovers})
@@ -231,8 +313,12 @@ async fn state(State(http): State<Http>) -> Response {
                    "logId": a.version.log_id, "vips": a.service.vips, "ports": ports, "members": members})
         })
         .collect();
-    let body = json!({"haproxyUp": s.haproxy_up, "lastError": s.last_error, "configSha256": s.config_sha256,
-                      "clusters": clusters, "services": services});
+    let health = http.health.borrow().clone();
+    let c = &s.catch_up;
+    let body = json!({"haproxyUp": health.up, "haproxyPid": health.pid, "haproxyRestarts": health.restarts,
+                      "lastError": s.last_error, "configSha256": s.config_sha256,
+                      "generation": c.generation(), "caughtUp": c.caught_up(), "waitingFor": c.waiting_for(),
+                      "holding": c.held, "clusters": clusters, "services": services});
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 

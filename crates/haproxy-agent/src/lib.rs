@@ -2,12 +2,15 @@
 //! to a real HAProxy. It keeps the desired state on disk ([`state`]), renders a deterministic
 //! `haproxy.cfg` ([`render`]), applies member changes through the Runtime API and everything else
 //! through a checked, confirmed, hitless reload ([`haproxy`], [`apply`]), and answers each delivery
-//! only once the change is live ([`http`]). One agent serves several clusters, each with its own
+//! only once the change is live ([`http`]). A task of its own watches HAProxy and starts it again
+//! within a second when it dies ([`supervise`]); the agent says whether it is caught up, to
+//! keepalived through `/healthz` and to vipwatch in every answer ([`catchup`]). One agent serves several clusters, each with its own
 //! vipwatch: Services are keyed by cluster, namespace and name, and each cluster name is bound to
 //! the vipwatch (event log) that delivers it ([`clusters`]). It depends on the webhook contract alone: no Kubernetes
 //! client, no database, nothing of the controller.
 
 pub mod apply;
+pub mod catchup;
 pub mod cli;
 pub mod clusters;
 pub mod config;
@@ -16,6 +19,7 @@ pub mod http;
 pub mod metrics;
 pub mod render;
 pub mod state;
+pub mod supervise;
 pub mod sync;
 
 use std::future::Future;
@@ -55,24 +59,33 @@ pub struct Running {
     cancel: CancellationToken,
     server: JoinHandle<()>,
     applier: JoinHandle<()>,
+    supervisor: JoinHandle<()>,
+    /// HAProxy, stopped with the agent when `stop_haproxy_on_exit`.
+    stop_haproxy: Option<Arc<haproxy::Haproxy>>,
 }
 
 impl Running {
-    /// Stops serving and waits for the applier (which stops HAProxy only with
-    /// `stop_haproxy_on_exit`).
+    /// Stops serving, waits for the applier and the supervisor, then stops HAProxy when
+    /// `stop_haproxy_on_exit` (once nothing would start it again).
     pub async fn stop(self) {
         self.cancel.cancel();
         let _ = self.server.await;
+        let _ = self.supervisor.await;
         let _ = self.applier.await;
+        if let Some(h) = self.stop_haproxy {
+            h.stop().await;
+            tracing::info!("stopped HAProxy");
+        }
     }
 
-    /// Resolves when the HTTP server or the applier ended without being asked to (a panic
+    /// Resolves when the HTTP server, the applier or the supervisor ended without being asked to (a panic
     /// included), with which one and why: the agent can no longer do its job and must exit, so its
     /// supervisor (systemd) restarts it and keepalived stops trusting it meanwhile.
     pub async fn died(&mut self) -> String {
         let (what, ended) = tokio::select! {
             r = &mut self.server => ("the HTTP server", r),
             r = &mut self.applier => ("the applier", r),
+            r = &mut self.supervisor => ("the HAProxy supervisor", r),
         };
         match ended {
             Ok(()) => format!("{what} stopped"),
@@ -90,14 +103,20 @@ pub async fn start(config: AgentConfig, listener: TcpListener) -> Result<Running
     let verifiers = verifiers.map_err(|e| AgentError::Start(format!("secret: {e}")))?;
     let metrics = Arc::new(metrics::Metrics::new());
     let patience = config.answer_timeout;
-    let (applier, status) = apply::Applier::start(config, metrics.clone()).await.map_err(AgentError::Start)?;
+    let (start_timeout, tied) = (config.reload_timeout, config.stop_haproxy_on_exit);
+    let (applier, status, haproxy) = apply::Applier::start(config, metrics.clone()).await.map_err(AgentError::Start)?;
+    let stop_haproxy = tied.then(|| haproxy.clone());
+    let (supervisor, health) = supervise::Supervisor::new(haproxy.clone(), start_timeout, tied, metrics.clone());
     let (jobs, rx) = tokio::sync::mpsc::channel(QUEUE);
     let cancel = CancellationToken::new();
     let applier_task = tokio::spawn(applier.run(rx, cancel.clone()));
+    let supervisor = tokio::spawn(supervisor.run(cancel.clone()));
     let http = http::Http {
         verifiers: Arc::new(verifiers),
         jobs,
         status,
+        health,
+        haproxy,
         metrics,
         seen: Arc::new(Mutex::default()),
         patience,
@@ -110,7 +129,7 @@ pub async fn start(config: AgentConfig, listener: TcpListener) -> Result<Running
         }
     });
     tracing::info!(%addr, "accepting vipwatch deliveries");
-    Ok(Running { addr, cancel, server, applier: applier_task })
+    Ok(Running { addr, cancel, server, applier: applier_task, supervisor, stop_haproxy })
 }
 
 /// Runs until `shutdown` resolves. Errors: [`AgentError`] at start.
@@ -129,6 +148,9 @@ pub async fn run(
         why = running.died() => {
             tracing::error!(reason = %why, "cannot go on; exiting");
             running.cancel.cancel();
+            if let Some(h) = &running.stop_haproxy {
+                h.stop().await;
+            }
             Err(AgentError::Died(why))
         }
     }

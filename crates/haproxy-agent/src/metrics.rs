@@ -55,6 +55,10 @@ pub struct Metrics {
     pub workers: Gauge,
     /// `vipwatch_haproxy_up`: 1 while the HAProxy master answers.
     pub up: Gauge,
+    /// `vipwatch_haproxy_restarts_total`: HAProxy started again by the agent after it died.
+    pub restarts: Counter,
+    /// `vipwatch_haproxy_caught_up`: 1 once the agent is caught up (`/healthz`), else 0.
+    pub caught_up: Gauge,
     /// The clusters `services` has a series for.
     known_clusters: std::sync::Mutex<std::collections::HashSet<ClusterLabels>>,
 }
@@ -74,6 +78,8 @@ impl Metrics {
             cluster_takeovers: Family::default(),
             workers: Gauge::default(),
             up: Gauge::default(),
+            restarts: Counter::default(),
+            caught_up: Gauge::default(),
             known_clusters: Default::default(),
         };
         let r = &mut m.registry;
@@ -119,7 +125,18 @@ impl Metrics {
             m.cluster_takeovers.clone(),
         );
         r.register("workers", "HAProxy workers, old ones still draining included", m.workers.clone());
-        r.register("up", "1 while the HAProxy master answers its CLI, else 0", m.up.clone());
+        r.register("up", "1 while the HAProxy master answers its CLI and runs a worker, else 0", m.up.clone());
+        r.register(
+            "restarts",
+            "HAProxy started again by the agent after its master exited (killed, crashed, or its worker died)",
+            m.restarts.clone(),
+        );
+        r.register(
+            "caught_up",
+            "1 once a full resync of every cluster the agent waits for went live since it started, else 0 \
+             (`/healthz` answers 503 meanwhile)",
+            m.caught_up.clone(),
+        );
         m
     }
 

@@ -243,6 +243,16 @@ pub struct Desired {
     /// Per cluster name, the event log bound to it.
     #[serde(default)]
     pub clusters: BTreeMap<String, Binding>,
+    /// The identity of this state, `gen_` + 32 hex digits: made when the state is created and kept
+    /// with it, and answered with every delivery ([`crate::catchup`]), so that vipwatch tells a state
+    /// made again after a loss from the one it fed. A `state.json` of an agent before it has none
+    /// and is given one when loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<String>,
+    /// This state was made while HAProxy ran a configuration the agent had not made (the state was
+    /// lost, HAProxy kept serving): HAProxy is left as it is until the agent is caught up.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 /// What a delivery asks for.
@@ -508,11 +518,17 @@ impl Desired {
     /// exists but cannot be read or is not a state (the agent refuses to start rather than drop
     /// every Service).
     pub fn load(path: &Path) -> Result<Self, String> {
+        Ok(Self::load_existing(path)?.unwrap_or_default())
+    }
+
+    /// [`Self::load`], with `None` when there is no `state.json` at all (the agent has no state).
+    /// Errors: as [`Self::load`].
+    pub fn load_existing(path: &Path) -> Result<Option<Self>, String> {
         match std::fs::read(path) {
-            Ok(bytes) => {
-                serde_json::from_slice(&bytes).map_err(|e| format!("{}: not an agent state: {e}", path.display()))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| format!("{}: not an agent state: {e}", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(format!("{}: {e}", path.display())),
         }
     }

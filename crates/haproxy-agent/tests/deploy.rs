@@ -79,6 +79,39 @@ fn the_systemd_unit_runs_the_example_configuration_in_its_state_directory() {
     );
 }
 
+/// `keepalived -t` on the shipped keepalived.conf, with the interface one this host has: no warning,
+/// no error. keepalived before 2.2.8 kills itself in `-t` when the script user is not root
+/// (acassen/keepalived#2617, the daemon is not affected), so there the file is checked with `root`.
+#[test]
+fn the_keepalived_configuration_passes_keepalived_s_own_check() {
+    let version = Command::new("keepalived").arg("-v").output();
+    let version = version.expect("keepalived checks the shipped keepalived.conf: install Debian's `keepalived`");
+    let version = String::from_utf8_lossy(&version.stderr).to_string() + &String::from_utf8_lossy(&version.stdout);
+    let shipped = std::fs::read_to_string(deploy("keepalived.conf")).unwrap();
+    let interface = std::fs::read_dir("/sys/class/net")
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "lo")
+        .min()
+        .expect("a network interface besides lo");
+    let mut text = shipped.replace("eth0", &interface);
+    if version.contains("v2.2.7 ") || version.contains("v2.2.6 ") || version.contains("v2.2.5 ") {
+        text = text.replace("script_user nobody", "script_user root");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keepalived.conf");
+    std::fs::write(&file, text).unwrap();
+    let out = Command::new("keepalived").arg("-t").arg("-f").arg(&file).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert_eq!((out.status.code(), said.trim()), (Some(0), ""), "{version}");
+    // The shipped file keeps what the check relies on.
+    for line in ["    enable_script_security", "    script_user nobody", "        vipwatch_haproxy_healthz"] {
+        assert!(shipped.lines().any(|l| l == line), "missing `{line}`");
+    }
+    let pass = shipped.lines().find_map(|l| l.trim().strip_prefix("auth_pass ")).unwrap();
+    assert!(pass.split_whitespace().next().unwrap().len() <= 8, "keepalived uses 8 characters of auth_pass");
+}
+
 #[test]
 fn configuration_errors_name_the_key_and_the_file() {
     let dir = tempfile::tempdir().unwrap();

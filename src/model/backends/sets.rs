@@ -14,9 +14,9 @@ use crate::model::{ServiceKey, ServiceView};
 /// [`vipwatch_contract::object`].
 ///
 /// The members are boxed and the map is a vector: a B-tree node has room for 11 entries whatever the
-/// map holds. With [`Backends`] inline (about 140 bytes) that was 1.6 KiB per Service for its one or
-/// two modes; boxed, the node alone is still most of that, where a vector of one or two (mode, box)
-/// pairs takes 32 bytes (see docs/explanation/design-decisions.md).
+/// map holds, so a B-tree map (boxed or not) takes room for 11 modes per Service where a Service has
+/// one or two; a vector holds just its (mode, box) pairs (see docs/explanation/design-decisions.md,
+/// "Views without spare room").
 pub type BackendSets = litemap::LiteMap<BackendMode, Box<Backends>>;
 
 /// The members of `sets` in `mode`, if it has that mode (`None`: no mode, nothing).

@@ -4,6 +4,13 @@
 
 #![allow(dead_code)]
 
+/// The workspace's one policy for a program a test needs (tests/common/require.rs): skip with a
+/// `SKIPPED` line locally, fail under CI.
+#[path = "../../../../tests/common/require.rs"]
+pub mod require;
+
+pub use require::require_tool;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -23,12 +30,6 @@ pub fn vip() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(1);
     let n = NEXT.fetch_add(1, Ordering::Relaxed) + (std::process::id() % 200) * 250;
     format!("127.100.{}.{}", (n / 250) % 250, n % 250 + 1)
-}
-
-/// Fails the test (with the reason) when `haproxy` is not installed: `.ci/run` installs it.
-pub fn require_haproxy() {
-    let ok = std::process::Command::new("haproxy").arg("-v").output().is_ok_and(|o| o.status.success());
-    assert!(ok, "these tests run a real HAProxy: install Debian's `haproxy` package (`.ci/run` does)");
 }
 
 /// A pod: answers every connection with `name\n` and closes.
@@ -69,13 +70,14 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub async fn start() -> Self {
-        require_haproxy();
+    /// The agent, or `None` without `haproxy` ([`require_tool`]'s policy: the test then returns).
+    pub async fn start() -> Option<Self> {
+        require_tool("haproxy")?;
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let mut a = Self { dir, running: None, url: String::new(), client: reqwest::Client::new() };
         a.restart().await;
-        a
+        Some(a)
     }
 
     pub fn config(&self) -> AgentConfig {
@@ -256,4 +258,39 @@ where
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await; // ok: polling a condition under a deadline
     }
+}
+
+/// Sends a full resync `id` of the default cluster, as vipwatch does: each of `services` (built with
+/// [`delivery`]) as a `service.synced` marked `index` of `total`, then the `sync.completed`. Returns
+/// each answer's status, the `sync.completed`'s last.
+pub async fn resync(agent: &Agent, id: &str, services: &[WebhookPayload]) -> Vec<u16> {
+    let total = services.len() as u64;
+    let mut statuses = Vec::new();
+    for (i, s) in services.iter().enumerate() {
+        let mut d = s.clone();
+        d.kind = vipwatch_contract::PayloadType::ServiceSynced;
+        d.data.event = vipwatch_contract::EventKind::Synced;
+        d.data.event_id = None;
+        d.data.cause = vipwatch_contract::Cause::Resync;
+        d.data.sync = Some(vipwatch_contract::SyncMarker {
+            id: id.into(),
+            index: Some(i as u64 + 1),
+            total,
+            as_of_event_id: Some(1_000_000),
+        });
+        statuses.push(agent.send(&d).await.0);
+    }
+    let mut done: WebhookPayload = serde_json::from_value(json!({
+        "type": "sync.completed", "timestamp": "2026-12-01T00:00:00.000Z",
+        "data": {"event_id": null, "event": "SYNCED", "cause": "resync", "previous": null, "changed": []}}))
+    .unwrap();
+    done.data.sync =
+        Some(vipwatch_contract::SyncMarker { id: id.into(), index: None, total, as_of_event_id: Some(1_000_000) });
+    statuses.push(agent.send(&done).await.0);
+    statuses
+}
+
+/// A response's receiver identity headers (`vipwatch_contract::receiver`).
+pub fn identity(headers: &reqwest::header::HeaderMap) -> Option<vipwatch_contract::ReceiverIdentity> {
+    vipwatch_contract::ReceiverIdentity::from_headers(|name| headers.get(name).and_then(|v| v.to_str().ok()))
 }

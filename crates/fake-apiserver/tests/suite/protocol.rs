@@ -1,6 +1,8 @@
 //! Tests of the fake Kubernetes apiserver over real sockets: kube-rs as the client, raw HTTP/1.1 for the
 //! wire-level faults, and the installed `kubectl` (get and proxy).
 
+use crate::require;
+
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -566,9 +568,9 @@ async fn patch_status_subresource() {
 
 // ---- kubectl --------------------------------------------------------------------------------------------
 
+/// `kubectl` with `HOME` at `home`, or `None` without it ([`require::require_tool`]'s policy).
 fn kubectl(home: &Path) -> Option<tokio::process::Command> {
-    let found = std::process::Command::new("kubectl").arg("version").arg("--client").output().is_ok();
-    assert!(found, "kubectl must be installed (the README's test prerequisites)");
+    require::require_tool("kubectl")?;
     let mut cmd = tokio::process::Command::new("kubectl");
     cmd.env("HOME", home).env_remove("KUBECONFIG").kill_on_drop(true);
     Some(cmd)

@@ -4,6 +4,8 @@
 //!
 //! Every kubectl run gets a fresh temporary `HOME` (kubectl caches discovery under it).
 
+use crate::require;
+
 use std::collections::BTreeSet;
 use std::process::{Output, Stdio};
 use std::time::Duration;
@@ -79,6 +81,7 @@ const WEB: &str = r#"{"apiVersion": "v1", "kind": "Service",
 
 #[tokio::test]
 async fn kubectl_writes_show_up_as_watch_events() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let server = FakeApiServer::start().await.unwrap();
     let url = server.url();
     let api: Api<Service> = Api::namespaced(client(&server), "default");
@@ -144,6 +147,7 @@ async fn kubectl_writes_show_up_as_watch_events() {
 
 #[tokio::test]
 async fn kubectl_apply_creates_then_patches_strategically() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let server = FakeApiServer::start().await.unwrap();
     let url = server.url();
     let api: Api<Service> = Api::namespaced(client(&server), "default");
@@ -183,6 +187,7 @@ async fn kubectl_apply_creates_then_patches_strategically() {
 
 #[tokio::test]
 async fn kubectl_get_prints_the_service_columns_with_external_ips() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let api = FakeApiServer::start().await.unwrap();
     api.apply(json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "web", "namespace": "shop", "creationTimestamp": "2026-01-01T00:00:00Z"},

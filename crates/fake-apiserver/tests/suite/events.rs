@@ -2,6 +2,8 @@
 //! event series), the core/v1 events API with field selectors, both views of one store, discovery, and
 //! `kubectl describe` listing a recorded event. Events never reach Service watches.
 
+use crate::require;
+
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -159,6 +161,7 @@ async fn core_events_api_and_discovery() {
 
 #[tokio::test]
 async fn kubectl_describe_lists_recorded_events() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let server = FakeApiServer::start().await.unwrap();
     server.apply(web());
     let svc = Api::<Service>::namespaced(client(&server), "default").get("web").await.unwrap();

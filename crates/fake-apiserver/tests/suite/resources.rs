@@ -5,6 +5,8 @@
 //! (`*_resource`, mixed `seed`, `read_seed_dir`), and the installed `kubectl` (discovery, `label`,
 //! `cordon`, `taint`, `apply`, `get` tables, `delete`), each write checked through a watch.
 
+use crate::require;
+
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::pin::Pin;
@@ -816,6 +818,7 @@ fn age_days() -> String {
 
 #[tokio::test]
 async fn kubectl_discovers_nodes_and_endpointslices() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let server = FakeApiServer::start().await.unwrap();
     let rows: BTreeSet<Vec<String>> = table(&kubectl(&server, &["api-resources"], None).await).into_iter().collect();
     let row = |cells: &[&str]| cells.iter().map(|c| c.to_string()).collect::<Vec<_>>();
@@ -848,6 +851,7 @@ async fn kubectl_discovers_nodes_and_endpointslices() {
 
 #[tokio::test]
 async fn kubectl_label_cordon_taint_apply_get_delete_nodes() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let server = FakeApiServer::start().await.unwrap();
     let mut w1 = node("w1", json!({"kubernetes.io/hostname": "w1", "node-role.kubernetes.io/worker": ""}));
     w1["metadata"]["creationTimestamp"] = json!(CREATED);
@@ -930,6 +934,7 @@ async fn kubectl_label_cordon_taint_apply_get_delete_nodes() {
 
 #[tokio::test]
 async fn kubectl_apply_get_delete_endpointslices() {
+    let Some(_kubectl) = require::require_tool("kubectl") else { return };
     let server = FakeApiServer::start().await.unwrap();
     let api: Api<EndpointSlice> = Api::all(client(&server));
     let mut events = watch(&api, &WatchParams::default(), &server.resource_version()).await;

@@ -1,0 +1,252 @@
+//! The agent never goes dark without saying so: HAProxy killed in the middle of a reload is back
+//! within about a second and `/healthz` answers 503 meanwhile; an agent that lost its state while
+//! HAProxy kept serving leaves HAProxy as it is, says it is not caught up (to keepalived through
+//! `/healthz`, to vipwatch through the identity headers of every answer) until vipwatch's full
+//! resync went live.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tokio::time::Instant;
+use vipwatch_contract::ReceiverIdentity;
+
+/// How long HAProxy may stay gone after its master was killed: the supervisor looks every 100 ms and
+/// starts it at once.
+const BACK_WITHIN: Duration = Duration::from_millis(1500);
+
+/// The master's environment as its last `exec` set it: it re-executes itself on every reload, with
+/// a new `HAPROXY_PROCESSES`, so a change means it received the reload.
+fn environ(pid: u32) -> Vec<u8> {
+    std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()
+}
+
+/// Whether process `pid` has exited (reaped, or a zombie).
+fn exited(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+    matches!(stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()), Some("Z" | "X"))
+}
+
+fn master_pid(agent: &Agent) -> u32 {
+    std::fs::read_to_string(agent.dir.path().join("haproxy.pid")).unwrap().trim().parse().unwrap()
+}
+
+/// GET `path` with its receiver identity headers.
+async fn get_with_identity(agent: &Agent, path: &str) -> (u16, String, Option<ReceiverIdentity>) {
+    let r = agent.client.get(format!("{}{path}", agent.url)).send().await.unwrap();
+    let id = identity(r.headers());
+    (r.status().as_u16(), r.text().await.unwrap(), id)
+}
+
+/// POSTs a delivery signed with the right secret; the status, the body and the identity headers.
+async fn send_with_identity(
+    agent: &Agent,
+    payload: &vipwatch_contract::WebhookPayload,
+) -> (u16, serde_json::Value, Option<ReceiverIdentity>) {
+    let body = serde_json::to_string(payload).unwrap();
+    let id = fresh_id();
+    let ts = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let signature = standardwebhooks::Webhook::new(SECRET).unwrap().sign(&id, ts, body.as_bytes()).unwrap();
+    let r = agent
+        .client
+        .post(format!("{}/hooks/vip", agent.url))
+        .header("content-type", "application/json")
+        .header("webhook-id", id)
+        .header("webhook-timestamp", ts.to_string())
+        .header("webhook-signature", signature)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let identity = identity(r.headers());
+    (r.status().as_u16(), r.json().await.unwrap_or(serde_json::Value::Null), identity)
+}
+
+#[tokio::test]
+async fn haproxy_killed_mid_reload_is_back_within_a_second_and_healthz_is_503_meanwhile() {
+    let Some(agent) = Agent::start().await else { return };
+    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
+    let (a, b) = (pod("a").await, pod("b").await);
+    let (v1, v2) = (vip(), vip());
+    assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[18091], &[active(0, a)])).await.0, 200);
+    assert_eq!(agent.get("/healthz").await, (200, "ok".to_owned()));
+
+    // A Service with a new VIP needs a reload; the master is SIGKILLed as soon as it has re-executed
+    // itself for it (its workers exit with it).
+    let pid = master_pid(&agent);
+    let before = environ(pid);
+    let added = delivery("service.added", 2, "two", &v2, &[18091], &[active(0, b)]);
+    let delivering = agent.send(&added);
+    let killing = async {
+        let deadline = Instant::now() + DEADLINE;
+        while environ(pid) == before {
+            assert!(Instant::now() < deadline, "the master never received the reload");
+            tokio::time::sleep(Duration::from_millis(1)).await; // ok: polling under a deadline
+        }
+        assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+        let killed = Instant::now();
+        while !exited(pid) {
+            assert!(killed.elapsed() < DEADLINE, "the master outlived SIGKILL");
+            tokio::time::sleep(Duration::from_millis(1)).await; // ok: polling under a deadline
+        }
+        // Every /healthz answer from the kill on, until it is 200 again.
+        let mut answers = Vec::new();
+        loop {
+            let (status, text) = agent.get("/healthz").await;
+            answers.push((status, text));
+            if status == 200 {
+                break;
+            }
+            assert!(killed.elapsed() < DEADLINE, "HAProxy never came back: {answers:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await; // ok: polling under a deadline
+        }
+        (killed.elapsed(), answers)
+    };
+    let ((status, body), (back, answers)) = tokio::join!(delivering, killing);
+    eprintln!(
+        "HAProxy killed mid-reload: /healthz 200 again after {back:?}, {} answers of 503 before",
+        answers.len() - 1
+    );
+    assert_ne!(master_pid(&agent), pid, "a new master runs");
+    assert!(back < BACK_WITHIN, "back after {back:?}");
+    let (first, text) = &answers[0];
+    assert_eq!(*first, 503, "the first /healthz after the kill: {text}");
+    assert!(text.starts_with("not healthy: ") && text.contains(&format!("pid {pid}")), "it says why: {text}");
+    // The new master started from the file the reload had put in place: the delivery is live.
+    assert_eq!((status, body["status"].as_str()), (200, Some("applied")), "{body}");
+    assert_eq!(hit(&format!("{v1}:18091")).await.as_deref(), Ok("a"));
+    assert_eq!(hit(&format!("{v2}:18091")).await.as_deref(), Ok("b"));
+    let (_, metrics) = agent.get("/metrics").await;
+    assert!(metrics.lines().any(|l| l == "vipwatch_haproxy_restarts_total 1"), "{metrics}");
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_that_lost_its_state_holds_the_serving_haproxy_until_a_resync_went_live() {
+    let Some(mut agent) = Agent::start().await else { return };
+    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
+    let (a, b) = (pod("a").await, pod("b").await);
+    let (v1, v2) = (vip(), vip());
+    let (status, _, id) =
+        send_with_identity(&agent, &delivery("service.added", 1, "one", &v1, &[18092], &[active(0, a)])).await;
+    assert_eq!(status, 200);
+    let old = id.expect("identity headers");
+    assert_eq!(old.caught_up, Some(true));
+    assert_eq!(agent.send(&delivery("service.added", 2, "two", &v2, &[18092], &[active(0, b)])).await.0, 200);
+    let reloads = agent.reloads().await;
+
+    // The agent stops (HAProxy keeps serving) and its state is lost with the configuration file.
+    agent.running.take().unwrap().stop().await;
+    std::fs::remove_file(agent.dir.path().join("state.json")).unwrap();
+    std::fs::remove_file(agent.dir.path().join("haproxy.cfg")).unwrap();
+    agent.restart().await;
+
+    // No reload with an empty configuration: HAProxy serves both Services as before.
+    assert_eq!(agent.reloads().await, reloads);
+    assert_eq!(hit(&format!("{v1}:18092")).await.as_deref(), Ok("a"));
+    assert_eq!(hit(&format!("{v2}:18092")).await.as_deref(), Ok("b"));
+    let held = "not caught up: waiting for the first full resync (this run has none yet, and its state names no \
+                cluster to wait for); HAProxy keeps the configuration it runs (the agent's state was lost) until then";
+    let (status, text, id) = get_with_identity(&agent, "/healthz").await;
+    assert_eq!((status, text.as_str()), (503, held));
+    let new = id.expect("identity headers on /healthz");
+    assert_ne!(new.generation, old.generation, "a new state identity");
+    assert_ne!(new.instance, old.instance, "a new run");
+    assert_eq!(new.caught_up, None, "/healthz is about no cluster");
+
+    // A probe (GET on the delivery URL) says the same, for the sender's cluster.
+    let (status, text, id) = get_with_identity(&agent, "/hooks/vip").await;
+    assert_eq!(status, 200);
+    assert_eq!(id.as_ref().map(|i| (i.generation.as_str(), i.caught_up)), Some((new.generation.as_str(), Some(false))));
+    let probe: vipwatch_contract::ReceiverState = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        probe,
+        vipwatch_contract::ReceiverState {
+            generation: new.generation.clone(),
+            instance: new.instance.clone(),
+            cluster: "default".into(),
+            cluster_caught_up: false,
+            caught_up: false,
+            waiting_for: vec![],
+            clusters: Default::default(),
+        }
+    );
+
+    // A delivery meanwhile is recorded, answered 202 `held`, and changes nothing in HAProxy.
+    let moved = delivery("service.modified", 3, "one", &v1, &[18092], &[active(0, a), active(0, b)]);
+    let (status, body, id) = send_with_identity(&agent, &moved).await;
+    assert_eq!((status, body["status"].as_str(), body["reason"].as_str()), (202, Some("held"), Some(held)), "{body}");
+    assert_eq!(id.map(|i| (i.generation, i.caught_up)), Some((new.generation.clone(), Some(false))));
+    assert_eq!(agent.reloads().await, reloads);
+    assert_eq!(hit(&format!("{v1}:18092")).await.as_deref(), Ok("a"));
+    let (_, state) = agent.get("/state").await;
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    assert_eq!((state["holding"].as_bool(), state["caughtUp"].as_bool()), (Some(true), Some(false)), "{state}");
+
+    // vipwatch's full resync (only `one` now) goes live in one reload and replaces what HAProxy ran.
+    // The Service that completes it (the last of its `total` to arrive) is answered once it is live.
+    let v3 = vip();
+    let one = delivery("service.synced", 4, "one", &v1, &[18092], &[active(0, b)]);
+    let three = delivery("service.synced", 4, "three", &v3, &[18092], &[active(0, a)]);
+    assert_eq!(resync(&agent, "sync_2", &[one, three]).await, [202, 200, 200]);
+    assert_eq!(agent.reloads().await, reloads + 1);
+    assert_eq!(get_with_identity(&agent, "/healthz").await.0, 200);
+    assert_eq!(hit(&format!("{v1}:18092")).await.as_deref(), Ok("b"));
+    assert_eq!(hit(&format!("{v3}:18092")).await.as_deref(), Ok("a"));
+    assert!(hit(&format!("{v2}:18092")).await.is_err(), "the Service the resync left out is gone");
+    let (_, _, id) = get_with_identity(&agent, "/hooks/vip").await;
+    assert_eq!(id.map(|i| (i.generation, i.caught_up)), Some((new.generation.clone(), Some(true))));
+
+    // The identity is the state's: a restart keeps it (and, having missed nothing it knows of, the
+    // agent waits for a resync of the cluster it has).
+    agent.restart().await;
+    let (status, text, id) = get_with_identity(&agent, "/healthz").await;
+    assert_eq!((status, text.as_str()), (503, "not caught up: waiting for a full resync of cluster default"));
+    let id = id.unwrap();
+    assert_eq!(id.generation, new.generation);
+    assert_ne!(id.instance, new.instance);
+    assert_eq!(agent.reloads().await, reloads + 1, "the state renders what HAProxy runs: no reload");
+    agent.stop().await;
+}
+
+#[tokio::test]
+async fn a_lost_state_json_with_the_haproxy_cfg_left_holds_haproxy_running_or_not() {
+    let Some(mut agent) = Agent::start().await else { return };
+    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
+    let a = pod("a").await;
+    let v1 = vip();
+    assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[18093], &[active(0, a)])).await.0, 200);
+    let (text, reloads) = (agent.config_text(), agent.reloads().await);
+    let held = "not caught up: waiting for the first full resync (this run has none yet, and its state names no \
+                cluster to wait for); HAProxy keeps the configuration it runs (the agent's state was lost) until then";
+
+    // state.json lost, HAProxy running, haproxy.cfg left: attached as it is.
+    agent.running.take().unwrap().stop().await;
+    std::fs::remove_file(agent.dir.path().join("state.json")).unwrap();
+    agent.restart().await;
+    assert_eq!(agent.reloads().await, reloads);
+    assert_eq!(agent.config_text(), text, "the file HAProxy runs is kept");
+    assert_eq!(agent.get("/healthz").await, (503, held.to_owned()));
+    assert_eq!(hit(&format!("{v1}:18093")).await.as_deref(), Ok("a"));
+
+    // state.json lost again, HAProxy stopped too, haproxy.cfg left: HAProxy starts from that file.
+    agent.running.take().unwrap().stop().await;
+    let pid = master_pid(&agent);
+    vipwatch_haproxy::haproxy::Haproxy::new("haproxy".as_ref(), agent.dir.path()).stop().await;
+    wait_until("HAProxy stopped", || async { exited(pid) }).await;
+    assert!(hit(&format!("{v1}:18093")).await.is_err());
+    std::fs::remove_file(agent.dir.path().join("state.json")).unwrap();
+    agent.restart().await;
+    assert_ne!(master_pid(&agent), pid);
+    assert_eq!(agent.config_text(), text);
+    assert_eq!(agent.get("/healthz").await, (503, held.to_owned()));
+    assert_eq!(hit(&format!("{v1}:18093")).await.as_deref(), Ok("a"), "served from the file left");
+
+    // The resync goes live and the agent is caught up.
+    let one = delivery("service.synced", 2, "one", &v1, &[18093], &[active(0, a)]);
+    assert_eq!(resync(&agent, "sync_2", &[one]).await, [200, 200]);
+    assert_eq!(agent.get("/healthz").await, (200, "ok".to_owned()));
+    assert_eq!(hit(&format!("{v1}:18093")).await.as_deref(), Ok("a"));
+    agent.stop().await;
+}
