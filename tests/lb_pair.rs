@@ -45,6 +45,7 @@ struct Pair {
     hosts: Vec<Host>,
     h: Harness,
     vw: Option<Running>,
+    config: Config,
     pod: SocketAddr,
 }
 
@@ -79,8 +80,8 @@ impl Pair {
         let h = Harness::new().await;
         let mut config = Self::config(&h, &net);
         change(&mut config);
-        let vw = Some(h.start(config).await);
-        Self { net, _root: root, hosts, h, vw, pod }
+        let vw = Some(h.start(config.clone()).await);
+        Self { net, _root: root, hosts, h, vw, pod, config }
     }
 
     fn config(h: &Harness, net: &Net) -> Config {
@@ -393,4 +394,33 @@ async fn a_host_back_from_an_outage_catches_up_by_itself_before_it_can_take_the_
     assert_eq!(pair.wait_serving(web).await, standby);
     drop(client);
     pair.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_restarted_while_vipwatch_was_down_is_resynced_at_vipwatchs_start_with_nothing_to_send() {
+    if !can_run() {
+        return;
+    }
+    let mut pair = Pair::start().await;
+    let web = pair.service("web").await;
+    let active = pair.wait_serving(web).await;
+    let standby = other(active);
+    // vipwatch stops; meanwhile the standby's agent restarts (not caught up); nothing changes.
+    pair.vw.take().unwrap().stop().await.unwrap();
+    pair.host(standby).kill_agent();
+    pair.host(standby).start_agent();
+    let host = pair.hosts.iter().find(|h| h.name == standby).unwrap();
+    wait_until(&format!("{standby} not caught up"), || async {
+        (host.healthz(&pair.net).await == Some(503)).then_some(())
+    })
+    .await;
+    // vipwatch starts again with nothing to send: it remembers that the agent reports its identity.
+    let vw = pair.h.start(pair.config.clone()).await;
+    wait_until(&format!("{standby} caught up"), || async {
+        (host.healthz(&pair.net).await == Some(200)).then_some(())
+    })
+    .await;
+    let state = agent_state(&pair.net, standby).await.unwrap();
+    assert_eq!(services_in(&state), ["eval/web"], "{state}");
+    vw.stop().await.unwrap();
 }

@@ -11,7 +11,8 @@
 //! webhook receiver, which never answers with an identity, is never probed. When the receiver is not
 //! caught up, vipwatch enqueues that resync ([`crate::route::resync`]) — once per run of the receiver,
 //! and again only once the resync it sent is no longer pending there. [`CatchUp`] decides; [`watch`]
-//! listens, probes and acts.
+//! listens, probes and acts. That an endpoint speaks it is kept in the database, so it is probed from
+//! vipwatch's next start on, before anything is sent to it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,7 +92,8 @@ pub(super) async fn watch(
 ) {
     let cluster = config.cluster.name.clone().unwrap_or_default();
     let mut state = CatchUp::default();
-    let mut speaks = false;
+    // An endpoint that answered with an identity in an earlier run is probed from the start.
+    let mut speaks = store.speaks_identity(&name).await.unwrap_or(false);
     loop {
         let id = tokio::select! {
             () = cancel.cancelled() => return,
@@ -113,7 +115,7 @@ pub(super) async fn watch(
         let Some(id) = id else { continue };
         if !speaks {
             debug!(webhook = %name, "the endpoint reports whether it is caught up: probing it every second");
-            speaks = true;
+            speaks = store.remember_identity(&name).await.is_ok();
         }
         if !trust.is_valid() {
             continue;

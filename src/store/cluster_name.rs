@@ -25,3 +25,22 @@ impl Store {
         self.execute(self.backend.dual(&CARRY).bind(name)).await
     }
 }
+
+impl Store {
+    /// Whether endpoint `webhook` answered with a receiver identity in an earlier run
+    /// ([`crate::relay::catch_up`]): then it is probed from the start, so an agent that restarted
+    /// while vipwatch did too is noticed although nothing is sent to it. Errors: the database failed.
+    pub async fn speaks_identity(&self, webhook: &str) -> Result<bool, StoreError> {
+        let key = format!("receiver_identity:{webhook}");
+        let row = self.read_optional(self.backend.query("SELECT value FROM meta WHERE key = $1").bind(key)).await?;
+        Ok(row.is_some())
+    }
+
+    /// Records that endpoint `webhook` answers with a receiver identity (see
+    /// [`Store::speaks_identity`]). Errors: the database failed.
+    pub async fn remember_identity(&self, webhook: &str) -> Result<(), StoreError> {
+        let insert = "INSERT INTO meta (key, value) VALUES ($1, 'yes') ON CONFLICT (key) DO NOTHING";
+        let key = format!("receiver_identity:{webhook}");
+        self.execute(self.backend.query(insert).bind(key)).await.map(drop)
+    }
+}

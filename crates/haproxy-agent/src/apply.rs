@@ -688,9 +688,15 @@ fn preflight(added: &[SocketAddr]) -> Result<(), Failure> {
 
 /// Waits (at most `timeout`) until every added bind accepts connections and every removed one refuses
 /// them, so the answer to the delivery means the next connection sees the change.
+///
+/// Only binds on an address this host holds now are checked: a VIP the other host of a pair holds
+/// (bound here through `ip_nonlocal_bind`) would be reached over the network, or not at all while
+/// nobody holds it, and says nothing about this HAProxy. A wildcard bind is checked on loopback.
 async fn confirm_live(added: &[SocketAddr], removed: &[SocketAddr], timeout: Duration) {
     let deadline = Instant::now() + timeout;
-    let pending: BTreeSet<SocketAddr> = added.iter().chain(removed).copied().collect();
+    let local = local_addresses();
+    let here = |a: &&SocketAddr| a.ip().is_unspecified() || local.contains(&a.ip()) || routed_here(a.ip());
+    let pending: BTreeSet<SocketAddr> = added.iter().chain(removed).filter(here).copied().collect();
     for addr in pending {
         let want_open = added.contains(&addr);
         loop {
@@ -705,6 +711,48 @@ async fn confirm_live(added: &[SocketAddr], removed: &[SocketAddr], timeout: Dur
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+}
+
+/// Whether the kernel delivers `ip` to this host although no interface carries it (loopback's
+/// `127.0.0.0/8`, a prefix routed `local` to `lo`): the source it picks to reach `ip` is then `ip`
+/// itself or a loopback address. No packet is sent (a UDP `connect` only chooses the route).
+fn routed_here(ip: std::net::IpAddr) -> bool {
+    let any: SocketAddr =
+        if ip.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+    let source = std::net::UdpSocket::bind(any).and_then(|s| s.connect((ip, 9)).and_then(|()| s.local_addr()));
+    source.is_ok_and(|s| s.ip() == ip || s.ip().is_loopback())
+}
+
+/// The addresses on this host's interfaces now (`getifaddrs(3)`); empty when it fails.
+fn local_addresses() -> BTreeSet<std::net::IpAddr> {
+    let mut out = BTreeSet::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list that stays valid until freeifaddrs; each
+    // `ifa_addr` is null or points to a sockaddr of the family it names.
+    unsafe {
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut cursor = list;
+        while let Some(ifa) = cursor.as_ref() {
+            if let Some(addr) = ifa.ifa_addr.as_ref() {
+                match i32::from(addr.sa_family) {
+                    libc::AF_INET => {
+                        let v4 = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                        out.insert(std::net::Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr)).into());
+                    }
+                    libc::AF_INET6 => {
+                        let v6 = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                        out.insert(std::net::Ipv6Addr::from(v6.sin6_addr.s6_addr).into());
+                    }
+                    _ => {}
+                }
+            }
+            cursor = ifa.ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    out
 }
 
 /// Whether `p` changes a Service's members and nothing else (`service.modified`, `changed:
