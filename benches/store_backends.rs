@@ -12,7 +12,7 @@
 //!    default config and one signed endpoint (a loopback receiver answering 204 at once):
 //!    - sync: SERVICES Services exist before the start; start → ready (`/api/v1/status`: leading,
 //!      or `single`, with `not_ready` null: what `/readyz` checks of the watch, without its database
-//!      write probe, which would take turns from the writer measured), and start → the receiver
+//!      write probe, which would share the write connection with the writer measured), and start → the receiver
 //!      holds every ADDED (each waits for vipwatch's finalizer patch, as in production).
 //!    - ingest: one label change on every Service, written in-process as fast as the fake apiserver
 //!      takes them; events/s until the event log holds them all (its newest id, then its row count,

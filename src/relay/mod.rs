@@ -15,6 +15,7 @@
 mod assign;
 pub mod catch_up;
 pub mod circuit;
+mod dispatch;
 mod dispatcher;
 pub mod full_state;
 pub mod policy;
@@ -124,7 +125,7 @@ pub async fn start(
             acked: acked.clone(),
             circuit_failures: w.circuit_failures.unwrap_or(config.relay.circuit_failures),
             circuits: circuits.clone(),
-            trust: trust.clone(),
+            leading_until: trust.clone(),
             reachable: w.template.is_none().then_some(reachable_rx),
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));

@@ -18,14 +18,14 @@ use crate::store::{NewDelivery, ServiceRow, Store, new_msg_id, now_ms};
 /// meanwhile is neither superseded unseen nor overtaken by an older state.
 /// Errors: [`RouteError::UnknownWebhook`], [`RouteError::Store`].
 pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Result<Vec<(String, usize)>, RouteError> {
-    let router = Router::new(config, store.log_id())?;
+    let router = std::sync::Arc::new(Router::new(config, store.log_id())?);
     if let Some(name) = only
         && !router.routes.iter().any(|r| r.name == name)
     {
         return Err(RouteError::UnknownWebhook(name.to_owned()));
     }
     let mut out = Vec::new();
-    for route in router.routes.iter().filter(|r| only.is_none_or(|n| n == r.name)) {
+    for (i, route) in router.routes.iter().enumerate().filter(|(_, r)| only.is_none_or(|n| n == r.name)) {
         if route.full_state.is_some() {
             // One declaration of everything, due now (it renders the state table when sent).
             let n = store.services().await?.iter().filter(|s| route.accepts_service(s)).count();
@@ -34,23 +34,27 @@ pub async fn resync(store: &Store, config: &Config, only: Option<&str>) -> Resul
             out.push((route.name.clone(), n));
             continue;
         }
-        let mut n = 0;
-        store.enqueue_resync(|as_of, services| synced(&router, route, store.log_id(), as_of, services, &mut n)).await?;
-        out.push((route.name.clone(), n));
+        // The deliveries are made in the write transaction, on the store's owner of the write
+        // connection: from a router of their own.
+        let (shared, log_id) = (router.clone(), store.log_id().to_owned());
+        let enqueued = store
+            .enqueue_resync(move |as_of, services| synced(&shared, &shared.routes[i], &log_id, as_of, services))
+            .await?;
+        // Every Service's `service.synced`, and (unless templated) the `sync.completed`.
+        out.push((route.name.clone(), enqueued - usize::from(!route.templated)));
     }
     Ok(out)
 }
 
 /// A resync's deliveries to `route` from a snapshot of the state table (`services`, with the newest
 /// event id `as_of`): a `service.synced` per Service the endpoint takes, then (unless templated)
-/// the `sync.completed`. Sets `n` to the number of Services.
+/// the `sync.completed`.
 fn synced(
     router: &Router,
     route: &Route,
     log_id: &str,
     as_of: i64,
     services: &[ServiceRow],
-    n: &mut usize,
 ) -> Vec<(NewDelivery, ServiceKey)> {
     let (now, as_of_event_id) = (now_ms(), Some(as_of));
     let matching: Vec<_> = services.iter().filter(|s| route.accepts_service(s)).collect();
@@ -63,7 +67,6 @@ fn synced(
             (router.synced(route, s, now, sync), s.key.clone())
         })
         .collect();
-    *n = deliveries.len();
     // `sync.completed` goes on a queue of its own (no Service), so it does not wait for the others:
     // receivers count the `service.synced` of the same id up to `total`.
     let marker = SyncMarker { id, index: None, total, as_of_event_id };

@@ -22,8 +22,7 @@ impl Store {
     /// Each keeps its `webhook-id`, so a receiver that applied one already sees a duplicate. Run at
     /// start, before the relay. Errors: the database failed.
     pub async fn carry_cluster_name(&self, name: &str) -> Result<u64, StoreError> {
-        let mut conn = self.pools.write().await?;
-        self.backend.dual(&CARRY).bind(name).execute(conn.exec()).await
+        self.execute(self.backend.dual(&CARRY).bind(name)).await
     }
 }
 
@@ -32,19 +31,16 @@ impl Store {
     /// ([`crate::relay::catch_up`]): then it is probed from the start, so an agent that restarted
     /// while vipwatch did too is noticed although nothing is sent to it. Errors: the database failed.
     pub async fn speaks_identity(&self, webhook: &str) -> Result<bool, StoreError> {
-        let mut conn = self.pools.write().await?;
         let key = format!("receiver_identity:{webhook}");
-        let row = self.backend.query("SELECT value FROM meta WHERE key = $1").bind(key).fetch_optional(conn.exec());
-        Ok(row.await?.is_some())
+        let row = self.read_optional(self.backend.query("SELECT value FROM meta WHERE key = $1").bind(key)).await?;
+        Ok(row.is_some())
     }
 
     /// Records that endpoint `webhook` answers with a receiver identity (see
     /// [`Store::speaks_identity`]). Errors: the database failed.
     pub async fn remember_identity(&self, webhook: &str) -> Result<(), StoreError> {
-        let mut conn = self.pools.write().await?;
         let insert = "INSERT INTO meta (key, value) VALUES ($1, 'yes') ON CONFLICT (key) DO NOTHING";
         let key = format!("receiver_identity:{webhook}");
-        self.backend.query(insert).bind(key).execute(conn.exec()).await?;
-        Ok(())
+        self.execute(self.backend.query(insert).bind(key)).await.map(drop)
     }
 }

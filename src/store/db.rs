@@ -89,7 +89,7 @@ impl Pools {
         })
     }
 
-    /// The write connection (callers take turns first, see `Store::writer`).
+    /// The write connection (its owner's, see `store::owner`).
     pub(super) async fn write(&self) -> Result<Pooled, sqlx::Error> {
         Ok(match self {
             Self::Lite { write, .. } => Pooled::Lite(write.acquire().await?),
@@ -159,16 +159,6 @@ pub(super) enum Query {
 pub(super) enum Exec<'c> {
     Lite(&'c mut SqliteConnection),
     Pg(&'c mut PgConnection),
-}
-
-impl Exec<'_> {
-    /// Which backend the connection belongs to.
-    pub(super) fn backend(&self) -> Backend {
-        match self {
-            Self::Lite(_) => Backend::Sqlite,
-            Self::Pg(_) => Backend::Postgres,
-        }
-    }
 }
 
 /// A result row of either backend; [`Row::get`] decodes a column as `sqlx::Row::get` does (and, like

@@ -5,11 +5,9 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 use super::db::{Backend, Dual, Filter, Row};
-use super::health::WriteConn;
-use super::outbox::{Claimed, DeliveryInsert, NewDelivery, insert_deliveries};
-use super::riders::{Taken, taken};
+use super::outbox::{DeliveryInsert, NewDelivery, insert_deliveries};
 use super::script::{Script, Stmt};
-use super::{Store, StoreError, now_ms};
+use super::{Heads, Store, StoreError, now_ms};
 use crate::model::ServiceKey;
 
 /// What one attempt did, for the attempt log.
@@ -141,83 +139,27 @@ const DELIVERY_COLUMNS: &str = "SELECT id, webhook, event_id, namespace, name, k
 
 impl Store {
     /// Records finished attempts and moves their deliveries on, in one transaction; a retried ADDED or
-    /// MODIFIED with a DELETED or SYNCED queued behind it is superseded by that.
-    pub async fn complete(&self, done: &[Completion]) -> Result<(), StoreError> {
-        self.complete_and_claim(done, None).await.map(drop)
+    /// MODIFIED with a DELETED or SYNCED queued behind it is superseded by that. Like a round
+    /// ([`Store::complete_and_claim`]), it goes with the watch's next commit when one is expected.
+    pub fn complete(&self, done: &[Completion]) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let round = self.complete_and_claim(done, None);
+        async move { round.await.map(drop) }
     }
 
-    /// [`Store::complete`], then — in the same transaction, so in the same turn on the write
-    /// connection — [`Store::claim`] with `claim = (webhook, now, lease_ms, limit)` when given and
-    /// `limit > 0`. One turn per round of attempts instead of two: during a burst every turn waits for
-    /// a chunk of the watch's writes. Both or neither happen.
+    /// [`Store::complete`], then — in the same transaction — [`Store::claim`] with `claim = (webhook,
+    /// now, lease_ms, limit)` when given and `limit > 0`: a relay round. Both or neither happen.
     ///
-    /// The round may be carried by the watch's write transaction instead (`store::riders`): while
-    /// it waits in line for its turn, and before that, when the watch's writer said it will commit
-    /// within the configured group-commit interval (`database.commit_interval`, [`Store::expect_write`]), until
-    /// 1 ms after that commit is due. Its claim then runs
-    /// after that transaction's inserts, at the time it runs. Otherwise, or when that transaction
-    /// fails, it runs on its own when its turn comes. Returns what the claim took. Errors: those of
-    /// the round run on its own ([`StoreError`]); nothing of it is committed then.
-    pub async fn complete_and_claim(
+    /// The round runs in the write connection's next transaction, with whatever else waits; while the
+    /// watch's writer said it will record a chunk soon ([`Store::expect_record`]), it waits for that
+    /// transaction, whose inserts its claim then sees ([`super::owner`]). The claim's lease runs from
+    /// when it runs. Sent at once; resolves to what the claim took. Errors: [`StoreError`]; nothing
+    /// of the round is committed then.
+    pub fn complete_and_claim(
         &self,
         done: &[Completion],
         claim: Option<(&str, i64, i64, usize)>,
-    ) -> Result<Taken, StoreError> {
-        let carried = claim.map(|(webhook, _, lease_ms, limit)| (webhook.to_owned(), lease_ms, limit));
-        let (ticket, mut ride) = self.riders.board(done.to_vec(), carried);
-        let conn = tokio::select! {
-            biased;
-            outcome = &mut ride => match taken(outcome) {
-                Some(taken) => return Ok(taken),
-                None => self.writer().await,
-            },
-            conn = async {
-                if let Some(at) = self.riders.wait_until(self.commit_interval) {
-                    tokio::time::sleep_until(at).await;
-                }
-                self.writer().await
-            } => {
-                if !self.riders.withdraw(ticket) {
-                    // Taken by a transaction that held the turn before: its answer is on the way.
-                    if let Some(taken) = taken(ride.await) {
-                        return Ok(taken);
-                    }
-                }
-                conn
-            }
-        };
-        let heads = self.complete_and_claim_alone(conn?, done, claim).await?;
-        Ok(Taken { heads, through: None })
-    }
-
-    /// [`Store::complete_and_claim`] in a transaction of its own on `conn`.
-    async fn complete_and_claim_alone(
-        &self,
-        mut conn: WriteConn,
-        done: &[Completion],
-        claim: Option<(&str, i64, i64, usize)>,
-    ) -> Result<Vec<Claimed>, StoreError> {
-        let now = now_ms();
-        let result = async {
-            let mut s = Script::new(conn.begin().await?);
-            record_attempts(&mut s, now, done).await?;
-            let claimed = match claim {
-                Some((webhook, at, lease_ms, limit)) if limit > 0 => {
-                    let rows =
-                        s.fetch_all(super::outbox::claim_stmt(s.backend(), webhook, at, lease_ms, limit)).await?;
-                    super::outbox::claimed(&rows)
-                }
-                _ => Vec::new(),
-            };
-            s.commit().await?;
-            Ok(claimed)
-        }
-        .await;
-        // Noted once committed, as a carried round is (`riders::answer`).
-        if let (Ok(claimed), Some((_, _, _, limit))) = (&result, claim) {
-            self.note_round(limit, claimed.len(), done);
-        }
-        self.settle(conn, result)
+    ) -> impl Future<Output = Result<Heads, StoreError>> + Send + 'static {
+        self.round(done.to_vec(), claim, false)
     }
 
     /// Replays delivery `id` (any state): enqueues a copy with the same body at the END of its
@@ -228,25 +170,22 @@ impl Store {
                    next_attempt_at) SELECT webhook, event_id, namespace, name, kind, $2, payload, $3, $3 \
                    FROM deliveries WHERE id = $1 RETURNING id";
         let now = now_ms();
-        let mut conn = self.writer().await?;
-        let result = conn.fetch_optional(self.backend.query(sql).bind(id).bind(new_msg_id).bind(now)).await;
-        self.settle(conn, result.map(|row| row.map(|r| r.get(0))))
+        let row = self.execute_returning(self.backend.query(sql).bind(id).bind(new_msg_id).bind(now)).await?;
+        Ok(row.map(|r| r.get(0)))
     }
 
     /// Enqueues `SYNCED` deliveries (each on the queue of its Service key), in one transaction
     /// (store tests; a resync uses [`Store::enqueue_resync`]). Returns how many were enqueued.
     #[cfg(test)]
     pub(crate) async fn enqueue_synced(&self, deliveries: Vec<(NewDelivery, ServiceKey)>) -> Result<usize, StoreError> {
-        let rows: Vec<DeliveryInsert<'_>> = deliveries.iter().map(|(d, key)| (d.clone(), None, key, false)).collect();
-        let mut conn = self.writer().await?;
-        let result = async {
-            let mut s = Script::new(conn.begin().await?);
-            insert_deliveries(&mut s, now_ms(), &rows).await?;
-            s.commit().await?;
-            Ok(rows.len())
-        }
-        .await;
-        self.settle(conn, result)
+        let rows: Vec<DeliveryInsert> = deliveries.into_iter().map(|(d, key)| (d, None, key, false)).collect();
+        self.transact(super::owner::job(move |s| {
+            Box::pin(async move {
+                insert_deliveries(s, now_ms(), &rows).await?;
+                Ok(rows.len())
+            })
+        }))
+        .await
     }
 
     /// Enqueues a resync from a snapshot taken in the same write transaction: reads the newest event
@@ -262,34 +201,37 @@ impl Store {
     /// Errors: [`StoreError`]; nothing is enqueued then.
     pub async fn enqueue_resync<F>(&self, build: F) -> Result<usize, StoreError>
     where
-        F: FnOnce(i64, &[super::ServiceRow]) -> Vec<(NewDelivery, ServiceKey)>,
+        F: FnOnce(i64, &[super::ServiceRow]) -> Vec<(NewDelivery, ServiceKey)> + Send + 'static,
     {
-        let mut conn = self.writer().await?;
-        let result = async {
-            let mut s = Script::new(conn.begin().await?);
-            let tx = s.tx().await?;
-            let as_of = self.backend.query("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(tx.exec()).await?;
-            let rows = self.backend.query(super::state::SERVICES_SNAPSHOT).fetch_all(tx.exec()).await?;
-            // A Service whose deliveries wait for the finalizer: its `service.synced` waits too (it
-            // supersedes the held ones, so it may be its first delivery).
-            let held: std::collections::HashSet<ServiceKey> = self
-                .backend
-                .query("SELECT DISTINCT namespace, name FROM deliveries WHERE held = 1 AND state = 'pending'")
-                .fetch_all(tx.exec())
-                .await?
-                .iter()
-                .map(|r| ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1)))
-                .collect();
-            let services = rows.iter().map(super::state::service_row).collect::<Result<Vec<_>, _>>()?;
-            let deliveries = build(as_of.get(0), &services);
-            let rows: Vec<DeliveryInsert<'_>> =
-                deliveries.iter().map(|(d, key)| (d.clone(), None, key, held.contains(key))).collect();
-            insert_deliveries(&mut s, now_ms(), &rows).await?;
-            s.commit().await?;
-            Ok(rows.len())
-        }
-        .await;
-        self.settle(conn, result)
+        let backend = self.backend;
+        self.transact(super::owner::job(move |s| {
+            Box::pin(async move {
+                let tx = s.tx().await?;
+                let as_of = backend.query("SELECT COALESCE(MAX(id), 0) FROM events").fetch_one(tx.exec()).await?;
+                let rows = backend.query(super::state::SERVICES_SNAPSHOT).fetch_all(tx.exec()).await?;
+                // A Service whose deliveries wait for the finalizer: its `service.synced` waits too (it
+                // supersedes the held ones, so it may be its first delivery).
+                let held: std::collections::HashSet<ServiceKey> = backend
+                    .query("SELECT DISTINCT namespace, name FROM deliveries WHERE held = 1 AND state = 'pending'")
+                    .fetch_all(tx.exec())
+                    .await?
+                    .iter()
+                    .map(|r| ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1)))
+                    .collect();
+                let services = rows.iter().map(super::state::service_row).collect::<Result<Vec<_>, _>>()?;
+                let deliveries = build(as_of.get(0), &services);
+                let rows: Vec<DeliveryInsert> = deliveries
+                    .into_iter()
+                    .map(|(d, key)| {
+                        let held = held.contains(&key);
+                        (d, None, key, held)
+                    })
+                    .collect();
+                insert_deliveries(s, now_ms(), &rows).await?;
+                Ok(rows.len())
+            })
+        }))
+        .await
     }
 
     /// Deliveries matching `filter`, by id ascending.
@@ -322,18 +264,13 @@ impl Store {
         let sql = "INSERT INTO webhook_state (name, disabled_reason, disabled_at, disabled_url) VALUES ($1, $2, $3, $4) \
                    ON CONFLICT (name) DO UPDATE SET disabled_reason = excluded.disabled_reason, \
                    disabled_at = excluded.disabled_at, disabled_url = excluded.disabled_url";
-        let mut conn = self.writer().await?;
-        let q = self.backend.query(sql).bind(webhook).bind(reason).bind(now_ms()).bind(url);
-        let result = conn.execute(q).await;
-        self.settle(conn, result.map(drop))
+        self.execute(self.backend.query(sql).bind(webhook).bind(reason).bind(now_ms()).bind(url)).await.map(drop)
     }
 
     /// Re-enables `webhook`; returns whether it was disabled.
     pub async fn enable_webhook(&self, webhook: &str) -> Result<bool, StoreError> {
-        let mut conn = self.writer().await?;
         let sql = "DELETE FROM webhook_state WHERE name = $1";
-        let result = conn.execute(self.backend.query(sql).bind(webhook)).await;
-        self.settle(conn, result.map(|done| done > 0))
+        Ok(self.execute(self.backend.query(sql).bind(webhook)).await? > 0)
     }
 
     /// Records `modes` (endpoint name → its default backend mode) as the ones in effect and returns
@@ -343,27 +280,27 @@ impl Store {
         &self,
         modes: &BTreeMap<String, String>,
     ) -> Result<Vec<(String, String)>, StoreError> {
-        let mut conn = self.writer().await?;
-        let result = async {
-            let mut tx = conn.begin().await?;
-            let rows = self.backend.query("SELECT name, mode FROM endpoint_modes").fetch_all(tx.exec()).await?;
-            let before: BTreeMap<String, String> = rows.iter().map(|r| (r.get("name"), r.get("mode"))).collect();
-            let switched = modes
-                .iter()
-                .filter_map(|(name, mode)| {
-                    before.get(name).filter(|old| *old != mode).map(|old| (name.clone(), old.clone()))
-                })
-                .collect();
-            for (name, mode) in modes {
-                let sql = "INSERT INTO endpoint_modes (name, mode) VALUES ($1, $2) \
-                           ON CONFLICT (name) DO UPDATE SET mode = excluded.mode";
-                self.backend.query(sql).bind(name).bind(mode).execute(tx.exec()).await?;
-            }
-            tx.commit().await?;
-            Ok(switched)
-        }
-        .await;
-        self.settle(conn, result)
+        let (backend, modes) = (self.backend, modes.clone());
+        self.transact(super::owner::job(move |s| {
+            Box::pin(async move {
+                let tx = s.tx().await?;
+                let rows = backend.query("SELECT name, mode FROM endpoint_modes").fetch_all(tx.exec()).await?;
+                let before: BTreeMap<String, String> = rows.iter().map(|r| (r.get("name"), r.get("mode"))).collect();
+                let switched = modes
+                    .iter()
+                    .filter_map(|(name, mode)| {
+                        before.get(name).filter(|old| *old != mode).map(|old| (name.clone(), old.clone()))
+                    })
+                    .collect();
+                for (name, mode) in &modes {
+                    let sql = "INSERT INTO endpoint_modes (name, mode) VALUES ($1, $2) \
+                               ON CONFLICT (name) DO UPDATE SET mode = excluded.mode";
+                    backend.query(sql).bind(name.as_str()).bind(mode.as_str()).execute(tx.exec()).await?;
+                }
+                Ok(switched)
+            })
+        }))
+        .await
     }
 
     /// The stored state of `webhook` (`None` when enabled and never disabled).
@@ -550,11 +487,11 @@ mod tests {
         let claimed = store.claim("w", before - 10_000, 1_000, 1).await.unwrap();
         assert!(claimed[0].claimed_until >= before + 1_000, "{} < {}", claimed[0].claimed_until, before + 1_000);
         let before = now_ms();
-        let taken = store.complete_and_claim(&[], Some(("w", before - 10_000, 1_000, 1))).await.unwrap();
+        let heads = store.complete_and_claim(&[], Some(("w", before - 10_000, 1_000, 1))).await.unwrap();
         assert!(
-            taken.heads[0].claimed_until >= before + 1_000,
+            heads.claimed[0].claimed_until >= before + 1_000,
             "{} < {}",
-            taken.heads[0].claimed_until,
+            heads.claimed[0].claimed_until,
             before + 1_000
         );
     }
@@ -568,7 +505,7 @@ mod tests {
         let id = store.claim("w", now_ms(), 60_000, 1).await.unwrap()[0].id;
         let supersede =
             store.backend.query("UPDATE deliveries SET state = 'superseded', finished_at = 7 WHERE id = $1");
-        store.writer().await.unwrap().execute(supersede.bind(id)).await.unwrap();
+        store.execute(supersede.bind(id)).await.unwrap();
 
         for outcome in [Outcome::Succeeded, Outcome::Retry(now_ms()), Outcome::Failed] {
             let done = Completion { delivery_id: id, attempt: AttemptRecord::default(), outcome, told: None };

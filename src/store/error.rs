@@ -59,4 +59,10 @@ pub enum StoreError {
     /// A stored JSON document does not decode (corrupt row or incompatible version).
     #[error("stored JSON does not decode")]
     Json(#[from] serde_json::Error),
+    /// The transaction that carried this write, with other writes of this process, failed as a
+    /// whole (a full disk, an I/O error, a failed commit): nothing of it was committed. The error is
+    /// that transaction's, shared by every write it carried ([`StoreError::fault`] and the other
+    /// questions answer for it).
+    #[error(transparent)]
+    Shared(std::sync::Arc<StoreError>),
 }

@@ -92,7 +92,7 @@ impl Store {
     /// Deletes events observed before `cutoff_ms` (Unix ms), and finished deliveries (succeeded,
     /// superseded, failed) that finished before it, with their attempts; pending deliveries are never
     /// pruned. Returns how many events were deleted. Rows go in transactions of at most
-    /// [`PRUNE_BATCH`], each its own turn on the write connection: a month of events in one
+    /// [`PRUNE_BATCH`], each its own write: a month of events in one
     /// transaction would hold the writer (and, on PostgreSQL, the leader's lease row, which its
     /// renewal must update) for seconds.
     pub async fn prune_events(&self, cutoff_ms: i64) -> Result<u64, StoreError> {
@@ -117,9 +117,7 @@ impl Store {
     }
 
     async fn prune_batch(&self, sql: &str, cutoff_ms: i64) -> Result<u64, StoreError> {
-        let mut conn = self.writer().await?;
-        let result = conn.execute(self.backend.query_dyn(sql.to_owned()).bind(cutoff_ms)).await;
-        self.settle(conn, result)
+        self.execute(self.backend.query_dyn(sql.to_owned()).bind(cutoff_ms)).await
     }
 }
 

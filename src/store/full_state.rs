@@ -3,7 +3,6 @@
 //! event (start, periodic resend, resync).
 
 use super::outbox::{ENDPOINT_QUEUE, NewDelivery, insert_deliveries};
-use super::script::Script;
 use super::{Store, StoreError, now_ms};
 
 /// An endpoint's full-state record.
@@ -43,9 +42,7 @@ impl Store {
         let sql = "INSERT INTO full_state (webhook, told, told_at) VALUES ($1, $2, $3) ON CONFLICT (webhook) DO UPDATE \
                    SET told = excluded.told, told_at = excluded.told_at, held_digest = NULL, held_removed = NULL, \
                    held_total = NULL, held_at = NULL, confirmed_digest = NULL";
-        let mut conn = self.writer().await?;
-        let result = conn.execute(self.backend.query(sql).bind(webhook).bind(told).bind(now_ms())).await;
-        self.settle(conn, result.map(drop))
+        self.execute(self.backend.query(sql).bind(webhook).bind(told).bind(now_ms())).await.map(drop)
     }
 
     /// Records that the removal guard holds a declaration (Service-set `digest`, removing `removed` of
@@ -62,10 +59,8 @@ impl Store {
                    held_removed = excluded.held_removed, held_total = excluded.held_total, \
                    held_at = COALESCE(CASE WHEN full_state.held_digest = excluded.held_digest THEN full_state.held_at END, \
                    excluded.held_at)";
-        let mut conn = self.writer().await?;
         let q = self.backend.query(sql).bind(webhook).bind(digest).bind(removed).bind(total).bind(now_ms());
-        let result = conn.execute(q).await;
-        self.settle(conn, result.map(drop))
+        self.execute(q).await.map(drop)
     }
 
     /// Confirms the held declaration of `webhook` (it goes out at its next attempt, made due now).
@@ -73,9 +68,7 @@ impl Store {
     pub async fn full_state_confirm(&self, webhook: &str) -> Result<Option<(i64, i64)>, StoreError> {
         let sql = "UPDATE full_state SET confirmed_digest = held_digest WHERE webhook = $1 AND held_digest IS NOT NULL \
                    RETURNING held_removed, held_total";
-        let mut conn = self.writer().await?;
-        let result = conn.fetch_optional(self.backend.query(sql).bind(webhook)).await;
-        let held = self.settle(conn, result)?;
+        let held = self.execute_returning(self.backend.query(sql).bind(webhook)).await?;
         let held = held.map(|r| (r.get(0), r.get(1)));
         if held.is_some() {
             self.make_due(webhook, now_ms()).await?;
@@ -86,15 +79,8 @@ impl Store {
     /// Enqueues a full-state declaration of `webhook` (`kind` `MODIFIED` or `SYNCED`) due in
     /// `debounce_ms`, or pushes back the one waiting (see [`NewDelivery::coalesce_ms`]).
     pub async fn enqueue_full_state(&self, d: NewDelivery) -> Result<(), StoreError> {
-        let rows = [(d, None, &ENDPOINT_QUEUE, false)];
-        let mut conn = self.writer().await?;
-        let result = async {
-            let mut s = Script::new(conn.begin().await?);
-            insert_deliveries(&mut s, now_ms(), &rows).await?;
-            s.commit().await?;
-            Ok(())
-        }
-        .await;
-        self.settle(conn, result)
+        let rows = [(d, None, ENDPOINT_QUEUE.clone(), false)];
+        self.transact(super::owner::job(move |s| Box::pin(async move { insert_deliveries(s, now_ms(), &rows).await })))
+            .await
     }
 }

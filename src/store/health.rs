@@ -2,11 +2,11 @@
 //! (fed by the outcome of every write and by `/readyz`'s probe), and the backoff every writer uses while
 //! it cannot.
 //!
-//! Every write runs on the writer connection through [`Store::writer`] and ends in [`Store::settle`]:
-//! a failed write closes that connection (SQLite may leave a transaction active after a failed
-//! statement or COMMIT under `SQLITE_FULL`/`SQLITE_BUSY`, and sqlx's own transaction bookkeeping can
-//! then disagree with SQLite's, turning the next `BEGIN` into a savepoint that never commits), so a
-//! fresh connection serves the next write.
+//! Every write runs in a transaction of the write connection's owner ([`super::owner`]), which records
+//! its outcome here: a failed transaction closes that connection (SQLite may leave a transaction
+//! active after a failed statement or COMMIT under `SQLITE_FULL`/`SQLITE_BUSY`, and sqlx's own
+//! transaction bookkeeping can then disagree with SQLite's, turning the next `BEGIN` into a savepoint
+//! that never commits), so a fresh connection serves the next write.
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -85,6 +85,7 @@ impl StoreError {
     /// (a constraint violation, an undecodable row, a row not found).
     pub fn fault(&self) -> Option<FaultKind> {
         match self {
+            Self::Shared(e) => e.fault(),
             Self::Sqlx(e) => sqlx_fault(e),
             Self::Open { source, .. } => source.fault().or(Some(FaultKind::Other)),
             Self::Json(_) => None,
@@ -103,13 +104,30 @@ impl StoreError {
     /// events since the writer read [`Store::next_event_id`] (the lock file rules that out; the writer
     /// then reads the next id again and prepares anew rather than retrying the same ids).
     pub fn is_event_id_taken(&self) -> bool {
-        matches!(self, Self::Sqlx(sqlx::Error::Database(e)) if e.is_unique_violation()
-            && (e.message().contains("events.id") || e.constraint() == Some("events_pkey")))
+        match self {
+            Self::Shared(e) => e.is_event_id_taken(),
+            Self::Sqlx(sqlx::Error::Database(e)) => {
+                e.is_unique_violation() && (e.message().contains("events.id") || e.constraint() == Some("events_pkey"))
+            }
+            _ => false,
+        }
     }
 
     /// True when the fence refused a leader's write: its term is over ([`StoreError::Fenced`]).
     pub fn is_fenced(&self) -> bool {
-        matches!(self, Self::Fenced { .. })
+        match self {
+            Self::Shared(e) => e.is_fenced(),
+            other => matches!(other, Self::Fenced { .. }),
+        }
+    }
+
+    /// True when the database refused to give a pool address and port to a second Service
+    /// ([`StoreError::AddressTaken`]).
+    pub fn is_address_taken(&self) -> bool {
+        match self {
+            Self::Shared(e) => e.is_address_taken(),
+            other => matches!(other, Self::AddressTaken(_)),
+        }
     }
 
     /// True when the connection failed rather than the database: the socket broke (an I/O error),
@@ -119,6 +137,7 @@ impl StoreError {
     /// writable.
     pub fn is_connection_lost(&self) -> bool {
         match self {
+            Self::Shared(e) => e.is_connection_lost(),
             Self::Sqlx(sqlx::Error::Io(_)) => true,
             Self::Sqlx(sqlx::Error::Database(db))
                 if db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some() =>
@@ -134,6 +153,7 @@ impl StoreError {
     /// The underlying reason in a few words, e.g. SQLite's `database or disk is full`.
     pub fn reason(&self) -> String {
         match self {
+            Self::Shared(e) => e.reason(),
             Self::Sqlx(sqlx::Error::Database(e)) => e.message().to_owned(),
             Self::Sqlx(sqlx::Error::PoolTimedOut) => "no database connection within the acquire timeout".to_owned(),
             Self::Sqlx(e) => e.to_string(),
@@ -251,7 +271,7 @@ impl Health {
     /// readiness and `vipwatch_store_writable` flapped, and an alert on `== 0 for 1m` never fired.
     /// An outage of lost PostgreSQL connections only (a restart of the server, a session it ended)
     /// clears at the first success: that write went over a new connection, as every later one will.
-    fn succeeded(&self) {
+    pub(super) fn succeeded(&self) {
         let quiet = *self.retry_max_delay.lock().unwrap_or_else(std::sync::PoisonError::into_inner) + QUIET_MARGIN;
         let mut failure = self.failure();
         if let Some(f) = failure.as_ref() {
@@ -267,9 +287,16 @@ impl Health {
         }
     }
 
-    /// A write failed with `e`: counted; a transient fault marks the database unwritable. `quiet`:
-    /// whether a success clears it only after the quiet window ([`Health::succeeded`]).
-    fn failed(&self, e: &StoreError, quiet: bool) {
+    /// A write on `backend` failed with `e`: counted; a transient fault marks the database
+    /// unwritable. A lost PostgreSQL connection clears at the next success ([`Health::succeeded`]).
+    pub(super) fn failed(&self, backend: super::Backend, e: &StoreError) {
+        let lost = backend == super::Backend::Postgres && e.is_connection_lost();
+        self.record_failure(e, !lost);
+    }
+
+    /// [`Health::failed`], `quiet`: whether a success clears it only after the quiet window
+    /// ([`Health::succeeded`]).
+    fn record_failure(&self, e: &StoreError, quiet: bool) {
         let Some(kind) = e.fault() else { return };
         if let Some(m) = self.metrics.get() {
             m.store_write_error(kind.as_str());
@@ -299,75 +326,6 @@ impl Health {
 
     fn report(&self) -> Option<Unwritable> {
         self.failure().as_ref().map(|f| Unwritable { kind: f.kind, reason: f.reason.clone(), since: f.since.elapsed() })
-    }
-}
-
-/// The write connection during one in-process writer's turn (see [`Store::writer`]); dereferences
-/// to the pooled connection.
-pub(super) struct WriteConn {
-    conn: super::db::Pooled,
-    _turn: super::turns::Turn,
-    fence: Option<Arc<super::lease::Fencing>>,
-}
-
-impl WriteConn {
-    /// Starts a write transaction. On PostgreSQL its first statement is the guard: the order lock
-    /// and, on a leader's store, the fence. Errors: [`StoreError::Fenced`] when the fence finds the
-    /// lease over (the transaction is rolled back), or at once, before anything is sent, when the
-    /// term's trust is over (it stopped acting: no write starts, as no webhook attempt does).
-    pub(super) async fn begin(&mut self) -> Result<super::db::Tx<'_>, StoreError> {
-        if let Some(f) = self.fence.as_ref().filter(|f| !f.trusted()) {
-            return Err(f.refusal());
-        }
-        let mut tx = self.conn.begin().await?;
-        if tx.backend() == super::Backend::Postgres {
-            let fence = self.fence.as_deref().map(|f| &f.fence);
-            let fenced = super::lease::guard(fence).fetch_optional(tx.exec()).await?.is_none();
-            if fenced {
-                tx.rollback().await?;
-                let epoch = fence.map_or(0, |f| f.epoch);
-                return Err(self.fence.as_ref().map_or(StoreError::Fenced { epoch }, |f| f.refusal()));
-            }
-        }
-        Ok(tx)
-    }
-
-    /// Runs one write statement: directly on SQLite, in a guarded transaction on PostgreSQL
-    /// ([`WriteConn::begin`]). Returns the rows affected.
-    pub(super) async fn execute(&mut self, q: super::db::Query) -> Result<u64, StoreError> {
-        Ok(self.fetch(q, true).await?.0)
-    }
-
-    /// [`WriteConn::execute`] for a statement with `RETURNING`: its first row, if any.
-    pub(super) async fn fetch_optional(&mut self, q: super::db::Query) -> Result<Option<super::db::Row>, StoreError> {
-        Ok(self.fetch(q, false).await?.1)
-    }
-
-    async fn fetch(&mut self, q: super::db::Query, count: bool) -> Result<(u64, Option<super::db::Row>), StoreError> {
-        let run = |q: super::db::Query, exec| async move {
-            if count { Ok((q.execute(exec).await?, None)) } else { Ok((0, q.fetch_optional(exec).await?)) }
-        };
-        if matches!(self.conn, super::db::Pooled::Lite(_)) {
-            return run(q, self.conn.exec()).await;
-        }
-        let mut tx = self.begin().await?;
-        let out = run(q, tx.exec()).await?;
-        tx.commit().await?;
-        Ok(out)
-    }
-}
-
-impl std::ops::Deref for WriteConn {
-    type Target = super::db::Pooled;
-
-    fn deref(&self) -> &Self::Target {
-        &self.conn
-    }
-}
-
-impl std::ops::DerefMut for WriteConn {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.conn
     }
 }
 
@@ -448,79 +406,28 @@ impl Store {
         }
     }
 
+    /// The probe: a transaction of the write connection's owner (`BEGIN IMMEDIATE` on SQLite, the
+    /// guard on PostgreSQL: the order lock, and the fence on a leader's store) that writes one row
+    /// when `write`, else nothing. Its outcome is recorded by the caller, once.
     async fn probe(&self, write: bool) -> Result<(), StoreError> {
-        let _turn = self.turns.take().await;
-        let conn = self.pools.write().await?;
-        // The same guarded `begin` as every write (on PostgreSQL: the order lock, and the fence on a
-        // leader's store), but not `writer`/`settle`: the caller records the outcome once.
-        let mut conn = WriteConn { conn, _turn, fence: self.fence.clone() };
-        let result: Result<(), StoreError> = async {
-            let mut tx = conn.begin().await?;
-            if write {
-                let sql = "INSERT INTO meta (key, value) VALUES ('write_probe', $1) \
-                           ON CONFLICT (key) DO UPDATE SET value = excluded.value";
-                self.backend.query(sql).bind(now_ms().to_string()).execute(tx.exec()).await?;
-                tx.commit().await?;
-            } else {
-                tx.rollback().await?;
-            }
-            Ok(())
-        }
-        .await;
-        if result.is_err() {
-            conn.conn.close_on_drop();
-        }
-        result
+        let backend = self.backend;
+        self.transact_probe(super::owner::job(move |s| {
+            Box::pin(async move {
+                if write {
+                    let sql = "INSERT INTO meta (key, value) VALUES ('write_probe', $1) \
+                               ON CONFLICT (key) DO UPDATE SET value = excluded.value";
+                    let tx = s.tx().await?;
+                    backend.query(sql).bind(now_ms().to_string()).execute(tx.exec()).await?;
+                }
+                Ok(())
+            })
+        }))
+        .await
     }
 
-    /// The writer connection, for one write. In-process writers take turns in the order they asked
-    /// (a fair FIFO lock in front of the one-connection pool): the pool alone let a writer that asks
-    /// again at once — the watch's writer during a burst — take the connection before a waiting
-    /// relay, whose claims then waited for the burst to end. Errors: [`StoreError`] when no
-    /// connection comes (recorded as a write fault).
-    pub(super) async fn writer(&self) -> Result<WriteConn, StoreError> {
-        let turn = self.turns.take().await;
-        match self.pools.write().await {
-            Ok(conn) => Ok(WriteConn { conn, _turn: turn, fence: self.fence.clone() }),
-            Err(e) => {
-                let e = self.judge(StoreError::from(e));
-                self.failed(&e);
-                Err(e)
-            }
-        }
-    }
-
-    /// Ends a write on `conn` with its `result`: success marks the database writable; failure is
-    /// recorded and closes the connection, so no transaction SQLite left active (or sqlx's bookkeeping
-    /// of it) outlives the failed write — closing rolls back whatever was not committed. On a
-    /// leader's store a failure after its term's trust ran out is the fence's refusal
-    /// ([`StoreError::Fenced`]), not a database fault.
-    pub(super) fn settle<T>(&self, mut conn: WriteConn, result: Result<T, StoreError>) -> Result<T, StoreError> {
-        let result = result.map_err(|e| self.judge(e));
-        match &result {
-            Ok(_) => self.health.succeeded(),
-            Err(e) => {
-                self.failed(e);
-                conn.conn.close_on_drop();
-            }
-        }
-        result
-    }
-
-    /// `e` as the outcome of this store's write: on a leader's store, the fence's refusal once its
-    /// term is over (see `lease::Fencing::judge`); else `e`.
-    fn judge(&self, e: StoreError) -> StoreError {
-        match &self.fence {
-            Some(f) => f.judge(e),
-            None => e,
-        }
-    }
-
-    /// Records the failed write `e` in the write health; a lost PostgreSQL connection clears at the
-    /// next success (see `Health::succeeded`).
+    /// Records the failed write `e` in the write health.
     fn failed(&self, e: &StoreError) {
-        let lost = self.backend == super::Backend::Postgres && e.is_connection_lost();
-        self.health.failed(e, !lost);
+        self.health.failed(self.backend, e);
     }
 }
 
@@ -583,13 +490,13 @@ mod tests {
         assert!(broken.is_connection_lost());
         assert!(!StoreError::Sqlx(sqlx::Error::PoolTimedOut).is_connection_lost());
         let health = Health::default();
-        health.failed(&broken, false);
+        health.record_failure(&broken, false);
         assert_eq!(health.report().map(|u| u.kind), Some(FaultKind::Io));
         health.succeeded();
         assert_eq!(health.report(), None, "writable again at the first success");
 
         health.unwritable(FaultKind::Full, "could not extend file".into(), true);
-        health.failed(&broken, false);
+        health.record_failure(&broken, false);
         health.succeeded();
         assert!(health.report().is_some(), "the disk fault of this outage keeps the quiet window");
     }

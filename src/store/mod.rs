@@ -2,7 +2,8 @@
 //! default, one process) or PostgreSQL (shared by replicas). Owns every SQL statement; other modules
 //! call its typed methods. Schemas under `migrations/sqlite` and `migrations/postgres`, applied at
 //! open; statements run through [`db`]'s one API over both backends, a write transaction's small
-//! statements sent to SQLite as one query ([`script`]).
+//! statements sent to SQLite as one query ([`script`]). Every write goes to the one owner of the
+//! write connection ([`owner`]), which runs whatever waits in one transaction.
 //!
 //! Every `LIMIT` is written into the SQL as an integer literal, never bound (`LIMIT ?`): SQLite as
 //! bundled by sqlx (3.5x) looks at a bound LIMIT while planning, so such a statement is prepared
@@ -24,15 +25,14 @@ mod lease;
 mod nodes;
 mod open;
 mod outbox;
+mod owner;
 mod progress;
 mod publish;
 mod queries;
-mod riders;
 mod script;
 mod state;
 mod statistics;
 mod told;
-mod turns;
 
 pub use checkpoint::{CHECKPOINT_INTERVAL, Checkpointed, WRITER_AUTOCHECKPOINT_BYTES};
 pub use circuits::{CircuitState, CircuitView, Circuits};
@@ -49,32 +49,31 @@ pub use lease::{EVENTS_CHANNEL, Fence, LEADER_CHANNEL, LeaseRow, Trusted};
 pub use nodes::NodeRow;
 pub use open::{SessionLimits, WriterLock};
 pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, RecordedEvent, new_msg_id};
+pub use owner::{BACKLOG_COMMIT_INTERVAL, DEFAULT_COMMIT_INTERVAL, Heads, Pacing, Recorded, StandingClaim};
 pub use progress::{ProgressRow, WatchProgress};
 pub use publish::{Acks, CleanupWork, PublishWork, ReleaseWork, Reservation, StatusWork};
 pub use queries::{ServiceDeliveryState, ServicePageQuery, WebhookActivity};
-pub use riders::{BACKLOG_COMMIT_INTERVAL, DEFAULT_COMMIT_INTERVAL, StandingClaim, Taken};
-pub use state::{Cleanup, Prepared, ServiceRow, StateChange};
+pub use state::{Chunk, Cleanup, Prepared, ServiceRow, StateChange, Unprepared};
 pub use told::{Told, ToldValue};
 
-/// Handle on the database. Cheap to clone. Reads use a pool of connections; every write goes
-/// through one dedicated connection, so writers queue in-process instead of meeting SQLite's busy
-/// handler (which sleeps in steps of up to 100 ms and makes delivery latency spiky), and on PostgreSQL
-/// event and delivery ids commit in the order they were given (the relay's cursor and SSE resume
-/// read `id > last`). A failed write closes that connection and marks the database unwritable until
-/// a write succeeds again ([`Store::unwritable`], [`Store::check_writable`]).
+/// Handle on the database. Cheap to clone. Reads use a pool of connections; every write goes to the
+/// one task that owns the write connection ([`owner`]), so writers queue in-process instead of
+/// meeting SQLite's busy handler (which sleeps in steps of up to 100 ms and makes delivery latency
+/// spiky), writes that wait together commit together, and on PostgreSQL event and delivery ids
+/// commit in the order they were given (the relay's cursor and SSE resume read `id > last`). A
+/// failed write closes that connection and marks the database unwritable until a write succeeds
+/// again ([`Store::unwritable`], [`Store::check_writable`]).
 #[derive(Debug, Clone)]
 pub struct Store {
     backend: Backend,
     pools: db::Pools,
-    /// Whose turn it is on `write` (see `Store::writer`).
-    turns: std::sync::Arc<turns::Turns>,
-    /// Relay rounds waiting for the watch's write transaction to carry them (`riders`).
-    riders: std::sync::Arc<riders::Riders>,
+    /// Where writes go ([`owner`]).
+    owner: owner::Handle,
     log_id: std::sync::Arc<str>,
     health: std::sync::Arc<health::Health>,
     /// Set on a leader's store (PostgreSQL): every write transaction is fenced by it ([`Store::fenced`]).
     fence: Option<std::sync::Arc<lease::Fencing>>,
-    /// The group-commit interval ([`Store::commit_interval`]).
+    /// The configured group-commit interval ([`Store::pacing`]).
     commit_interval: std::time::Duration,
 }
 
@@ -84,18 +83,26 @@ impl Store {
         self.backend
     }
 
-    /// Turns given on the write connection so far: a mark for [`Store::write_shared_since`].
-    pub fn write_mark(&self) -> u64 {
-        self.turns.mark()
+    /// Runs `q` in the write connection's next transaction: the rows it affected.
+    async fn execute(&self, q: db::Query) -> Result<u64, StoreError> {
+        self.transact(owner::job(move |s| {
+            Box::pin(async move {
+                let tx = s.tx().await?;
+                q.execute(tx.exec()).await
+            })
+        }))
+        .await
     }
 
-    /// Whether another in-process writer (the relay's claims and completions, the publisher's rows,
-    /// the API's writes, pruning, the `/readyz` write probe) took a turn on the write connection
-    /// since `mark`, or waits for one now. The watch's writer asks between its own writes, with the
-    /// mark its last one left. The two reads made on the write connection (`next_event_id`,
-    /// `write_generation`) take no turn and are not counted.
-    pub fn write_shared_since(&self, mark: u64) -> bool {
-        self.turns.shared_since(mark)
+    /// Runs `q` (with `RETURNING`) in the write connection's next transaction: its first row, if any.
+    async fn execute_returning(&self, q: db::Query) -> Result<Option<db::Row>, StoreError> {
+        self.transact(owner::job(move |s| {
+            Box::pin(async move {
+                let tx = s.tx().await?;
+                q.fetch_optional(tx.exec()).await
+            })
+        }))
+        .await
     }
 
     /// `q` on a read connection: every row.

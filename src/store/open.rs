@@ -160,16 +160,7 @@ impl Store {
         let lease = pool(1).connect_lazy_with(lease_options);
         let pools = Pools::Pg { read, write, lease };
         let log_id = log_id(Backend::Postgres, &pools).await?;
-        Ok(Self {
-            backend: Backend::Postgres,
-            pools,
-            turns: Default::default(),
-            riders: Default::default(),
-            commit_interval: super::DEFAULT_COMMIT_INTERVAL,
-            log_id,
-            health: Default::default(),
-            fence: None,
-        })
+        Ok(Self::started(Backend::Postgres, pools, log_id))
     }
 
     /// Opens (creating if missing) the SQLite file at `path` in WAL mode with `synchronous=NORMAL`
@@ -225,16 +216,14 @@ impl Store {
             .await?;
         let pools = Pools::Lite { read, write };
         let log_id = log_id(Backend::Sqlite, &pools).await?;
-        Ok(Self {
-            backend: Backend::Sqlite,
-            pools,
-            turns: Default::default(),
-            riders: Default::default(),
-            commit_interval: super::DEFAULT_COMMIT_INTERVAL,
-            log_id,
-            health: Default::default(),
-            fence: None,
-        })
+        Ok(Self::started(Backend::Sqlite, pools, log_id))
+    }
+
+    /// A store on `pools` with its write connection's owner started ([`super::owner`]).
+    fn started(backend: Backend, pools: Pools, log_id: std::sync::Arc<str>) -> Self {
+        let health: std::sync::Arc<super::health::Health> = Default::default();
+        let owner = super::owner::spawn(backend, pools.clone(), health.clone());
+        Self { backend, pools, owner, commit_interval: super::DEFAULT_COMMIT_INTERVAL, log_id, health, fence: None }
     }
 
     /// The identity of this database's event log (`data.log_id` of every delivery): a UUID made
@@ -247,13 +236,20 @@ impl Store {
     /// was (the first one kept wins: replicas deriving at once agree). `None` when none was kept and
     /// none is given. Errors: the database failed.
     pub async fn derived_cluster_name(&self, derived: Option<&str>) -> Result<Option<String>, StoreError> {
-        let mut conn = self.pools.write().await?;
-        if let Some(name) = derived {
-            let insert = "INSERT INTO meta (key, value) VALUES ('cluster_name', $1) ON CONFLICT (key) DO NOTHING";
-            self.backend.query(insert).bind(name).execute(conn.exec()).await?;
-        }
-        let row = self.backend.query("SELECT value FROM meta WHERE key = 'cluster_name'").fetch_optional(conn.exec());
-        Ok(row.await?.map(|r| r.get::<String, _>(0)))
+        let (backend, derived) = (self.backend, derived.map(str::to_owned));
+        self.transact(super::owner::job(move |s| {
+            Box::pin(async move {
+                let tx = s.tx().await?;
+                if let Some(name) = derived {
+                    let insert =
+                        "INSERT INTO meta (key, value) VALUES ('cluster_name', $1) ON CONFLICT (key) DO NOTHING";
+                    backend.query(insert).bind(name).execute(tx.exec()).await?;
+                }
+                let row = backend.query("SELECT value FROM meta WHERE key = 'cluster_name'").fetch_optional(tx.exec());
+                Ok(row.await?.map(|r| r.get::<String, _>(0)))
+            })
+        }))
+        .await
     }
 
     /// Closes every connection (waits for running statements).
@@ -291,7 +287,8 @@ impl WriterLock {
     }
 }
 
-/// Reads the log id, making it first when the database is new.
+/// Reads the log id, making it first when the database is new: on the write connection, before its
+/// owner starts.
 async fn log_id(backend: Backend, pools: &Pools) -> Result<std::sync::Arc<str>, StoreError> {
     let fresh = uuid::Uuid::new_v4().to_string();
     let mut conn = pools.write().await?;

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::LazyLock;
 use vipwatch_contract::CompactString;
 
-use super::db::{Dual, Exec, Tx};
+use super::db::{Dual, Tx};
 use super::script::{Script, Stmt};
 use super::{Backend, Store, StoreError};
 use crate::model::{Cause, Recorded, ServiceKey};
@@ -272,23 +272,20 @@ pub(super) async fn supersede_retried(s: &mut Script<'_>, now: i64, ids: &[i64])
 
 /// The deliveries `outbox` routes the events to (ids in order): pure CPU work, done before the
 /// transaction that inserts them ([`insert_deliveries`]).
-pub(super) fn route<'a>(
-    outbox: &dyn Outbox,
-    events: &[(RecordedEvent<'a>, Option<i64>, bool)],
-) -> Vec<DeliveryInsert<'a>> {
+pub(super) fn route(outbox: &dyn Outbox, events: &[(RecordedEvent<'_>, Option<i64>, bool)]) -> Vec<DeliveryInsert> {
     events
         .iter()
         .flat_map(|(e, event_id, held)| {
             outbox.route(*e).into_iter().map(move |d| match d.coalesce_ms {
-                Some(_) => (d, *event_id, &ENDPOINT_QUEUE, false),
-                None => (d, *event_id, e.key, *held),
+                Some(_) => (d, *event_id, ENDPOINT_QUEUE.clone(), false),
+                None => (d, *event_id, e.key.clone(), *held),
             })
         })
         .collect()
 }
 
 /// A delivery to insert: what, for which event, which Service, held for the finalizer or not.
-pub(super) type DeliveryInsert<'a> = (NewDelivery, Option<i64>, &'a ServiceKey, bool);
+pub(super) type DeliveryInsert = (NewDelivery, Option<i64>, ServiceKey, bool);
 
 /// Rewrites queued MODIFIEDs in place, then inserts the other deliveries (multi-row) and supersedes
 /// what they make redundant.
@@ -305,15 +302,11 @@ pub(super) type DeliveryInsert<'a> = (NewDelivery, Option<i64>, &'a ServiceKey, 
 /// one connection's rows of one transaction consecutive ids). Superseding from the batch's first
 /// row rather than its first `MODIFIED` (or `DELETED`/`SYNCED`) is the same: both statements filter
 /// the newer rows by kind.
-pub(super) async fn insert_deliveries(
-    s: &mut Script<'_>,
-    now: i64,
-    rows: &[DeliveryInsert<'_>],
-) -> Result<(), StoreError> {
+pub(super) async fn insert_deliveries(s: &mut Script<'_>, now: i64, rows: &[DeliveryInsert]) -> Result<(), StoreError> {
     for (d, event_id, _, _) in rows.iter().filter(|r| r.0.coalesce_ms.is_some()) {
         coalesce(s.tx().await?, now, d, *event_id).await?;
     }
-    let mut rows: Vec<&DeliveryInsert<'_>> = rows.iter().filter(|r| r.0.coalesce_ms.is_none()).collect();
+    let mut rows: Vec<&DeliveryInsert> = rows.iter().filter(|r| r.0.coalesce_ms.is_none()).collect();
     let rewritten = rewrite(s, now, &rewritable(&rows)).await?;
     rows.retain(|(d, event_id, _, _)| !event_id.is_some_and(|id| rewritten.contains(&(d.webhook.as_str(), id))));
     match s.backend() {
@@ -325,12 +318,12 @@ pub(super) async fn insert_deliveries(
 /// The MODIFIEDs among `rows` that may go into a queued one ([`REWRITE`]): each the first delivery
 /// of its queue (endpoint and Service) in the batch, and carrying an event. A later one of the same
 /// queue is inserted, and supersedes the rewritten row as it would any older MODIFIED.
-fn rewritable<'r, 'a>(rows: &[&'r DeliveryInsert<'a>]) -> Vec<&'r DeliveryInsert<'a>> {
+fn rewritable<'r>(rows: &[&'r DeliveryInsert]) -> Vec<&'r DeliveryInsert> {
     let mut queues = HashSet::new();
     rows.iter()
         .copied()
         .filter(|(d, event_id, key, _)| {
-            queues.insert((d.webhook.as_str(), *key)) && d.kind == "MODIFIED" && event_id.is_some()
+            queues.insert((d.webhook.as_str(), key)) && d.kind == "MODIFIED" && event_id.is_some()
         })
         .collect()
 }
@@ -369,7 +362,7 @@ const REWRITE: &str = ") AS n WHERE d.id = (SELECT MAX(p.id) FROM deliveries p W
 async fn rewrite<'r>(
     s: &mut Script<'_>,
     now: i64,
-    rows: &[&'r DeliveryInsert<'_>],
+    rows: &[&'r DeliveryInsert],
 ) -> Result<HashSet<(&'r str, i64)>, StoreError> {
     let mut done = HashSet::new();
     for chunk in super::db::row_chunks(rows, CHUNK) {
@@ -405,7 +398,7 @@ const NEWER: &str = "m.id >= $2";
 const NEWER_AFTER_INSERT: &str = "m.id >= last_insert_rowid() + 1 - $2";
 
 /// SQLite's [`insert_deliveries`]: the inserts and the superseding statements join the script.
-async fn insert_in_script(s: &mut Script<'_>, now: i64, rows: &[&DeliveryInsert<'_>]) -> Result<(), StoreError> {
+async fn insert_in_script(s: &mut Script<'_>, now: i64, rows: &[&DeliveryInsert]) -> Result<(), StoreError> {
     for chunk in super::db::row_chunks(rows, CHUNK) {
         s.run(delivery_chunk(s.backend(), now, chunk, "")).await?;
     }
@@ -423,7 +416,7 @@ async fn insert_in_script(s: &mut Script<'_>, now: i64, rows: &[&DeliveryInsert<
 
 /// PostgreSQL's [`insert_deliveries`]: each insert returns its ids, from which the superseding
 /// statements start.
-async fn insert_returning(tx: &mut Tx<'_>, now: i64, rows: &[&DeliveryInsert<'_>]) -> Result<(), StoreError> {
+async fn insert_returning(tx: &mut Tx<'_>, now: i64, rows: &[&DeliveryInsert]) -> Result<(), StoreError> {
     let mut first_modified: Option<i64> = None;
     let mut first_full: Option<i64> = None;
     for chunk in super::db::row_chunks(rows, CHUNK) {
@@ -449,7 +442,7 @@ async fn insert_returning(tx: &mut Tx<'_>, now: i64, rows: &[&DeliveryInsert<'_>
 }
 
 /// One multi-row delivery insert of `chunk`, followed by `tail`.
-fn delivery_chunk(backend: Backend, now: i64, chunk: &[&DeliveryInsert<'_>], tail: &str) -> Stmt {
+fn delivery_chunk(backend: Backend, now: i64, chunk: &[&DeliveryInsert], tail: &str) -> Stmt {
     let mut q = Stmt::values(backend, DELIVERY_INSERT, chunk.len(), 10, tail);
     for (d, event_id, key, held) in chunk.iter().copied() {
         q = q
@@ -465,18 +458,6 @@ fn delivery_chunk(backend: Backend, now: i64, chunk: &[&DeliveryInsert<'_>], tai
             .bind(i64::from(*held));
     }
     q
-}
-
-/// [`Store::claim`] on `exec` (the write connection, or a transaction on it).
-pub(super) async fn claim_in(
-    exec: Exec<'_>,
-    webhook: &str,
-    now: i64,
-    lease_ms: i64,
-    limit: usize,
-) -> Result<Vec<Claimed>, StoreError> {
-    let q = claim_stmt(exec.backend(), webhook, now, lease_ms, limit).into_query(exec.backend());
-    Ok(claimed(&q.fetch_all(exec).await?))
 }
 
 /// The claim statement of [`Store::claim`]; its rows read with [`claimed`].
@@ -601,7 +582,8 @@ impl Store {
     /// Claims up to `limit` due queue heads of `webhook` for `lease_ms`: each is the lowest pending id
     /// of its Service, due (`next_attempt_at <= now`) and not leased. Ordered by due time. The lease
     /// runs from `now`, or from when the statement runs if that is later (after waiting for the write
-    /// connection). Each [`Claimed::claimed_until`] says when it ends.
+    /// connection). Each [`Claimed::claimed_until`] says when it ends. Runs in the write
+    /// connection's next transaction, at once.
     pub async fn claim(
         &self,
         webhook: &str,
@@ -609,20 +591,7 @@ impl Store {
         lease_ms: i64,
         limit: usize,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let mut conn = self.writer().await?;
-        let result = match self.backend {
-            Backend::Sqlite => claim_in(conn.exec(), webhook, now, lease_ms, limit).await,
-            Backend::Postgres => {
-                async {
-                    let mut tx = conn.begin().await?;
-                    let claimed = claim_in(tx.exec(), webhook, now, lease_ms, limit).await?;
-                    tx.commit().await?;
-                    Ok(claimed)
-                }
-                .await
-            }
-        };
-        self.settle(conn, result)
+        Ok(self.round(Vec::new(), Some((webhook, now, lease_ms, limit)), true).await?.claimed)
     }
 
     /// When the next queue head of `webhook` becomes claimable (Unix ms), if any is pending.
@@ -633,17 +602,13 @@ impl Store {
     /// Clears every lease: after a crash the attempts that were in flight are due again at once.
     pub async fn release_leases(&self) -> Result<u64, StoreError> {
         let sql = "UPDATE deliveries SET claimed_until = NULL WHERE state = 'pending' AND claimed_until IS NOT NULL";
-        let mut conn = self.writer().await?;
-        let result = conn.execute(self.backend.query(sql)).await;
-        self.settle(conn, result)
+        self.execute(self.backend.query(sql)).await
     }
 
     /// Makes every pending delivery of `webhook` due at `now` (the endpoint recovered).
     pub async fn make_due(&self, webhook: &str, now: i64) -> Result<u64, StoreError> {
         let sql = "UPDATE deliveries SET next_attempt_at = $2 WHERE webhook = $1 AND state = 'pending' AND next_attempt_at > $2";
-        let mut conn = self.writer().await?;
-        let result = conn.execute(self.backend.query(sql).bind(webhook).bind(now)).await;
-        self.settle(conn, result)
+        self.execute(self.backend.query(sql).bind(webhook).bind(now)).await
     }
 
     /// Pending deliveries per endpoint: `(webhook, count, oldest created_at)`.
@@ -679,10 +644,10 @@ mod tests {
         let key = ServiceKey::new("ns", "a");
         let payload = serde_json::json!({ "event": event_id }).to_string();
         let d = NewDelivery { webhook: "w".into(), kind, msg_id: new_msg_id(), payload, coalesce_ms: None };
-        let mut conn = store.writer().await.unwrap();
-        let mut s = Script::new(conn.begin().await.unwrap());
-        insert_deliveries(&mut s, now_ms(), &[(d, Some(event_id), &key, false)]).await.unwrap();
-        s.commit().await.unwrap();
+        let rows = vec![(d, Some(event_id), key, false)];
+        let job =
+            crate::store::owner::job(move |s| Box::pin(async move { insert_deliveries(s, now_ms(), &rows).await }));
+        store.transact(job).await.unwrap();
     }
 
     /// `(id, kind, event id, state, body)` of every delivery, by id.

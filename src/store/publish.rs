@@ -156,9 +156,7 @@ impl Store {
         }
         let pairs: Vec<(&str, &str)> = keys.iter().map(|k| (k.namespace.as_str(), k.name.as_str())).collect();
         let q = self.backend.dual(&RELEASE_HELD).bind(serde_json::to_string(&pairs)?).bind(now_ms());
-        let mut conn = self.writer().await?;
-        let result = conn.execute(q).await;
-        self.settle(conn, result)
+        self.execute(q).await
     }
 
     /// The Services whose status vipwatch must write (see `services.publish`), by namespace and name:
@@ -279,18 +277,14 @@ impl Store {
 
     /// Marks a release done.
     pub async fn finish_release(&self, event_id: i64) -> Result<(), StoreError> {
-        let mut conn = self.writer().await?;
         let sql = "DELETE FROM releases WHERE event_id = $1";
-        let result = conn.execute(self.backend.query(sql).bind(event_id)).await;
-        self.settle(conn, result.map(drop))
+        self.execute(self.backend.query(sql).bind(event_id)).await.map(drop)
     }
 
     /// Marks a cleanup done.
     pub async fn finish_cleanup(&self, event_id: i64) -> Result<(), StoreError> {
-        let mut conn = self.writer().await?;
         let sql = "DELETE FROM cleanups WHERE event_id = $1";
-        let result = conn.execute(self.backend.query(sql).bind(event_id)).await;
-        self.settle(conn, result.map(drop))
+        self.execute(self.backend.query(sql).bind(event_id)).await.map(drop)
     }
 }
 

@@ -103,8 +103,10 @@ impl Store {
     /// A number that changes whenever this process wrote anything (SQLite `total_changes()` of the one
     /// write connection): a cheap "did anything change since" check for caches.
     pub async fn write_generation(&self) -> Result<i64, StoreError> {
-        let mut conn = self.pools.write().await?;
-        Ok(self.backend.dual(&WRITE_GENERATION).fetch_one(conn.exec()).await?.get(0))
+        self.read_on_writer(super::owner::read_job(|backend, exec| {
+            Box::pin(async move { Ok(backend.dual(&WRITE_GENERATION).fetch_one(exec).await?.get(0)) })
+        }))
+        .await
     }
 
     /// The highest event id in the log (0 when empty).

@@ -276,7 +276,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("t.db")).await.unwrap();
         let sql = "CREATE TABLE t (id INTEGER PRIMARY KEY, a TEXT NOT NULL, b INTEGER)";
-        store.writer().await.unwrap().execute(store.backend.query(sql)).await.unwrap();
+        store.execute(store.backend.query(sql)).await.unwrap();
         (dir, store)
     }
 
@@ -288,21 +288,28 @@ mod tests {
     #[tokio::test]
     async fn a_script_runs_its_statements_in_order_in_one_transaction() {
         let (_dir, store) = scratch().await;
-        let mut conn = store.writer().await.unwrap();
-        let mut s = Script::new(conn.begin().await.unwrap());
-        let rows_in =
-            Stmt::values(Backend::Sqlite, "INSERT INTO t (a, b)", 2, 2, "").bind("x").bind(1).bind("y").bind(2);
-        s.run(rows_in).await.unwrap();
-        s.run(Stmt::new("UPDATE t SET b = b + $1 WHERE a = $2 OR b = $1").bind(10).bind("y")).await.unwrap();
-        let big = (0..JOINED_VALUES as i64 / 2 + 1)
-            .fold(Stmt::values(Backend::Sqlite, "INSERT INTO t (a, b)", JOINED_VALUES / 2 + 1, 2, ""), |q, i| {
-                q.bind(format!("z{i}")).bind(None::<i64>)
-            });
-        s.run(big).await.unwrap(); // runs alone, after the two held ones
-        let found = s.fetch_all(Stmt::new("SELECT a FROM t WHERE b = $1").bind(12)).await.unwrap();
-        assert_eq!(found.iter().map(|r| r.get::<String, _>(0)).collect::<Vec<_>>(), vec!["y".to_owned()]);
-        s.commit().await.unwrap();
-        drop(conn);
+        let found = store
+            .transact(crate::store::owner::job(|s| {
+                Box::pin(async move {
+                    let rows_in = Stmt::values(Backend::Sqlite, "INSERT INTO t (a, b)", 2, 2, "")
+                        .bind("x")
+                        .bind(1)
+                        .bind("y")
+                        .bind(2);
+                    s.run(rows_in).await?;
+                    s.run(Stmt::new("UPDATE t SET b = b + $1 WHERE a = $2 OR b = $1").bind(10).bind("y")).await?;
+                    let big = (0..JOINED_VALUES as i64 / 2 + 1).fold(
+                        Stmt::values(Backend::Sqlite, "INSERT INTO t (a, b)", JOINED_VALUES / 2 + 1, 2, ""),
+                        |q, i| q.bind(format!("z{i}")).bind(None::<i64>),
+                    );
+                    s.run(big).await?; // runs alone, after the two held ones
+                    let found = s.fetch_all(Stmt::new("SELECT a FROM t WHERE b = $1").bind(12)).await?;
+                    Ok(found.iter().map(|r| r.get::<String, _>(0)).collect::<Vec<_>>())
+                })
+            }))
+            .await
+            .unwrap();
+        assert_eq!(found, vec!["y".to_owned()]);
         let got = rows(&store).await;
         assert_eq!(got.len(), 2 + JOINED_VALUES / 2 + 1);
         assert_eq!(&got[..3], &[(1, "x".into(), Some(1)), (2, "y".into(), Some(12)), (3, "z0".into(), None)]);
@@ -311,17 +318,20 @@ mod tests {
     #[tokio::test]
     async fn a_failing_statement_fails_the_script_and_keeps_nothing() {
         let (_dir, store) = scratch().await;
-        let mut conn = store.writer().await.unwrap();
-        let mut s = Script::new(conn.begin().await.unwrap());
-        s.run(Stmt::new("INSERT INTO t (id, a) VALUES ($1, $2)").bind(7).bind("kept?")).await.unwrap();
-        s.run(Stmt::new("INSERT INTO t (id, a) VALUES ($1, $2)").bind(7).bind("twice")).await.unwrap();
-        s.run(Stmt::new("INSERT INTO t (id, a) VALUES ($1, $2)").bind(8).bind("after")).await.unwrap();
-        let err = s.commit().await.unwrap_err();
+        let err = store
+            .transact(crate::store::owner::job(|s| {
+                Box::pin(async move {
+                    s.run(Stmt::new("INSERT INTO t (id, a) VALUES ($1, $2)").bind(7).bind("kept?")).await?;
+                    s.run(Stmt::new("INSERT INTO t (id, a) VALUES ($1, $2)").bind(7).bind("twice")).await?;
+                    s.run(Stmt::new("INSERT INTO t (id, a) VALUES ($1, $2)").bind(8).bind("after")).await
+                })
+            }))
+            .await
+            .unwrap_err();
         match &err {
             StoreError::Sqlx(sqlx::Error::Database(db)) => assert_eq!(db.message(), "UNIQUE constraint failed: t.id"),
             other => panic!("not the unique violation: {other:?}"),
         }
-        drop(conn);
         assert_eq!(rows(&store).await, vec![]);
     }
 

@@ -85,13 +85,11 @@ pub struct ServiceRow {
     pub updated_at: i64,
 }
 
-/// An event row, serialized for binding.
-struct EventJson<'a> {
+/// An event row, serialized for binding; its key, uid and resourceVersion are read from its change
+/// (`change`, an index into [`Prepared`]'s changes) when bound.
+struct EventJson {
+    change: usize,
     kind: &'static str,
-    ns: &'a str,
-    name: &'a str,
-    uid: &'a str,
-    rv: &'a str,
     cause: &'static str,
     /// Shared with the Service's state row, if the batch upserts it from this event; bound without a
     /// copy (sqlx copies a `&str` or `&String` parameter, an `Arc<str>` it only counts).
@@ -103,24 +101,20 @@ struct EventJson<'a> {
 }
 
 /// A state row upsert, bound into a multi-row [`SERVICE_INSERT`] (128 rows to a statement, like
-/// events: [`EVENT_CHUNK`]).
-struct UpsertRow<'a> {
-    ns: &'a str,
-    name: &'a str,
-    uid: &'a str,
-    rv: &'a str,
-    ty: &'a str,
-    class: Option<&'a str>,
+/// events: [`EVENT_CHUNK`]); its key, uid, resourceVersion, type and class are read from its change
+/// (`change`, an index into [`Prepared`]'s changes) when bound ([`tracked_of`]).
+struct UpsertRow {
+    change: usize,
     /// The view JSON: its event row's (serialized once for both) or, for a refresh, its own.
     view: Arc<str>,
     publish: Option<String>,
     backends: Option<String>,
 }
 
-/// The last state-table operation per Service in a batch; `json`: the view as its event row carries
-/// it, if it has one.
+/// The last state-table operation per Service in a batch, by the index of its change; `json`: the
+/// view as its event row carries it, if it has one.
 enum Final<'a> {
-    Upsert { uid: &'a str, rv: &'a str, view: &'a ServiceView, backends: &'a BackendSets, json: Option<Arc<str>> },
+    Upsert { change: usize, view: &'a ServiceView, backends: &'a BackendSets, json: Option<Arc<str>> },
     Delete,
 }
 
@@ -217,23 +211,42 @@ const NEXT_EVENT_ID: Dual = Dual {
     pg: "SELECT GREATEST((SELECT last_value FROM events_id_seq), COALESCE((SELECT MAX(id) FROM events), 0)) + 1",
 };
 
-/// A chunk of changes made ready to write by [`Store::prepare`]: event ids assigned, rows serialized,
-/// deliveries routed and rendered. All the CPU work of a write happens here, outside the transaction;
-/// [`Store::write`] then only runs statements.
-pub struct Prepared<'a> {
-    first_id: i64,
-    changes: &'a [StateChange],
-    progress: &'a [WatchProgress],
-    now: i64,
-    ids: Vec<i64>,
-    events: Vec<EventJson<'a>>,
-    deliveries: Vec<super::outbox::DeliveryInsert<'a>>,
-    cleanups: Option<String>,
-    releases: Option<String>,
-    state: StateRows<'a>,
+/// Changes and watch progress to record in one transaction, in the order given.
+#[derive(Debug, Default)]
+pub struct Chunk {
+    /// The changes.
+    pub changes: Vec<StateChange>,
+    /// The watch progress recorded with them.
+    pub progress: Vec<WatchProgress>,
 }
 
-impl Prepared<'_> {
+/// A chunk of changes made ready to write by [`Store::prepare`]: event ids assigned, rows serialized,
+/// deliveries routed and rendered. All the CPU work of a write happens here, outside the transaction;
+/// [`Store::write`] then only runs statements. Owns its chunk, so it can be handed to the store's
+/// writer task and given back ([`Prepared::into_chunk`]).
+pub struct Prepared {
+    first_id: i64,
+    chunk: Chunk,
+    now: i64,
+    ids: Vec<i64>,
+    events: Vec<EventJson>,
+    deliveries: Vec<super::outbox::DeliveryInsert>,
+    cleanups: Option<String>,
+    releases: Option<String>,
+    state: StateRows,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("first_id", &self.first_id)
+            .field("changes", &self.chunk.changes.len())
+            .field("deliveries", &self.deliveries.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prepared {
     /// The id this chunk's first event gets.
     pub fn first_id(&self) -> i64 {
         self.first_id
@@ -241,7 +254,7 @@ impl Prepared<'_> {
 
     /// How many changes (of any kind) this chunk holds.
     pub fn changes(&self) -> usize {
-        self.changes.len()
+        self.chunk.changes.len()
     }
 
     /// The id after this chunk's last event: where the next chunk starts.
@@ -258,104 +271,62 @@ impl Prepared<'_> {
     pub fn events(&self) -> usize {
         self.ids.len()
     }
+
+    /// The event ids this chunk records, ascending.
+    pub fn ids(&self) -> &[i64] {
+        &self.ids
+    }
+
+    /// The chunk it was prepared from (to prepare it again with other ids, or once written).
+    pub fn into_chunk(self) -> Chunk {
+        self.chunk
+    }
+}
+
+/// What [`Store::prepare`] could not prepare: why, and the chunk, given back.
+#[derive(Debug)]
+pub struct Unprepared {
+    /// Why ([`StoreError::Json`]: a view does not serialize).
+    pub error: StoreError,
+    /// The chunk, untouched.
+    pub chunk: Chunk,
 }
 
 impl Store {
     /// The id the next event will get: one past the highest ever given (`sqlite_sequence`, so ids of
-    /// pruned events are never reused, or the highest in the log if that is higher). Read from the
-    /// write connection.
+    /// pruned events are never reused, or the highest in the log if that is higher). Read on the
+    /// write connection, by its owner.
     pub async fn next_event_id(&self) -> Result<i64, StoreError> {
-        let mut conn = self.pools.write().await?;
-        Ok(self.backend.dual(&NEXT_EVENT_ID).fetch_one(conn.exec()).await?.get(0))
+        self.read_on_writer(super::owner::read_job(|backend, exec| {
+            Box::pin(async move { Ok(backend.dual(&NEXT_EVENT_ID).fetch_one(exec).await?.get(0)) })
+        }))
+        .await
     }
 
-    /// Makes `changes` and `progress` ready to write: events get ids `first_id`, `first_id + 1`, ... in
-    /// order and `now` (Unix ms) as their `observed_at`, `outbox` routes each into its deliveries, every
-    /// row is serialized. Nothing touches the database. Errors: [`StoreError::Json`] when a view does not
-    /// serialize.
-    pub fn prepare<'a>(
-        &self,
-        changes: &'a [StateChange],
-        progress: &'a [WatchProgress],
-        outbox: &dyn Outbox,
-        first_id: i64,
-        now: i64,
-    ) -> Result<Prepared<'a>, StoreError> {
-        let events = event_rows(changes)?;
-        let ids: Vec<i64> = (first_id..).take(events.len()).collect();
-        let recorded: Vec<(RecordedEvent<'a>, Option<i64>, bool)> = changes
-            .iter()
-            .filter_map(|c| match c {
-                StateChange::Event { key, cause, event, hold, .. } => Some((key, *cause, event.as_ref(), *hold)),
-                StateChange::Refresh { .. } | StateChange::Node { .. } | StateChange::Held { .. } => None,
-            })
-            .zip(&ids)
-            .map(|((key, cause, event, hold), id)| {
-                (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id), hold)
-            })
-            .collect();
-        let deliveries = super::outbox::route(outbox, &recorded);
-        let (cleanups, releases) = cleanup_rows(changes, &ids)?;
-        let state = state_rows(changes, &events)?;
-        Ok(Prepared { first_id, changes, progress, now, ids, events, deliveries, cleanups, releases, state })
+    /// Makes `chunk` ready to write: events get ids `first_id`, `first_id + 1`, ... in order and `now`
+    /// (Unix ms) as their `observed_at`, `outbox` routes each into its deliveries, every row is
+    /// serialized. Nothing touches the database. Errors: [`Unprepared`] with the chunk given back,
+    /// when a view does not serialize ([`StoreError::Json`]).
+    pub fn prepare(&self, chunk: Chunk, outbox: &dyn Outbox, first_id: i64, now: i64) -> Result<Prepared, Unprepared> {
+        match rows(&chunk.changes, outbox, first_id, now) {
+            Ok((ids, events, deliveries, cleanups, releases, state)) => {
+                Ok(Prepared { first_id, chunk, now, ids, events, deliveries, cleanups, releases, state })
+            }
+            Err(error) => Err(Unprepared { error, chunk }),
+        }
     }
 
     /// Writes a prepared chunk in ONE transaction (one commit): all or nothing; the state table ends
     /// as if each change were applied in order. Rows other than the events (deliveries' `created_at`
     /// and due time, `updated_at`s) take the time of this attempt, so a write retried for hours does
-    /// not enqueue deliveries that already look hours old. The relay's rounds and standing claims
-    /// waiting then ride along at its end, after its inserts (`store::riders`). Returns the event
-    /// ids, ascending. Errors: [`StoreError`]; nothing is written then. An id already taken (another
-    /// writer, which the lock file rules out) fails as a unique-constraint error: see
-    /// [`StoreError::is_event_id_taken`].
-    pub async fn write(&self, p: &Prepared<'_>) -> Result<Vec<i64>, StoreError> {
-        let mut conn = self.writer().await?;
-        let now = now_ms();
-        let mut riders = Vec::new();
-        let result = async {
-            let mut s = Script::new(conn.begin().await?);
-            insert_events(&mut s, p.now, &p.events, &p.ids).await?;
-            super::outbox::insert_deliveries(&mut s, now, &p.deliveries).await?;
-            let b = self.backend;
-            if let Some(rows) = &p.cleanups {
-                s.run(Stmt::dual(b, &INSERT_CLEANUPS).bind(now).bind(rows)).await?;
-            }
-            if let Some(rows) = &p.releases {
-                s.run(Stmt::dual(b, &INSERT_RELEASES).bind(now).bind(rows)).await?;
-            }
-            if let Some(rows) = &p.state.deletes {
-                s.run(Stmt::dual(b, &DELETE_SERVICES).bind(rows)).await?;
-            }
-            upsert_services(&mut s, now, &p.state.upserts).await?;
-            if let Some(keys) = &p.state.touched {
-                s.run(Stmt::dual(b, &CLEAR_VIPS).bind(keys).bind(&p.state.vips)).await?;
-            }
-            if let Some(rows) = &p.state.vips {
-                // On its own, so that a unique violation is known to be this statement's.
-                let tx = s.tx().await?;
-                b.dual(&INSERT_VIPS).bind(rows).execute(tx.exec()).await.map_err(address_taken)?;
-            }
-            super::nodes::write_nodes(&mut s, now, p.changes).await?;
-            super::held::write_held(&mut s, p.changes).await?;
-            for progress in p.progress {
-                write_progress(&mut s, now, progress).await?;
-            }
-            if let (Backend::Postgres, Some(last)) = (b, p.ids.last()) {
-                s.run(Stmt::new("SELECT pg_notify('vipwatch_events', $1)").bind(last.to_string())).await?;
-            }
-            // Last, so that their claims see this transaction's deliveries.
-            riders = self.riders.take();
-            let heads = super::riders::carry(&mut s, &riders).await?;
-            s.commit().await?;
-            Ok((p.ids.clone(), heads))
-        }
-        .await;
-        let (result, heads) = match result {
-            Ok((ids, heads)) => (Ok(ids), Some(heads)),
-            Err(e) => (Err(e), None),
-        };
-        super::riders::answer(self, riders, heads, p.ids.last().copied());
-        self.settle(conn, result)
+    /// not enqueue deliveries that already look hours old. The write connection's owner runs it with
+    /// whatever else waits for the connection ([`super::owner`]), the relay's standing claims after
+    /// its inserts. Returns the event ids, ascending, and the chunk given back. Errors: [`StoreError`];
+    /// nothing of the chunk is written then. An id already taken (another writer, which the lock file
+    /// rules out) fails as a unique-constraint error: see [`StoreError::is_event_id_taken`].
+    pub async fn write(&self, p: Prepared) -> (Result<Vec<i64>, StoreError>, Prepared) {
+        let (recorded, p) = self.record(p).await;
+        (recorded.map(|r| r.ids), p)
     }
 
     /// [`Store::prepare`] and [`Store::write`] in one go, with the next free ids (tests, tools).
@@ -366,8 +337,9 @@ impl Store {
         outbox: &dyn Outbox,
     ) -> Result<Vec<i64>, StoreError> {
         let first_id = self.next_event_id().await?;
-        let prepared = self.prepare(changes, progress, outbox, first_id, now_ms())?;
-        self.write(&prepared).await
+        let chunk = Chunk { changes: changes.to_vec(), progress: progress.to_vec() };
+        let prepared = self.prepare(chunk, outbox, first_id, now_ms()).map_err(|u| u.error)?;
+        self.write(prepared).await.0
     }
 
     /// Every row of the current-state table, keyed by Service: what the recorder diffs against.
@@ -396,6 +368,66 @@ impl Store {
     }
 }
 
+/// The rows [`Store::prepare`] makes of `changes`: the event ids, the event rows, the deliveries, the
+/// cleanup and release rows (JSON), the state rows.
+type Rows = (Vec<i64>, Vec<EventJson>, Vec<super::outbox::DeliveryInsert>, Option<String>, Option<String>, StateRows);
+
+fn rows(changes: &[StateChange], outbox: &dyn Outbox, first_id: i64, now: i64) -> Result<Rows, StoreError> {
+    let events = event_rows(changes)?;
+    let ids: Vec<i64> = (first_id..).take(events.len()).collect();
+    let recorded: Vec<(RecordedEvent<'_>, Option<i64>, bool)> = changes
+        .iter()
+        .filter_map(|c| match c {
+            StateChange::Event { key, cause, event, hold, .. } => Some((key, *cause, event.as_ref(), *hold)),
+            StateChange::Refresh { .. } | StateChange::Node { .. } | StateChange::Held { .. } => None,
+        })
+        .zip(&ids)
+        .map(|((key, cause, event, hold), id)| {
+            (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id), hold)
+        })
+        .collect();
+    let deliveries = super::outbox::route(outbox, &recorded);
+    let (cleanups, releases) = cleanup_rows(changes, &ids)?;
+    let state = state_rows(changes, &events)?;
+    Ok((ids, events, deliveries, cleanups, releases, state))
+}
+
+/// The statements of a prepared chunk, run in `s`'s transaction at `now` (Unix ms).
+pub(super) async fn record_chunk(s: &mut Script<'_>, now: i64, p: &Prepared) -> Result<(), StoreError> {
+    let changes = &p.chunk.changes;
+    insert_events(s, p.now, changes, &p.events, &p.ids).await?;
+    super::outbox::insert_deliveries(s, now, &p.deliveries).await?;
+    let b = s.backend();
+    if let Some(rows) = &p.cleanups {
+        s.run(Stmt::dual(b, &INSERT_CLEANUPS).bind(now).bind(rows)).await?;
+    }
+    if let Some(rows) = &p.releases {
+        s.run(Stmt::dual(b, &INSERT_RELEASES).bind(now).bind(rows)).await?;
+    }
+    if let Some(rows) = &p.state.deletes {
+        s.run(Stmt::dual(b, &DELETE_SERVICES).bind(rows)).await?;
+    }
+    upsert_services(s, now, changes, &p.state.upserts).await?;
+    if let Some(keys) = &p.state.touched {
+        s.run(Stmt::dual(b, &CLEAR_VIPS).bind(keys).bind(&p.state.vips)).await?;
+    }
+    if let Some(rows) = &p.state.vips {
+        // On its own, so that a unique violation is known to be this statement's.
+        let tx = s.tx().await?;
+        b.dual(&INSERT_VIPS).bind(rows).execute(tx.exec()).await.map_err(address_taken)?;
+    }
+    super::nodes::write_nodes(s, now, changes).await?;
+    super::held::write_held(s, changes).await?;
+    for progress in &p.chunk.progress {
+        write_progress(s, now, progress).await?;
+    }
+    if let (Backend::Postgres, Some(last)) = (b, p.ids.last()) {
+        s.run(Stmt::new("SELECT pg_notify('vipwatch_events', $1)").bind(last.to_string())).await?;
+    }
+    // Sent now, so that an error is this chunk's.
+    s.flush().await
+}
+
 /// Every row of the state table, by key ([`Store::services`], [`Store::enqueue_resync`]).
 pub(super) const SERVICES_SNAPSHOT: &str = "SELECT namespace, name, uid, resource_version, view, backends, \
     first_seen_at, updated_at FROM services ORDER BY namespace, name";
@@ -418,16 +450,13 @@ pub(super) fn service_row(r: &Row) -> Result<ServiceRow, StoreError> {
 const EVENT_CHUNK: usize = 128;
 
 /// The event rows of `changes`, in order, serialized.
-fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson<'_>>, StoreError> {
+fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson>, StoreError> {
     let mut rows = Vec::new();
-    for change in changes {
-        if let StateChange::Event { key, cause, event: e, .. } = change {
+    for (i, change) in changes.iter().enumerate() {
+        if let StateChange::Event { cause, event: e, .. } = change {
             rows.push(EventJson {
+                change: i,
                 kind: e.kind.as_str(),
-                ns: &key.namespace,
-                name: &key.name,
-                uid: &e.uid,
-                rv: &e.resource_version,
                 cause: cause.as_str(),
                 view: serde_json::to_string(&e.view)?.into(),
                 previous: e.previous.as_deref().map(serde_json::to_string).transpose()?,
@@ -444,12 +473,18 @@ fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson<'_>>, StoreError>
     Ok(rows)
 }
 
-/// Inserts event rows with their assigned ids (`ids[i]` for `rows[i]`); on PostgreSQL also moves
-/// `events_id_seq` up to the highest (SQLite's AUTOINCREMENT does that by itself).
-async fn insert_events(s: &mut Script<'_>, now: i64, rows: &[EventJson<'_>], ids: &[i64]) -> Result<(), StoreError> {
-    let rows: Vec<(&EventJson<'_>, i64)> = rows.iter().zip(ids.iter().copied()).collect();
+/// Inserts event rows (of `changes`) with their assigned ids (`ids[i]` for `rows[i]`); on PostgreSQL
+/// also moves `events_id_seq` up to the highest (SQLite's AUTOINCREMENT does that by itself).
+async fn insert_events(
+    s: &mut Script<'_>,
+    now: i64,
+    changes: &[StateChange],
+    rows: &[EventJson],
+    ids: &[i64],
+) -> Result<(), StoreError> {
+    let rows: Vec<(&EventJson, i64)> = rows.iter().zip(ids.iter().copied()).collect();
     for chunk in row_chunks(&rows, EVENT_CHUNK) {
-        s.run(event_chunk(s.backend(), now, chunk)).await?;
+        s.run(event_chunk(s.backend(), now, changes, chunk)).await?;
     }
     if let (Backend::Postgres, Some(last)) = (s.backend(), ids.last()) {
         s.run(Stmt::new("SELECT setval('events_id_seq', $1)").bind(*last)).await?;
@@ -461,17 +496,18 @@ async fn insert_events(s: &mut Script<'_>, now: i64, rows: &[EventJson<'_>], ids
 const EVENT_INSERT: &str = "INSERT INTO events (id, observed_at, type, namespace, name, uid, resource_version, \
     cause, view, previous, changed, backends, backends_diff)";
 
-fn event_chunk(backend: Backend, now: i64, chunk: &[(&EventJson<'_>, i64)]) -> Stmt {
+fn event_chunk(backend: Backend, now: i64, changes: &[StateChange], chunk: &[(&EventJson, i64)]) -> Stmt {
     let mut q = Stmt::values(backend, EVENT_INSERT, chunk.len(), 13, "");
     for (r, id) in chunk {
+        let StateChange::Event { key, event, .. } = &changes[r.change] else { unreachable!("an event row's change") };
         q = q
             .bind(*id)
             .bind(now)
             .bind(r.kind)
-            .bind(r.ns)
-            .bind(r.name)
-            .bind(r.uid)
-            .bind(r.rv)
+            .bind(key.namespace.as_str())
+            .bind(key.name.as_str())
+            .bind(event.uid.as_str())
+            .bind(event.resource_version.as_str())
             .bind(r.cause)
             .bind(r.view.clone())
             .bind(&r.previous)
@@ -482,18 +518,24 @@ fn event_chunk(backend: Backend, now: i64, chunk: &[(&EventJson<'_>, i64)]) -> S
     q
 }
 
-/// Upserts the state rows, 128 to a statement.
-async fn upsert_services(s: &mut Script<'_>, now: i64, rows: &[UpsertRow<'_>]) -> Result<(), StoreError> {
+/// Upserts the state rows (of `changes`), 128 to a statement.
+async fn upsert_services(
+    s: &mut Script<'_>,
+    now: i64,
+    changes: &[StateChange],
+    rows: &[UpsertRow],
+) -> Result<(), StoreError> {
     for chunk in row_chunks(rows, EVENT_CHUNK) {
         let mut q = Stmt::values(s.backend(), SERVICE_INSERT, chunk.len(), 11, UPSERT_SERVICES);
         for r in chunk {
+            let (key, uid, rv, view) = tracked_of(&changes[r.change]);
             q = q
-                .bind(r.ns)
-                .bind(r.name)
-                .bind(r.uid)
-                .bind(r.rv)
-                .bind(r.ty)
-                .bind(r.class)
+                .bind(key.namespace.as_str())
+                .bind(key.name.as_str())
+                .bind(uid)
+                .bind(rv)
+                .bind(view.service_type.as_str())
+                .bind(view.load_balancer_class.as_deref())
                 .bind(r.view.clone())
                 .bind(&r.publish)
                 .bind(&r.backends)
@@ -535,34 +577,21 @@ fn cleanup_rows(changes: &[StateChange], ids: &[i64]) -> Result<(Option<String>,
 /// Folds the batch into the last operation per Service: the rows of its upserts (each event's view
 /// JSON shared with its row in `events`, the batch's event rows in order) and the JSON arrays of its
 /// deletes ([`DELETE_SERVICES`]) and touched keys; `None` = nothing to do.
-fn state_rows<'a>(changes: &'a [StateChange], events: &[EventJson<'_>]) -> Result<StateRows<'a>, StoreError> {
+fn state_rows(changes: &[StateChange], events: &[EventJson]) -> Result<StateRows, StoreError> {
     let mut last: HashMap<&ServiceKey, Final<'_>> = HashMap::new();
     let mut event_views = events.iter().map(|e| &e.view);
-    for change in changes {
-        let (key, op) = match change {
+    for (change, c) in changes.iter().enumerate() {
+        let (key, op) = match c {
             StateChange::Event { key, event: e, .. } => {
                 let json = event_views.next().cloned();
                 let op = match e.kind {
                     ChangeKind::Deleted => Final::Delete,
-                    _ => Final::Upsert {
-                        uid: &e.uid,
-                        rv: &e.resource_version,
-                        view: &e.view,
-                        backends: &e.backends,
-                        json,
-                    },
+                    _ => Final::Upsert { change, view: &e.view, backends: &e.backends, json },
                 };
                 (key, op)
             }
             StateChange::Refresh { key, tracked: t } => {
-                let op = Final::Upsert {
-                    uid: &t.uid,
-                    rv: &t.resource_version,
-                    view: &t.view,
-                    backends: &t.backends,
-                    json: None,
-                };
-                (key, op)
+                (key, Final::Upsert { change, view: &t.view, backends: &t.backends, json: None })
             }
             StateChange::Node { .. } | StateChange::Held { .. } => continue,
         };
@@ -578,9 +607,9 @@ fn state_rows<'a>(changes: &'a [StateChange], events: &[EventJson<'_>]) -> Resul
             Final::Delete => deletes.push((&key.namespace, &key.name)),
             Final::Upsert { view, .. } if pool_addresses(view).next().is_some() => {
                 vips.extend(held_ports(view).map(|(a, proto, port)| (a, proto, port, &key.namespace, &key.name)));
-                upserts.push(upsert_row(key, op)?);
+                upserts.push(upsert_row(op)?);
             }
-            Final::Upsert { .. } => upserts.push(upsert_row(key, op)?),
+            Final::Upsert { .. } => upserts.push(upsert_row(op)?),
         }
     }
     let json = |empty: bool, v: String| (!empty).then_some(v);
@@ -617,27 +646,32 @@ fn held_ports(view: &ServiceView) -> impl Iterator<Item = (&String, &str, i32)> 
 /// nothing to do) the deleted keys, every key the batch touched (their `vip_addresses` rows are
 /// brought in line, [`CLEAR_VIPS`]) and the pool addresses of the upserted ones per port,
 /// `[address, protocol, port, namespace, name]`.
-struct StateRows<'a> {
-    upserts: Vec<UpsertRow<'a>>,
+struct StateRows {
+    upserts: Vec<UpsertRow>,
     deletes: Option<String>,
     touched: Option<String>,
     vips: Option<String>,
 }
 
-/// One state row upsert of `key`: its view JSON is its event row's when it has one.
-fn upsert_row<'a>(key: &'a ServiceKey, op: Final<'a>) -> Result<UpsertRow<'a>, StoreError> {
-    let Final::Upsert { uid, rv, view: service, backends, json } = op else { unreachable!("only upserts") };
+/// The Service, uid, resourceVersion and view a state row of `change` upserts (an event that is not
+/// a DELETED, or a refresh).
+fn tracked_of(change: &StateChange) -> (&ServiceKey, &str, &str, &ServiceView) {
+    match change {
+        StateChange::Event { key, event, .. } => (key, &event.uid, &event.resource_version, &event.view),
+        StateChange::Refresh { key, tracked } => (key, &tracked.uid, &tracked.resource_version, &tracked.view),
+        StateChange::Node { .. } | StateChange::Held { .. } => unreachable!("only events and refreshes upsert"),
+    }
+}
+
+/// One state row upsert: its view JSON is its event row's when it has one.
+fn upsert_row(op: Final<'_>) -> Result<UpsertRow, StoreError> {
+    let Final::Upsert { change, view: service, backends, json } = op else { unreachable!("only upserts") };
     let view = match json {
         Some(json) => json,
         None => serde_json::to_string(service)?.into(),
     };
     Ok(UpsertRow {
-        ns: &key.namespace,
-        name: &key.name,
-        uid,
-        rv,
-        ty: &service.service_type,
-        class: service.load_balancer_class.as_deref(),
+        change,
         view,
         publish: service.status_to_publish().map(|i| serde_json::to_string(&i)).transpose()?,
         backends: (!backends.is_empty()).then(|| serde_json::to_string(backends)).transpose()?,

@@ -1,7 +1,8 @@
-//! The writer: the single writer of the event log and current-state table. Persists each planned batch
-//! in one transaction, retried with backoff until it succeeds (the recorder's mirror already reflects
-//! it, so giving up would lose events), then reports it: counters, Kubernetes Events, readiness and
-//! the commit signal. The recorder's shell sets the gauges.
+//! The writer: the single writer of the event log and current-state table. Paces the recorder's plans
+//! into group commits ([`crate::store::Pacing`]), prepares each chunk and hands it to the store's
+//! owner of the write connection, retried with backoff until it commits (the recorder's mirror
+//! already reflects it, so giving up would lose events), then reports it: counters, Kubernetes
+//! Events, readiness and the commit signal. The recorder's shell sets the gauges.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -16,32 +17,34 @@ use super::recorder::Batch;
 use super::stream::ScopeSpec;
 use crate::metrics::Metrics;
 use crate::model::Notice;
-use crate::store::{Outbox, Prepared, StateChange, Store, StoreError, WatchProgress};
+use crate::store::{Chunk, Outbox, Prepared, Recorded, StateChange, Store, StoreError, WatchProgress};
 
 /// How many planned batches may wait for the writer (the recorder plans ahead by this much).
 const QUEUED_PLANS: usize = 2;
 
-/// Most changes per transaction while another writer uses the write connection too. A plan with
-/// more (a first list of many Services, a burst) is committed as several transactions in order, so
-/// the relay's claims and completions, which share the one write connection, wait for one chunk
-/// rather than for the whole plan; the `committed` signal is pulsed after each chunk, so
+/// Most changes per transaction while other writes share the write connection. A plan with more (a
+/// first list of many Services, a burst) is committed as several transactions in order, so the
+/// relay's claims and completions, which share the one write connection, wait for one chunk rather
+/// than for the whole plan; the `committed` signal is pulsed after each chunk, so
 /// deliveries start while the rest is written. The watch progress (resourceVersion) goes with the
 /// last chunk: a crash between chunks resumes from the previous resourceVersion and the re-seen
 /// changes diff as already recorded.
 const CHUNK_CHANGES: usize = 128;
 
-/// Most changes per transaction while the watch's writer has the write connection to itself (no
-/// other writer took a turn since its last write, none waits: [`Store::write_shared_since`]) and the
-/// last transaction that recorded events enqueued no delivery for them: a guess that the next ones
-/// will not either, which is right while no endpoint subscribes to these Services. With an endpoint
-/// subscribed the relay claims after every commit, and the writer stays at [`CHUNK_CHANGES`].
+/// Most changes per transaction while the watch's writer has the write connection to itself (its
+/// last transaction carried no other write and none waited when it ended: [`Recorded::shared`]) and
+/// the last transaction that recorded events enqueued no delivery for them: a guess that the next
+/// ones will not either, which is right while no endpoint subscribes to these Services. With an
+/// endpoint subscribed the relay claims after every commit, and the writer stays at
+/// [`CHUNK_CHANGES`].
 ///
 /// Each commit has a cost of its own (the pages it touched go into the WAL once per commit;
 /// statements are bound and stepped per chunk), so larger chunks store changes faster. But the larger
 /// size whenever the connection is free raises peak RSS in a burst (the bigger transactions' rows and
-/// payloads at once), and the larger size always delays deliveries, as the relay's turns wait (the
-/// trade-off: docs/explanation/design-decisions.md). On PostgreSQL the same rule applies, and the
-/// turns it sees are this process's only (another replica does not write: only the leader does).
+/// payloads at once), and the larger size always delays deliveries, as the relay's rounds wait for
+/// the longer transactions (the trade-off: docs/explanation/design-decisions.md). On PostgreSQL the
+/// same rule applies, and the writes it sees are this process's only (another replica does not
+/// write: only the leader does).
 pub(super) const CHUNK_CHANGES_ALONE: usize = 512;
 
 /// What the writer takes: one batch of the recorder, what to store and what to report once it is
@@ -90,19 +93,19 @@ fn multi_thread() -> bool {
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
-/// A chunk of a plan: its changes, and the watch progress it carries (the plan's, for its last
-/// chunk).
-type Chunk<'a> = (&'a [StateChange], &'a [WatchProgress]);
+/// The next chunk of `rest`, at most `size` changes, carrying `progress` if it is the last (the watch
+/// progress goes with a plan's last chunk: see [`Writer::commit`]).
+fn take_chunk(rest: &mut std::vec::IntoIter<StateChange>, size: usize, progress: &[WatchProgress]) -> Chunk {
+    let changes: Vec<StateChange> = rest.by_ref().take(size).collect();
+    let progress = if rest.len() == 0 { progress.to_vec() } else { Vec::new() };
+    Chunk { changes, progress }
+}
 
-/// The first chunk of `rest`, at most `size` changes, carrying `progress` if it is the last (the
-/// watch progress goes with a plan's last chunk: see [`Writer::commit`]), and what is left after it.
-fn split_chunk<'a>(
-    rest: &'a [StateChange],
-    size: usize,
-    progress: &'a [WatchProgress],
-) -> (Chunk<'a>, &'a [StateChange]) {
-    let (chunk, after) = rest.split_at(size.min(rest.len()));
-    ((chunk, if after.is_empty() { progress } else { &[] }), after)
+/// A chunk on its way to the store: prepared (with the ids it was prepared for), or not yet.
+#[expect(clippy::large_enum_variant, reason = "one at a time, held on the stack: boxing would only add an allocation")]
+enum Pending {
+    Prepared(Prepared),
+    Chunk(Chunk),
 }
 
 /// What the writer tells the rest of the process.
@@ -134,8 +137,9 @@ pub(super) struct Writer {
     awaiting_first_list: HashSet<String>,
     /// The id the next event gets (`None`: read it from the store first).
     next_id: Option<i64>,
-    /// [`Store::write_mark`] as this writer's last write left it, if no one else took a turn.
-    mark: u64,
+    /// Whether this writer's last transaction carried other writes, or others waited when it ended
+    /// ([`Recorded::shared`]; `true` before the first).
+    shared: bool,
     /// Whether this writer's last write that recorded events enqueued deliveries (`true` before
     /// the first).
     routed: bool,
@@ -147,10 +151,9 @@ impl Writer {
     }
 
     /// A writer that has written nothing yet: the next id is read from the store, and the first
-    /// transaction is [`CHUNK_CHANGES`] (`routed` until one recorded events without deliveries; its
-    /// write sets `mark`).
+    /// transaction is [`CHUNK_CHANGES`] (`routed` until one recorded events without deliveries).
     fn starting(store: Store, outbox: Arc<dyn Outbox>, signals: Signals, awaiting_first_list: HashSet<String>) -> Self {
-        Self { store, outbox, signals, awaiting_first_list, next_id: None, mark: 0, routed: true }
+        Self { store, outbox, signals, awaiting_first_list, next_id: None, shared: true, routed: true }
     }
 
     /// Starts the writer task; returns where to send plans and the task handle.
@@ -165,75 +168,80 @@ impl Writer {
         let task = tokio::spawn(async move {
             let mut last = tokio::time::Instant::now();
             while let Some(mut plan) = rx.recv().await {
-                // The group commit: see [`crate::store::DEFAULT_COMMIT_INTERVAL`].
-                let due = last + writer.store.commit_interval();
-                if plan.changes.len() < CHUNK_CHANGES && tokio::time::Instant::now() < due {
-                    writer.store.expect_write(Some(due));
+                // The group commit: see [`crate::store::Pacing`].
+                let now = tokio::time::Instant::now();
+                let due = writer.store.pacing().due(last, now);
+                let gathered = plan.changes.len() < CHUNK_CHANGES && now < due;
+                if gathered {
+                    // The relay's rounds sent meanwhile wait for this commit rather than go alone.
+                    writer.store.expect_record(Some(due));
                     gather_until(&mut rx, &mut plan, due).await;
-                    // It may commit before `due` (a full transaction's worth): a round that boards
-                    // after this commit took its riders waits no longer than the slack for it.
-                    writer.store.expect_write(Some(tokio::time::Instant::now()));
                 }
                 while let Ok(more) = rx.try_recv() {
                     plan.append(more);
                 }
                 last = tokio::time::Instant::now();
                 writer.commit(plan).await;
-                writer.store.expect_write(None);
+                if gathered {
+                    // Its Record took the expectation back, unless none was sent.
+                    writer.store.expect_record(None);
+                }
             }
         });
         (tx, task)
     }
 
     /// Writes the plan in transactions of at most [`CHUNK_CHANGES`] changes ([`CHUNK_CHANGES_ALONE`]
-    /// while no delivery is enqueued and no other writer uses the connection; see
+    /// while no delivery is enqueued and no other write shares the connection; see
     /// [`Writer::chunk_size`]), each retried with the store's backoff ([`Store::write_backoff`], up to
-    /// `database.write_retry_max_delay` apart) until it commits. Each chunk is prepared first ([`Store::prepare`]: ids, JSON, routed
-    /// and rendered deliveries), so the transaction, and with it the write connection the relay
-    /// shares, only runs statements. Nothing is reported (metrics, log, readiness, Kubernetes Events)
-    /// before the last chunk committed, and `committed` only after each chunk did; a failed attempt
-    /// left nothing behind (the store rolls it back and drops the connection).
-    async fn commit(&mut self, plan: Plan) {
+    /// `database.write_retry_max_delay` apart) until it commits. Each chunk is prepared first
+    /// ([`Store::prepare`]: ids, JSON, routed and rendered deliveries), so the transaction, and with it
+    /// the write connection the relay shares, only runs statements. Nothing is reported (counters,
+    /// log, readiness, Kubernetes Events) before the last chunk committed, and `committed` only after
+    /// each chunk did; a failed attempt left nothing behind (the store rolls it back and drops the
+    /// connection).
+    async fn commit(&mut self, mut plan: Plan) {
         if plan.changes.is_empty() && plan.progress.is_empty() {
             // Nothing to store, only to report (counters, Kubernetes Events).
             self.after_commit(plan);
             return;
         }
         let progress: Vec<WatchProgress> = plan.progress.values().cloned().collect();
-        let mut rest: &[StateChange] = &plan.changes;
+        let mut rest = std::mem::take(&mut plan.changes).into_iter();
+        let mut written = Vec::with_capacity(rest.len());
         // The next chunk, prepared while the one before it was written (see `write_beside`).
-        let mut ahead: Option<Prepared<'_>> = None;
+        let mut ahead: Option<Pending> = None;
         loop {
-            let size = ahead.as_ref().map_or_else(|| self.chunk_size(), Prepared::changes);
-            let ((chunk, chunk_progress), after) = split_chunk(rest, size, &progress);
-            rest = after;
+            let mut pending = ahead.take().unwrap_or_else(|| {
+                let size = self.chunk_size();
+                Pending::Chunk(take_chunk(&mut rest, size, &progress))
+            });
             let mut conflicts = self.store.write_backoff().build();
             let ids = loop {
                 let Some(first_id) = self.first_id().await else { return };
-                let prepared = match ahead.take() {
-                    Some(p) if p.first_id() == first_id => p,
-                    _ => self.prepare(chunk, chunk_progress, first_id).await,
+                let prepared = match pending {
+                    Pending::Prepared(p) if p.first_id() == first_id => p,
+                    Pending::Prepared(p) => self.prepare(p.into_chunk(), first_id).await,
+                    Pending::Chunk(chunk) => self.prepare(chunk, first_id).await,
                 };
-                let next = (!rest.is_empty()).then(|| split_chunk(rest, self.chunk_size(), &progress).0);
-                // Taken before asking for the turn: a turn given to another writer while this one
-                // waits or after it ends counts as shared (never the other way round).
-                let before = self.store.write_mark();
-                let (written, next_prepared) = self.write_beside(&prepared, next).await;
-                match written {
-                    Ok(ids) => {
+                let (written_now, prepared, next) = self.write_beside(prepared, &mut rest, &progress).await;
+                ahead = next;
+                match written_now {
+                    Ok(recorded) => {
                         self.next_id = Some(prepared.next_id());
-                        self.mark = before + 1;
+                        self.shared = recorded.shared;
                         if prepared.events() > 0 {
                             self.routed = prepared.deliveries() > 0;
                         }
-                        ahead = next_prepared;
-                        break ids;
+                        written.extend(prepared.into_chunk().changes);
+                        break recorded.ids;
                     }
                     // Ids taken by someone else: read the next free one and prepare this chunk again.
                     Err(e) if e.is_event_id_taken() => {
                         let wait = conflicts.next().unwrap_or(Duration::from_secs(1));
                         warn!(error = %e, retry_in = ?wait, "event ids already taken; reading the next free id");
                         self.next_id = None;
+                        pending = Pending::Prepared(prepared);
                         tokio::time::sleep(wait).await;
                     }
                     // The store logged the fence's refusal once; the next leader re-lists.
@@ -250,7 +258,7 @@ impl Writer {
                     // The database refused the write for good (a pool address and port for a second
                     // Service): retrying would stall every later change. The term ends; the next one
                     // reloads the allocator from the state table and re-lists.
-                    Err(e @ StoreError::AddressTaken(_)) => {
+                    Err(e) if e.is_address_taken() => {
                         error!(error = %e, "the database refused this batch; ending the term so the next one re-lists and allocates anew");
                         self.next_id = None;
                         let _ = self.signals.refused.set(e.to_string());
@@ -267,56 +275,60 @@ impl Writer {
             if let Some(id) = ids.last().copied() {
                 self.signals.committed.send_replace(id);
             }
-            if rest.is_empty() {
+            if rest.len() == 0 && ahead.is_none() {
                 break;
             }
         }
+        plan.changes = written;
         self.after_commit(plan);
     }
 
-    /// Writes `prepared` ([`Writer::write`]) and meanwhile prepares `next`, with the ids after
-    /// `prepared`'s, on a thread of its own, when `prepared` enqueued no delivery (no endpoint takes
-    /// these changes), `next` has [`OFFLOAD_CHANGES`] changes or more and the runtime is
-    /// multi-thread: the chunks of a large plan then cost the longer of the two rather than their
-    /// sum. The write runs on this thread through [`tokio::task::block_in_place`], so the runtime's
-    /// workers go on with the watch and the recorder; a first list is stored faster (see
-    /// docs/explanation/design-decisions.md). Not while deliveries are enqueued: the relay's rounds
-    /// then share the write connection, whose thread is the bound, so there is no gain in latency,
-    /// only more peak RSS (two chunks in memory at once).
+    /// Hands `prepared` to the store ([`Writer::write`]) and meanwhile prepares the next chunk of
+    /// `rest`, with the ids after `prepared`'s, on this thread through
+    /// [`tokio::task::block_in_place`] (the runtime's other tasks, the store's owner of the write
+    /// connection among them, go on on another), when `prepared` enqueued no delivery (no endpoint
+    /// takes these changes), the next chunk has [`OFFLOAD_CHANGES`] changes or more and the runtime
+    /// is multi-thread: the chunks of a large plan then cost the longer of the two rather than their
+    /// sum; a first list is stored faster (see docs/explanation/design-decisions.md). Not while
+    /// deliveries are enqueued: the relay's rounds then share the write connection, whose thread is
+    /// the bound, so there is no gain in latency, only more peak RSS (two chunks in memory at once).
     ///
     /// Returns once both are done, so the chunk's commit is signalled (`committed`) after the next
-    /// chunk's preparation too. Returns `None` for `next` when it was not prepared
-    /// (none of the above, or its preparation failed or panicked: the caller prepares it again on
-    /// this thread and handles the error). The caller uses a prepared chunk only if its first id is
-    /// still the next free one (not after an id conflict). Runs to the end of the write once
-    /// started: the write gives up only as [`Writer::write`] does (the term ends), never by being
-    /// dropped, so the runtime must not shut down under it (`Running::stop` comes first).
-    async fn write_beside<'a>(
+    /// chunk's preparation too; with the write's outcome, `prepared` given back, and the next chunk
+    /// if it was taken (prepared, or given back when its preparation failed: the caller prepares it
+    /// again on this thread and handles the error). The caller uses a prepared chunk only if its
+    /// first id is still the next free one (not after an id conflict).
+    async fn write_beside(
         &self,
-        prepared: &Prepared<'a>,
-        next: Option<Chunk<'a>>,
-    ) -> (Result<Vec<i64>, StoreError>, Option<Prepared<'a>>) {
-        let alone = prepared.deliveries() == 0;
-        let Some((chunk, progress)) = next.filter(|(c, _)| alone && c.len() >= OFFLOAD_CHANGES && multi_thread())
-        else {
-            return (self.write(prepared).await, None);
+        prepared: Prepared,
+        rest: &mut std::vec::IntoIter<StateChange>,
+        progress: &[WatchProgress],
+    ) -> (Result<Recorded, StoreError>, Prepared, Option<Pending>) {
+        let beside = prepared.deliveries() == 0 && rest.len() >= OFFLOAD_CHANGES && multi_thread();
+        let first_id = prepared.next_id();
+        let first = self.store.record(prepared);
+        let next = beside.then(|| {
+            let chunk = take_chunk(rest, self.chunk_size(), progress);
+            let (store, outbox) = (&self.store, self.outbox.as_ref());
+            let prepare = move || store.prepare(chunk, outbox, first_id, crate::store::now_ms());
+            match tokio::task::block_in_place(prepare) {
+                Ok(p) => Pending::Prepared(p),
+                Err(unprepared) => Pending::Chunk(unprepared.chunk),
+            }
+        });
+        let (written, prepared) = first.await;
+        let (written, prepared) = match written {
+            Err(e) if self.retries(&e) => self.write(prepared, e).await,
+            done => (done, prepared),
         };
-        let (store, outbox, first_id) = (&self.store, self.outbox.as_ref(), prepared.next_id());
-        let prepare = move || store.prepare(chunk, progress, outbox, first_id, crate::store::now_ms()).ok();
-        tokio::task::block_in_place(|| {
-            std::thread::scope(|scope| {
-                let ahead = std::thread::Builder::new().name("vipwatch-prepare".into()).spawn_scoped(scope, prepare);
-                let written = tokio::runtime::Handle::current().block_on(self.write(prepared));
-                (written, ahead.ok().and_then(|h| h.join().ok().flatten()))
-            })
-        })
+        (written, prepared, next)
     }
 
     /// How many changes the next transaction takes: [`CHUNK_CHANGES_ALONE`] when the last one that
-    /// recorded events enqueued no delivery and no other writer used the write connection since or
-    /// waits for it now, else [`CHUNK_CHANGES`].
+    /// recorded events enqueued no delivery and the last transaction carried no other write (none
+    /// waited when it ended), else [`CHUNK_CHANGES`].
     fn chunk_size(&self) -> usize {
-        if self.routed || self.store.write_shared_since(self.mark) { CHUNK_CHANGES } else { CHUNK_CHANGES_ALONE }
+        if self.routed || self.shared { CHUNK_CHANGES } else { CHUNK_CHANGES_ALONE }
     }
 
     /// The id of the next event: known after the first commit, else read (retried like a write).
@@ -343,42 +355,47 @@ impl Writer {
 
     /// [`Store::prepare`] of one chunk, observed now. A view that does not serialize is retried with
     /// the store's backoff, like a write that fails: giving up would lose the changes.
-    async fn prepare<'a>(
-        &self,
-        chunk: &'a [StateChange],
-        progress: &'a [WatchProgress],
-        first_id: i64,
-    ) -> Prepared<'a> {
+    async fn prepare(&self, mut chunk: Chunk, first_id: i64) -> Prepared {
         let mut backoff = self.store.write_backoff().build();
-        let prepare = || self.store.prepare(chunk, progress, self.outbox.as_ref(), first_id, crate::store::now_ms());
         loop {
-            match off_the_worker(chunk.len(), prepare) {
+            let changes = chunk.changes.len();
+            let prepare = || self.store.prepare(chunk, self.outbox.as_ref(), first_id, crate::store::now_ms());
+            match off_the_worker(changes, prepare) {
                 Ok(p) => return p,
-                Err(e) => {
+                Err(unprepared) => {
                     let wait = backoff.next().unwrap_or(Duration::from_secs(1));
-                    error!(error = %e, retry_in = ?wait, "cannot serialize changes; retrying (nothing recorded yet)");
+                    error!(error = %unprepared.error, retry_in = ?wait, "cannot serialize changes; retrying (nothing recorded yet)");
+                    chunk = unprepared.chunk;
                     tokio::time::sleep(wait).await;
                 }
             }
         }
     }
 
-    /// Writes one prepared chunk, retried until it commits; an id conflict is returned at once, and so
-    /// is the fence's refusal (this replica's term is over: the next leader records the changes from
-    /// its own lists, and retrying would only keep the term from ending).
-    async fn write(&self, prepared: &Prepared<'_>) -> Result<Vec<i64>, StoreError> {
-        let write = || self.store.write(prepared);
-        let notify = |e: &StoreError, wait: Duration| {
-            error!(error = %e, reason = %e.reason(), retry_in = ?wait, "cannot store changes; retrying (nothing recorded yet)");
-        };
-        let term = &self.signals.term;
-        let retry = |e: &StoreError| {
-            !e.is_event_id_taken()
-                && !e.is_fenced()
-                && !matches!(e, StoreError::AddressTaken(_))
-                && !term.is_cancelled()
-        };
-        write.retry(self.store.write_backoff()).when(retry).notify(notify).await
+    /// Whether a write that failed with `e` is tried again: not an id conflict (returned at once), nor
+    /// the fence's refusal (this replica's term is over: the next leader records the changes from its
+    /// own lists, and retrying would only keep the term from ending), nor a refusal for good, nor
+    /// once the term ended.
+    fn retries(&self, e: &StoreError) -> bool {
+        !e.is_event_id_taken() && !e.is_fenced() && !e.is_address_taken() && !self.signals.term.is_cancelled()
+    }
+
+    /// Writes `prepared` again after its write failed with `failed`, with the store's backoff, until
+    /// it commits or fails in a way not retried ([`Writer::retries`]).
+    async fn write(&self, mut prepared: Prepared, failed: StoreError) -> (Result<Recorded, StoreError>, Prepared) {
+        let mut backoff = self.store.write_backoff().build();
+        let mut error = failed;
+        loop {
+            let wait = backoff.next().unwrap_or(Duration::from_secs(1));
+            error!(error = %error, reason = %error.reason(), retry_in = ?wait, "cannot store changes; retrying (nothing recorded yet)");
+            tokio::time::sleep(wait).await;
+            let (written, p) = self.store.record(prepared).await;
+            prepared = p;
+            match written {
+                Err(e) if self.retries(&e) => error = e,
+                done => return (done, prepared),
+            }
+        }
     }
 
     fn after_commit(&mut self, plan: Plan) {
