@@ -130,7 +130,19 @@ impl Harness {
     }
 
     /// Starts vipwatch with `config` on 127.0.0.1:0 and waits until it is ready.
+    ///
+    /// On SQLite it first waits until the database's lock file is free: a test that restarts
+    /// vipwatch in this process may find the lock still held for a moment by a child that another
+    /// test forked (an agent's HAProxy) before `exec` closed the inherited descriptor.
     pub async fn start(&self, config: Config) -> Running {
+        if config.database.url.is_none() {
+            let path = config.database.path.clone();
+            wait_until("the database's lock file is free", || {
+                let free = vipwatch::store::WriterLock::acquire(&path).is_ok();
+                async move { free.then_some(()) }
+            })
+            .await;
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let running = app::start(config, listener).await.expect("vipwatch starts");
         tokio::time::timeout(DEADLINE, running.ready()).await.expect("vipwatch becomes ready");
