@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 
 use super::{ASSIGNMENT_QUEUE, AppError, fatal_on_error};
 use crate::config::{Config, DatabaseConfig};
-use crate::leader::{Elector, Role, Trust};
+use crate::leader::{Elector, LeaderDeadline, Role};
 use crate::metrics::Metrics;
 use crate::model::Feedback;
 use crate::publish::{self, Publisher};
@@ -40,15 +40,20 @@ pub(super) struct Shared {
 }
 
 /// One term as leader: starts the relay, the write-back, the watch, pruning and the resync of
-/// switched endpoints on `store` (fenced on PostgreSQL), trusted while `trust` lasts, and runs them
+/// switched endpoints on `store` (fenced on PostgreSQL), acting while `leader_deadline` is ahead, and runs them
 /// until `cancel`. A task that fails for good cancels `cancel`, which ends the term: on SQLite that
 /// is the process's own token (it stops, as it always did), on PostgreSQL the term's ([`elect`]
 /// then campaigns again). Returns the first error a task ended with.
-pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: CancellationToken) -> Result<(), AppError> {
+pub(super) async fn lead(
+    s: Shared,
+    store: Store,
+    leader_deadline: LeaderDeadline,
+    cancel: CancellationToken,
+) -> Result<(), AppError> {
     s.ready.send_replace(false);
     let (notices, events_task) =
-        publish::start_events(s.client.clone(), s.metrics.clone(), trust.clone(), cancel.clone());
-    let signals = watch::Signals {
+        publish::start_events(s.client.clone(), s.metrics.clone(), leader_deadline.clone(), cancel.clone());
+    let wiring = watch::WriterWiring {
         metrics: s.metrics.clone(),
         ready: s.ready.clone(),
         committed: s.committed.clone(),
@@ -71,13 +76,13 @@ pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: Cancella
         committed.clone(),
         acked_tx,
         assign_tx.clone(),
-        trust.clone(),
+        leader_deadline.clone(),
         cancel.clone(),
     )
     .await?;
     let publisher = Publisher::new(s.client.clone(), &s.config, store.clone(), s.metrics.clone(), notices, assign_tx)
         .waking(s.committed.clone())
-        .trusting(trust);
+        .leading_until(leader_deadline);
     let publisher_task = tokio::spawn(publisher.run(committed.clone(), acked, cancel.clone()));
     let checkpoint_task = tokio::spawn(store.clone().checkpoint_loop(cancel.clone()));
     let relay_task = tokio::spawn(async move {
@@ -90,7 +95,7 @@ pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: Cancella
     let watch_task = {
         let (store, cancel, config, client) = (store.clone(), cancel.clone(), s.config.clone(), s.client.clone());
         fatal_on_error("watch", cancel.clone(), async move {
-            Ok(watch::run(client, &config, store, outbox, signals, assign_rx, cancel).await?)
+            Ok(watch::run(client, &config, store, outbox, wiring, assign_rx, cancel).await?)
         })
     };
     let prune_task = tokio::spawn(prune_loop(store.clone(), s.config.database.event_retention, cancel.clone()));
@@ -110,7 +115,7 @@ pub(super) async fn lead(s: Shared, store: Store, trust: Trust, cancel: Cancella
 
 /// The election loop (PostgreSQL): campaigns for the lease, leads while the term lasts, and stands
 /// down to follower when it is lost: the role says follower at once, the term's tasks stop (nothing
-/// is sent or written to Kubernetes after its trust ran out, and its database writes were fenced
+/// is sent or written to Kubernetes after its leader deadline passed, and its database writes were fenced
 /// anyway), and it campaigns again. A term whose tasks fail (a database fault at its start, a write
 /// the database refused) is given up and this replica waits `database.leader_ttl` before bidding
 /// again, so another replica may take over; so is a term whose watch stays not ready for
@@ -129,7 +134,7 @@ pub(super) async fn elect(
         let epoch = term.epoch;
         role.send_replace(Role::Leader { epoch });
         let term_cancel = cancel.child_token();
-        let run = lead(s.clone(), term.fenced(&s.store), term.trust.clone(), term_cancel.clone());
+        let run = lead(s.clone(), term.fenced(&s.store), term.leader_deadline.clone(), term_cancel.clone());
         tokio::pin!(run);
         let unready =
             unready_for(s.config.database.leader_step_down_after, s.ready.subscribe(), s.watch_health.clone());

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 
 use crate::api::{self, ApiState};
 use crate::config::Config;
-use crate::leader::{Elector, Role, Trust};
+use crate::leader::{Elector, LeaderDeadline, Role};
 use crate::metrics::Metrics;
 use crate::relay::{self, RelayError};
 use crate::store::{Backend, WriterLock};
@@ -179,7 +179,7 @@ pub async fn start(config: Config, listener: TcpListener) -> Result<Running, App
     tasks.push(tokio::spawn(lead::publish_role(role, metrics.clone())));
     match elector {
         None => {
-            let lead = lead::lead(shared, store.clone(), Trust::always(), cancel.clone());
+            let lead = lead::lead(shared, store.clone(), LeaderDeadline::unbounded(), cancel.clone());
             tasks.push(fatal_on_error("leader", cancel.clone(), lead));
         }
         Some(elector) => {

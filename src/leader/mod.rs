@@ -1,19 +1,19 @@
 //! Leader election over the PostgreSQL lease row: which replica watches, allocates, delivers and
-//! writes to Kubernetes, and for how long it may trust that it still does (see
+//! writes to Kubernetes, and for how long it may act as leader before its deadline passes (see
 //! docs/explanation/leader-election.md).
 //!
 //! - [`Elector::campaign`] waits until this replica holds the lease: it bids every
 //!   `database.leader_renew`, and at once when a leader resigns (`NOTIFY vipwatch_leader`).
-//! - A [`Term`] renews the lease every `leader_renew` and keeps its [`Trust`]: the local monotonic
+//! - A [`Term`] renews the lease every `leader_renew` and keeps its [`LeaderDeadline`]: the local monotonic
 //!   deadline up to which this replica may act, the start of its last successful renewal plus
 //!   `leader_ttl` minus a margin (the larger of 1 s and `leader_renew`; River, the Go job queue,
 //!   measures it the same way). The lease itself expires on the database's clock `leader_ttl` after
 //!   that renewal, so this replica stops acting before any other may start.
-//! - The term ends ([`Term::lost`]) when a renewal finds the lease gone, or the trust deadline passes
+//! - The term ends ([`Term::lost`]) when a renewal finds the lease gone, or the leader deadline passes
 //!   without a successful renewal (the database unreachable, the process paused). Its writes are
 //!   fenced by the database independently ([`crate::store::Fence`]).
 //!
-//! On SQLite there is no election: the one instance leads for good ([`Trust::always`]).
+//! On SQLite there is no election: the one instance leads for good ([`LeaderDeadline::unbounded`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,39 +59,39 @@ impl Role {
 /// Until when this replica may act as leader: send webhooks, write to Kubernetes. Cheap to clone;
 /// every clone sees the same deadline.
 #[derive(Debug, Clone)]
-pub struct Trust {
+pub struct LeaderDeadline {
     base: Instant,
     /// Deadline as nanoseconds after `base`; `u64::MAX` = for good; 0 = not at all.
     until_ns: Arc<AtomicU64>,
-    /// Cancelled by [`Trust::revoke`]: wakes [`Trust::expired`] at once, and no renewal extends a
-    /// revoked trust again.
+    /// Cancelled by [`LeaderDeadline::revoke`]: wakes [`LeaderDeadline::passed`] at once, and no renewal extends a
+    /// revoked leader deadline again.
     revoked: CancellationToken,
 }
 
-impl Trust {
-    /// Trusted for good (SQLite: the only instance).
-    pub fn always() -> Self {
+impl LeaderDeadline {
+    /// A deadline that never passes (SQLite: the only instance leads for good).
+    pub fn unbounded() -> Self {
         Self { base: Instant::now(), until_ns: Arc::new(AtomicU64::new(u64::MAX)), revoked: CancellationToken::new() }
     }
 
-    /// Trusted until `deadline`.
+    /// A deadline at `deadline`.
     fn until(deadline: Instant) -> Self {
         let base = Instant::now();
         let ns = u64::try_from(deadline.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX - 1);
         Self { base, until_ns: Arc::new(AtomicU64::new(ns)), revoked: CancellationToken::new() }
     }
 
-    /// Moves the deadline on to `deadline`; nothing once the trust is revoked or over (an expired
+    /// Moves the deadline on to `deadline`; nothing once the leader deadline is revoked or passed (an expired
     /// term ends, even if a late renewal then succeeds).
     fn extend(&self, deadline: Instant) {
-        if self.revoked.is_cancelled() || !self.is_valid() {
+        if self.revoked.is_cancelled() || !self.is_ahead() {
             return;
         }
         let ns = deadline.saturating_duration_since(self.base).as_nanos();
         self.until_ns.fetch_max(u64::try_from(ns).unwrap_or(u64::MAX - 1), Ordering::SeqCst);
     }
 
-    /// Ends the trust now (the lease was found gone, or the term resigned).
+    /// Makes the leader deadline pass now (the lease was found gone, or the term resigned).
     fn revoke(&self) {
         self.revoked.cancel();
         self.until_ns.store(0, Ordering::SeqCst);
@@ -105,13 +105,13 @@ impl Trust {
     }
 
     /// Whether this replica may still act.
-    pub fn is_valid(&self) -> bool {
+    pub fn is_ahead(&self) -> bool {
         self.deadline().is_none_or(|d| Instant::now() < d)
     }
 
-    /// Resolves once the trust is over (never for [`Trust::always`]). A renewal that moves the
+    /// Resolves once the leader deadline passed (never for [`LeaderDeadline::unbounded`]). A renewal that moves the
     /// deadline on is taken into account.
-    pub async fn expired(&self) {
+    pub async fn passed(&self) {
         loop {
             let Some(deadline) = self.deadline() else { return std::future::pending().await };
             if Instant::now() >= deadline {
@@ -207,10 +207,10 @@ impl Elector {
     }
 
     fn term(&self, epoch: i64, started: Instant) -> Term {
-        let trust = Trust::until(started + self.ttl - self.margin());
+        let leader_deadline = LeaderDeadline::until(started + self.ttl - self.margin());
         let lost = CancellationToken::new();
-        let renewer = tokio::spawn(renew_loop(self.clone(), epoch, trust.clone(), lost.clone()));
-        Term { elector: self.clone(), epoch, trust, lost, renewer }
+        let renewer = tokio::spawn(renew_loop(self.clone(), epoch, leader_deadline.clone(), lost.clone()));
+        Term { elector: self.clone(), epoch, leader_deadline, lost, renewer }
     }
 }
 
@@ -234,7 +234,7 @@ pub struct Term {
     /// The epoch it was elected with (the fence of its writes).
     pub epoch: i64,
     /// Until when it may act.
-    pub trust: Trust,
+    pub leader_deadline: LeaderDeadline,
     lost: CancellationToken,
     renewer: tokio::task::JoinHandle<()>,
 }
@@ -242,42 +242,42 @@ pub struct Term {
 impl Term {
     /// The store whose writes are fenced by this term.
     pub fn fenced(&self, store: &Store) -> Store {
-        let trust = self.trust.clone();
+        let leader_deadline = self.leader_deadline.clone();
         store.fenced(
             Fence { holder: self.elector.holder.clone(), epoch: self.epoch },
-            Box::new(move || trust.is_valid()),
+            Box::new(move || leader_deadline.is_ahead()),
         )
     }
 
-    /// Resolves when the term is over: the lease was found gone, or the trust ran out.
+    /// Resolves when the term is over: the lease was found gone, or the leader deadline passed.
     pub async fn lost(&self) {
         self.lost.cancelled().await;
     }
 
-    /// Ends the term: stops renewing, stops trusting itself, and (graceful stop) gives the lease up
+    /// Ends the term: stops renewing, makes its leader deadline pass, and (graceful stop) gives the lease up
     /// at once so a follower takes over without waiting for it to expire.
     pub async fn resign(self) -> Result<(), StoreError> {
         self.renewer.abort();
-        self.trust.revoke();
+        self.leader_deadline.revoke();
         self.elector.store.lease_resign(&self.elector.holder, self.epoch).await
     }
 
-    /// Ends the term after it was lost: stops renewing and trusting itself.
+    /// Ends the term after it was lost: stops renewing and makes its leader deadline pass.
     pub fn abandon(self) {
         self.renewer.abort();
-        self.trust.revoke();
+        self.leader_deadline.revoke();
     }
 }
 
-/// Renews every `leader_renew` until the lease is found gone or the trust runs out; then revokes
-/// the trust and fires `lost`.
-async fn renew_loop(e: Elector, epoch: i64, trust: Trust, lost: CancellationToken) {
+/// Renews every `leader_renew` until the lease is found gone or the leader deadline passes; then makes
+/// the leader deadline pass and fires `lost`.
+async fn renew_loop(e: Elector, epoch: i64, leader_deadline: LeaderDeadline, lost: CancellationToken) {
     let mut next = Instant::now() + e.renew;
     loop {
         tokio::select! {
-            // First: a process resumed after a pause finds both ready, and its trust is over.
+            // First: a process resumed after a pause finds both ready, and its leader deadline passed.
             biased;
-            _ = trust.expired() => {
+            _ = leader_deadline.passed() => {
                 warn!(replica = %e.holder, epoch, "leader lease not renewed in time; standing down");
                 break;
             }
@@ -285,18 +285,18 @@ async fn renew_loop(e: Elector, epoch: i64, trust: Trust, lost: CancellationToke
         }
         let started = Instant::now();
         next = started + e.renew;
-        // A renewal may take until the trust runs out (a slow link, a new connection): the trust
+        // A renewal may take until the leader deadline passes (a slow link, a new connection): the deadline
         // counts from its start, so its length never extends what this replica may do.
         let renewal = tokio::select! {
             biased;
-            _ = trust.expired() => {
+            _ = leader_deadline.passed() => {
                 warn!(replica = %e.holder, epoch, "leader lease not renewed in time; standing down");
                 break;
             }
             renewal = e.store.lease_renew(&e.holder, epoch, e.ttl) => renewal,
         };
         match renewal {
-            Ok(true) => trust.extend(started + e.ttl - e.margin()),
+            Ok(true) => leader_deadline.extend(started + e.ttl - e.margin()),
             Ok(false) => {
                 warn!(replica = %e.holder, epoch, "leader lease lost to another replica; standing down");
                 break;
@@ -304,7 +304,7 @@ async fn renew_loop(e: Elector, epoch: i64, trust: Trust, lost: CancellationToke
             Err(err) => warn!(error = %err, reason = %err.reason(), epoch, "cannot renew the leader lease"),
         }
     }
-    trust.revoke();
+    leader_deadline.revoke();
     lost.cancel();
 }
 
@@ -334,31 +334,31 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn trust_ends_at_its_deadline_and_moves_with_renewals() {
+    async fn the_leader_deadline_passes_when_due_and_moves_with_renewals() {
         let start = Instant::now();
-        let trust = Trust::until(start + Duration::from_millis(200));
-        assert!(trust.is_valid());
-        trust.extend(start + Duration::from_millis(400));
-        trust.extend(start + Duration::from_millis(300)); // never moves back
-        assert_eq!(trust.deadline().map(|d| d - start), Some(Duration::from_millis(400)));
-        tokio::time::timeout(Duration::from_secs(5), trust.expired()).await.expect("over at 400 ms");
+        let leader_deadline = LeaderDeadline::until(start + Duration::from_millis(200));
+        assert!(leader_deadline.is_ahead());
+        leader_deadline.extend(start + Duration::from_millis(400));
+        leader_deadline.extend(start + Duration::from_millis(300)); // never moves back
+        assert_eq!(leader_deadline.deadline().map(|d| d - start), Some(Duration::from_millis(400)));
+        tokio::time::timeout(Duration::from_secs(5), leader_deadline.passed()).await.expect("over at 400 ms");
         assert!(Instant::now() >= start + Duration::from_millis(400));
-        assert!(!trust.is_valid());
-        trust.extend(Instant::now() + Duration::from_secs(60)); // a renewal that ended too late
-        assert!(!trust.is_valid());
+        assert!(!leader_deadline.is_ahead());
+        leader_deadline.extend(Instant::now() + Duration::from_secs(60)); // a renewal that ended too late
+        assert!(!leader_deadline.is_ahead());
     }
 
     #[tokio::test]
-    async fn revoked_trust_is_over_at_once_for_every_waiter_and_stays_over() {
-        let trust = Trust::until(Instant::now() + Duration::from_secs(60));
+    async fn a_revoked_leader_deadline_has_passed_at_once_for_every_waiter_and_stays_passed() {
+        let leader_deadline = LeaderDeadline::until(Instant::now() + Duration::from_secs(60));
         let waiting = tokio::spawn({
-            let trust = trust.clone();
-            async move { trust.expired().await }
+            let leader_deadline = leader_deadline.clone();
+            async move { leader_deadline.passed().await }
         });
-        trust.revoke();
+        leader_deadline.revoke();
         tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken by the revocation").unwrap();
-        trust.extend(Instant::now() + Duration::from_secs(60)); // a renewal that finished too late
-        assert!(!trust.is_valid());
-        assert!(Trust::always().is_valid());
+        leader_deadline.extend(Instant::now() + Duration::from_secs(60)); // a renewal that finished too late
+        assert!(!leader_deadline.is_ahead());
+        assert!(LeaderDeadline::unbounded().is_ahead());
     }
 }

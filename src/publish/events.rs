@@ -134,7 +134,7 @@ pub async fn run(
     client: kube::Client,
     mut rx: mpsc::Receiver<Notice>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
-    trust: crate::leader::Trust,
+    leader_deadline: crate::leader::LeaderDeadline,
     cancel: CancellationToken,
 ) {
     let mut recorder = Recorder::new(client);
@@ -143,7 +143,7 @@ pub async fn run(
             _ = cancel.cancelled() => return,
             n = rx.recv() => match n { Some(n) => n, None => return },
         };
-        if !trust.is_valid() {
+        if !leader_deadline.is_ahead() {
             return; // this replica's term is over: it writes nothing to Kubernetes any more
         }
         let ok = publish(&mut recorder, &notice).await;

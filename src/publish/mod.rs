@@ -80,8 +80,8 @@ pub struct Publisher {
     /// Pulsed when held deliveries were let go (the relay's `committed` signal), so they are sent at
     /// once rather than at the relay's next poll.
     wake_relay: Option<watch::Sender<i64>>,
-    /// Until when this replica leads: no Kubernetes write starts after it ([`Publisher::trusting`]).
-    trust: crate::leader::Trust,
+    /// Until when this replica leads: no Kubernetes write starts after it ([`Publisher::leading_until`]).
+    leader_deadline: crate::leader::LeaderDeadline,
     /// The cluster's name, as the appliances know it (named in `EnsuredLoadBalancer`, so an
     /// operator looking at the Service knows which of an appliance's clusters holds it).
     cluster: Option<String>,
@@ -113,13 +113,13 @@ impl Publisher {
             status_seen: HashSet::new(),
             reported: HashSet::new(),
             wake_relay: None,
-            trust: crate::leader::Trust::always(),
+            leader_deadline: crate::leader::LeaderDeadline::unbounded(),
         }
     }
 
-    /// Writes to Kubernetes only while `trust` lasts (a leader's term; see [`crate::leader`]).
-    pub fn trusting(mut self, trust: crate::leader::Trust) -> Self {
-        self.trust = trust;
+    /// Writes to Kubernetes only while `leader_deadline` is ahead (a leader's term; see [`crate::leader`]).
+    pub fn leading_until(mut self, leader_deadline: crate::leader::LeaderDeadline) -> Self {
+        self.leader_deadline = leader_deadline;
         self
     }
 
@@ -184,7 +184,7 @@ impl Publisher {
     /// One pass over the kinds of work that wait ([`Store::publish_work`]). Returns whether more
     /// finalizers wait than one pass takes ([`BATCH`]).
     pub async fn pass(&mut self) -> Result<bool, PublishError> {
-        if !self.trust.is_valid() {
+        if !self.leader_deadline.is_ahead() {
             return Ok(false);
         }
         let work = self.store.publish_work().await?;
@@ -236,11 +236,11 @@ impl Publisher {
     async fn finalizers(&mut self) -> Result<bool, PublishError> {
         let held = self.store.held_services(BATCH).await?;
         let full = held.len() as i64 == BATCH;
-        let (client, trust, metrics) = (&self.client, &self.trust, &self.metrics);
+        let (client, leader_deadline, metrics) = (&self.client, &self.leader_deadline, &self.metrics);
         let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
         let patching = async move {
             let mut patches = futures::stream::iter(held)
-                .filter(|_| std::future::ready(trust.is_valid()))
+                .filter(|_| std::future::ready(leader_deadline.is_ahead()))
                 .map(|key| async move {
                     let written = kube_ops::add_finalizer(client, &key).await;
                     (key, written)
@@ -307,9 +307,9 @@ impl Publisher {
         }
         // Owned work and a client per patch: a stream of borrowing futures inside the spawned pass
         // does not satisfy the compiler's higher-ranked lifetimes.
-        let (client, trust) = (self.client.clone(), self.trust.clone());
+        let (client, leader_deadline) = (self.client.clone(), self.leader_deadline.clone());
         let patches = futures::stream::iter(ready)
-            .filter(move |_| std::future::ready(trust.is_valid()))
+            .filter(move |_| std::future::ready(leader_deadline.is_ahead()))
             .map(|w: StatusWork| {
                 let client = client.clone();
                 async move {
@@ -366,7 +366,7 @@ impl Publisher {
     /// Clears the status we published (if the object still shows it), then removes the finalizer
     /// (which lets a terminating object go). Only on the very object the DELETED was about.
     async fn clean(&mut self, c: &CleanupWork) -> Result<(), PublishError> {
-        if !self.trust.is_valid() {
+        if !self.leader_deadline.is_ahead() {
             return Err(PublishError::NotLeader);
         }
         let Some(svc) = kube_ops::get(&self.client, &c.key).await? else { return Ok(()) };
@@ -375,7 +375,7 @@ impl Publisher {
         }
         let shown = crate::model::ServiceView::from_service(&svc).ingress;
         if !c.clear_ingress.is_empty() && shown == c.clear_ingress {
-            if !self.trust.is_valid() {
+            if !self.leader_deadline.is_ahead() {
                 return Err(PublishError::NotLeader);
             }
             let written = kube_ops::patch_status(&self.client, &c.key, &[]).await;
@@ -383,7 +383,7 @@ impl Publisher {
             written?;
         }
         if c.remove_finalizer {
-            if !self.trust.is_valid() {
+            if !self.leader_deadline.is_ahead() {
                 return Err(PublishError::NotLeader);
             }
             let written = kube_ops::remove_finalizer(&self.client, &c.key).await;
@@ -417,15 +417,15 @@ impl Publisher {
     }
 }
 
-/// Starts the Event publisher task (publishing while `trust` lasts); returns where to send notices.
+/// Starts the Event publisher task (publishing while `leader_deadline` is ahead); returns where to send notices.
 pub fn start_events(
     client: kube::Client,
     metrics: Arc<Metrics>,
-    trust: crate::leader::Trust,
+    leader_deadline: crate::leader::LeaderDeadline,
     cancel: CancellationToken,
 ) -> (mpsc::Sender<Notice>, tokio::task::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel(crate::model::NOTICE_QUEUE);
-    (tx, tokio::spawn(events::run(client, rx, metrics, trust, cancel)))
+    (tx, tokio::spawn(events::run(client, rx, metrics, leader_deadline, cancel)))
 }
 
 /// `vipwatch release-finalizers`: removes vipwatch's finalizer from every Service in the configured

@@ -73,7 +73,7 @@ impl CatchUp {
 /// Acts on the identities endpoint `name` answers with: those of its answers to deliveries
 /// (`answers`, from its [`super::sender::Sender`]) and, once it has answered with one, those of a
 /// probe every [`PROBE_EVERY`] (`GET` on `url` with `client`; each answered probe pulses
-/// `reachable`, which brings an open circuit's next probe forward), while `trust` lasts, until
+/// `reachable`, which brings an open circuit's next probe forward), while `leader_deadline` is ahead, until
 /// `cancel`.
 /// Enqueues a resync of it when [`CatchUp`] says so. Failures to reach it are left to the dispatcher's
 /// circuit breaker; a failed resync is logged and tried again at the next answer.
@@ -87,7 +87,7 @@ pub(super) async fn watch(
     config: Arc<Config>,
     store: Store,
     metrics: Arc<Metrics>,
-    trust: crate::leader::Trust,
+    leader_deadline: crate::leader::LeaderDeadline,
     cancel: CancellationToken,
 ) {
     let cluster = config.cluster.name.clone().unwrap_or_default();
@@ -117,7 +117,7 @@ pub(super) async fn watch(
             debug!(webhook = %name, "the endpoint reports whether it is caught up: probing it every second");
             speaks = store.remember_identity(&name).await.is_ok();
         }
-        if !trust.is_valid() {
+        if !leader_deadline.is_ahead() {
             continue;
         }
         let pending = match store.outbox_depth().await {

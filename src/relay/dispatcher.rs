@@ -53,7 +53,7 @@ pub(super) struct Dispatcher {
     pub circuits: Circuits,
     /// Until when this replica leads: no attempt starts after it, and one still running then is
     /// abandoned (its lease runs out; the next leader sends it again under the same `webhook-id`).
-    pub leading_until: crate::leader::Trust,
+    pub leading_until: crate::leader::LeaderDeadline,
     /// Pulsed when the endpoint answered a probe of [`super::catch_up`]: while the circuit is open,
     /// the next probe goes at once ([`Event::Reachable`]). `None` for a templated endpoint (not
     /// probed).
@@ -144,7 +144,7 @@ impl Dispatcher {
             ms: now_ms(),
             at: Instant::now(),
             interval: self.store.commit_interval(),
-            leading: self.leading_until.is_valid(),
+            leading: self.leading_until.is_ahead(),
         }
     }
 
@@ -277,7 +277,7 @@ impl Dispatcher {
                 tokio::select! {
                     result = sender.send(&c) => Some((c, result)),
                     () = tokio::time::sleep(left) => Some((c, cut_off_attempt(started_at, clock))),
-                    _ = leading_until.expired() => None,
+                    _ = leading_until.passed() => None,
                 }
             });
         }

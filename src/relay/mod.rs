@@ -65,7 +65,7 @@ pub async fn start(
     committed: watch::Receiver<i64>,
     acked: watch::Sender<u64>,
     assignments: mpsc::Sender<Feedback>,
-    trust: crate::leader::Trust,
+    leader_deadline: crate::leader::LeaderDeadline,
     cancel: CancellationToken,
 ) -> Result<JoinSet<()>, RelayError> {
     let released = store.release_leases().await?;
@@ -85,7 +85,7 @@ pub async fn start(
         let (reachable_tx, reachable_rx) = watch::channel(0u64);
         if w.template.is_none() {
             let client = sender::client(w, resolve::system_lookup())?;
-            let (store, metrics, trust) = (store.clone(), metrics.clone(), trust.clone());
+            let (store, metrics, leader_deadline) = (store.clone(), metrics.clone(), leader_deadline.clone());
             let (name, url) = (w.name.clone(), w.url.clone());
             let watch = catch_up::watch(
                 name,
@@ -96,7 +96,7 @@ pub async fn start(
                 shared.clone(),
                 store,
                 metrics,
-                trust,
+                leader_deadline,
                 cancel.clone(),
             );
             tasks.spawn(watch);
@@ -125,7 +125,7 @@ pub async fn start(
             acked: acked.clone(),
             circuit_failures: w.circuit_failures.unwrap_or(config.relay.circuit_failures),
             circuits: circuits.clone(),
-            leading_until: trust.clone(),
+            leading_until: leader_deadline.clone(),
             reachable: w.template.is_none().then_some(reachable_rx),
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));

@@ -1,12 +1,12 @@
 //! The cluster name a delivery speaks for, across a rename.
 
-use super::db::Dual;
+use super::db::PerBackend;
 use super::{Store, StoreError};
 
 /// Sets `data.cluster` to $1 in every per-Service delivery still to be sent that names another
 /// cluster (full-state rows, namespace `''`, are rendered at send time and carry no payload of this
 /// shape).
-const CARRY: Dual = Dual {
+const CARRY: PerBackend = PerBackend {
     lite: "UPDATE deliveries SET payload = json_set(payload, '$.data.cluster', $1) \
            WHERE state = 'pending' AND namespace <> '' AND json_extract(payload, '$.data.cluster') IS NOT $1",
     pg: "UPDATE deliveries SET payload = jsonb_set(payload::jsonb, '{data,cluster}', to_jsonb($1::text))::text \

@@ -43,7 +43,7 @@ impl Backend {
     }
 
     /// The statement `sql` has for this backend.
-    pub(super) fn dual(self, sql: &Dual) -> Query {
+    pub(super) fn dual(self, sql: &PerBackend) -> Query {
         self.query(self.pick(sql.lite, sql.pg))
     }
 
@@ -60,7 +60,7 @@ impl Backend {
 }
 
 /// A statement whose text differs between the backends.
-pub(super) struct Dual {
+pub(super) struct PerBackend {
     /// The SQLite text.
     pub lite: &'static str,
     /// The PostgreSQL text.

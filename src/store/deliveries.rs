@@ -4,7 +4,7 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-use super::db::{Backend, Dual, Filter, Row};
+use super::db::{Backend, Filter, PerBackend, Row};
 use super::outbox::{DeliveryInsert, NewDelivery, insert_deliveries};
 use super::script::{Script, Stmt};
 use super::{Heads, Store, StoreError, now_ms};
@@ -379,7 +379,7 @@ const ATTEMPT_ROWS: usize = 64;
 /// (its attempt still counts): its lease ran out before the outcome was recorded (the database
 /// refused writes for longer than `relay.lease`), a newer `MODIFIED`, `DELETED` or resync took its
 /// place, and that one is what is sent next.
-const COMPLETE: Dual = Dual {
+const COMPLETE: PerBackend = PerBackend {
     lite: "UPDATE deliveries SET state = CASE deliveries.state WHEN 'superseded' THEN 'superseded' ELSE u.state END, \
     attempts = attempts + 1, claimed_until = NULL, \
     next_attempt_at = COALESCE(u.next, next_attempt_at), \

@@ -29,7 +29,7 @@ pub enum StoreError {
         lock: PathBuf,
     },
     /// This replica's lease ended (another replica leads now, or it expired): the fence refused the
-    /// leader's write and nothing of it was committed; or the write failed after the term's trust
+    /// leader's write and nothing of it was committed; or the write failed after the term's leader deadline
     /// ran out (what it committed, if anything, came before the next leader's first write: the
     /// fence orders them). Either way the term's writes are over; the next leader makes them.
     #[error("not the leader any more (lease epoch {epoch} is over)")]

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::db::Dual;
+use super::db::PerBackend;
 use super::script::{Script, Stmt};
 use super::state::StateChange;
 use super::{Store, StoreError};
@@ -27,7 +27,7 @@ pub struct HeldDeletion {
     pub held_at: i64,
 }
 
-const UPSERT: Dual = Dual {
+const UPSERT: PerBackend = PerBackend {
     lite: "INSERT OR REPLACE INTO held_deletions (namespace, name, uid, scope, cause, reason, held_at) \
      SELECT j.value->>'ns', j.value->>'name', j.value->>'uid', j.value->>'scope', j.value->>'cause', \
      j.value->>'reason', j.value->>'at' FROM json_each($1) AS j",
@@ -38,7 +38,7 @@ const UPSERT: Dual = Dual {
      cause = excluded.cause, reason = excluded.reason, held_at = excluded.held_at",
 };
 
-const DELETE: Dual = Dual {
+const DELETE: PerBackend = PerBackend {
     lite: "DELETE FROM held_deletions WHERE (namespace, name) IN \
      (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j)",
     pg: "DELETE FROM held_deletions WHERE (namespace, name) IN \

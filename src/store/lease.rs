@@ -83,31 +83,34 @@ fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Whether a leader's term may still act, as the replica itself sees it (`crate::leader::Trust`).
-pub type Trusted = Box<dyn Fn() -> bool + Send + Sync>;
+/// Whether a leader's term may still act, as the replica itself sees it (`crate::leader::LeaderDeadline`).
+pub type StillLeading = Box<dyn Fn() -> bool + Send + Sync>;
 
-/// A leader's fence with its term's trust, as the store that writes for the term holds it.
+/// A leader's fence with its term's leader deadline, as the store that writes for the term holds it.
 pub(super) struct Fencing {
     /// What the database checks.
     pub fence: Fence,
     /// Whether the term may still act. Once not, the store starts no write, and a write that fails
     /// is the fence's refusal whatever its error (the paused leader's session was ended by the
     /// server, its connection is gone): the term's writes are over either way.
-    trusted: Trusted,
+    still_leading: StillLeading,
     /// Set when the refusal was logged: once per term.
     told: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Fencing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fencing").field("fence", &self.fence).field("trusted", &self.trusted()).finish_non_exhaustive()
+        f.debug_struct("Fencing")
+            .field("fence", &self.fence)
+            .field("still_leading", &self.still_leading())
+            .finish_non_exhaustive()
     }
 }
 
 impl Fencing {
-    /// Whether the term may still write, as far as this replica knows (its trust).
-    pub(super) fn trusted(&self) -> bool {
-        (self.trusted)()
+    /// Whether the term may still write, as far as this replica knows (its leader deadline).
+    pub(super) fn still_leading(&self) -> bool {
+        (self.still_leading)()
     }
 
     /// The refusal of a write of this term: [`StoreError::Fenced`]. Logged once per term, at info:
@@ -123,11 +126,11 @@ impl Fencing {
     }
 
     /// `e` as the outcome of a write of this term: the fence's refusal when it is one, or when the
-    /// term's trust is over (whatever failed, the term was over); else `e`.
+    /// term's leader deadline passed (whatever failed, the term was over); else `e`.
     pub(super) fn judge(&self, e: StoreError) -> StoreError {
-        if e.is_fenced() || !self.trusted() {
+        if e.is_fenced() || !self.still_leading() {
             if !e.is_fenced() {
-                tracing::debug!(error = %e, epoch = self.fence.epoch, "a write failed after the term's trust ran out");
+                tracing::debug!(error = %e, epoch = self.fence.epoch, "a write failed after the term's leader_deadline ran out");
             }
             return self.refusal();
         }
@@ -138,11 +141,11 @@ impl Fencing {
 impl Store {
     /// A clone whose write transactions are fenced by `fence` (PostgreSQL): once another replica took
     /// the lease, or it expired, each fails with [`StoreError::Fenced`] and commits nothing.
-    /// `trusted` is the term's own view (its trust window): once it says no, no write starts, and a
+    /// `still_leading` is the term's own view (its leader deadline): once it says no, no write starts, and a
     /// write that fails is reported as [`StoreError::Fenced`] too (not as a database fault: the
     /// database is fine, the term is over).
-    pub fn fenced(&self, fence: Fence, trusted: Trusted) -> Store {
-        let fencing = Fencing { fence, trusted, told: Default::default() };
+    pub fn fenced(&self, fence: Fence, still_leading: StillLeading) -> Store {
+        let fencing = Fencing { fence, still_leading, told: Default::default() };
         Store { fence: Some(std::sync::Arc::new(fencing)), ..self.clone() }
     }
 

@@ -45,7 +45,7 @@ pub use events::{EventFilter, EventRow};
 pub use full_state::FullStateRow;
 pub use health::{FaultKind, PROBE_TIMEOUT, Unwritable};
 pub use held::HeldDeletion;
-pub use lease::{EVENTS_CHANNEL, Fence, LEADER_CHANNEL, LeaseRow, Trusted};
+pub use lease::{EVENTS_CHANNEL, Fence, LEADER_CHANNEL, LeaseRow, StillLeading};
 pub use nodes::NodeRow;
 pub use open::{SessionLimits, WriterLock};
 pub use outbox::{Claimed, ENDPOINT_QUEUE, NewDelivery, NoOutbox, Outbox, RecordedEvent, new_msg_id};

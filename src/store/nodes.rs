@@ -3,12 +3,12 @@
 
 use std::collections::HashMap;
 
-use super::db::Dual;
+use super::db::PerBackend;
 use super::script::{Script, Stmt};
 use super::{StateChange, Store, StoreError};
 use crate::model::backends::{NodeView, ObservedNode};
 
-const UPSERT_NODES: Dual = Dual {
+const UPSERT_NODES: PerBackend = PerBackend {
     lite: "INSERT INTO nodes (name, uid, resource_version, view, updated_at) \
      SELECT j.value->>'name', j.value->>'uid', j.value->>'rv', j.value->>'view', $1 FROM json_each($2) AS j WHERE true \
      ON CONFLICT (name) DO UPDATE SET uid = excluded.uid, resource_version = excluded.resource_version, \
@@ -19,7 +19,7 @@ const UPSERT_NODES: Dual = Dual {
      view = excluded.view, updated_at = excluded.updated_at",
 };
 
-const DELETE_NODES: Dual = Dual {
+const DELETE_NODES: PerBackend = PerBackend {
     lite: "DELETE FROM nodes WHERE name IN (SELECT j.value FROM json_each($1) AS j)",
     pg: "DELETE FROM nodes WHERE name IN (SELECT jsonb_array_elements_text($1::jsonb))",
 };

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::LazyLock;
 use vipwatch_contract::CompactString;
 
-use super::db::{Dual, Tx};
+use super::db::{PerBackend, Tx};
 use super::script::{Script, Stmt};
 use super::{Backend, Store, StoreError};
 use crate::model::{Cause, Recorded, ServiceKey};
@@ -63,7 +63,7 @@ pub static ENDPOINT_QUEUE: ServiceKey =
 
 /// Pushes back the waiting (pending, not leased) full-state delivery of endpoint $1 to at least $3
 /// (its retry schedule still wins when later); returns its id.
-const COALESCE: Dual = Dual {
+const COALESCE: PerBackend = PerBackend {
     lite: "UPDATE deliveries SET next_attempt_at = MAX(next_attempt_at, $3) WHERE id = ( \
     SELECT id FROM deliveries WHERE webhook = $1 AND namespace = '' AND name = '' AND state = 'pending' \
       AND (claimed_until IS NULL OR claimed_until < $2) ORDER BY id DESC LIMIT 1) RETURNING id",
@@ -136,7 +136,7 @@ const CHUNK: usize = 128;
 /// Service's queue shows the relay would hold the state frozen at the moment the previous delivery
 /// finished, so every change would wait for the relay to reach that stale head and then the one
 /// behind it, about two sweeps over every busy Service, and the stale one would be sent for nothing.
-const SUPERSEDE: Dual = superseding!(collapses!());
+const SUPERSEDE: PerBackend = superseding!(collapses!());
 
 /// When a pending MODIFIED `d` (older) collapses into the newer pending MODIFIED `m` of the same
 /// queue ([`SUPERSEDE`]), with $1 the time now: no pending ADDED/DELETED/SYNCED between them, and `d`
@@ -162,7 +162,7 @@ use collapses;
 /// `next_attempt_at` is when they were enqueued (or let go by the finalizer), never a retry's backoff.
 /// Without it a Service that keeps changing during a burst would keep a fresh delivery id and wait
 /// for every other Service's turn again.
-const INHERIT_PLACE: Dual = Dual {
+const INHERIT_PLACE: PerBackend = PerBackend {
     lite: concat!(
         "UPDATE deliveries AS m SET next_attempt_at = MIN(m.next_attempt_at, COALESCE(( \
     SELECT MIN(d.next_attempt_at) FROM deliveries d INDEXED BY deliveries_queue WHERE ",
@@ -204,7 +204,7 @@ macro_rules! superseding {
         concat!(older_in_queue!(), " WHERE m.id >= $2 AND m.state = 'pending' AND ")
     };
     ($($which:tt)+) => {
-        Dual {
+        PerBackend {
             lite: concat!(
                 "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
     SELECT d.id FROM deliveries m CROSS JOIN deliveries d INDEXED BY deliveries_queue ON ",
@@ -229,14 +229,14 @@ use superseding;
 /// what was queued before them says nothing the receiver still needs — and a delivery the receiver
 /// refuses for good (a 422 retried for a day) no longer holds back the Service's DELETED or its
 /// resync. A DELETED or SYNCED is never superseded. Driven by the batch's rows like [`SUPERSEDE`].
-const SUPERSEDE_BY_FULL: Dual = superseding!(
+const SUPERSEDE_BY_FULL: PerBackend = superseding!(
     "m.kind IN ('DELETED', 'SYNCED') AND d.kind IN ('ADDED', 'MODIFIED') \
       AND (d.claimed_until IS NULL OR d.claimed_until < $1)"
 );
 
 /// [`SUPERSEDE_BY_FULL`] for the deliveries whose ids are in the JSON array $2 (attempts that just
 /// failed and were in flight when a DELETED or SYNCED queued behind them).
-const SUPERSEDE_RETRIED: Dual = Dual {
+const SUPERSEDE_RETRIED: PerBackend = PerBackend {
     lite: concat!(
         "UPDATE deliveries SET state = 'superseded', finished_at = $1 WHERE id IN ( \
     SELECT d.id FROM deliveries d WHERE d.id IN (SELECT value FROM json_each($2)) AND ",
@@ -528,7 +528,7 @@ macro_rules! is_head {
 /// at most `relay.concurrency` of them). On PostgreSQL the candidate rows are locked `FOR UPDATE SKIP
 /// LOCKED` ([`CLAIM_LOCK`]): under read committed, two claims running at once would otherwise both
 /// read the same heads and both lease them.
-const CLAIM: Dual = Dual {
+const CLAIM: PerBackend = PerBackend {
     lite: concat!(
         "UPDATE deliveries SET claimed_until = $3 WHERE id IN (SELECT d.id FROM deliveries d INDEXED BY deliveries_ready \
      WHERE ",
@@ -565,7 +565,7 @@ use claim_where;
 const CLAIM_RETURNING: &str =
     " RETURNING id, namespace, name, kind, msg_id, payload, attempts, created_at, event_id, claimed_until";
 
-const NEXT_DUE: Dual = Dual {
+const NEXT_DUE: PerBackend = PerBackend {
     lite: concat!(
         "SELECT MIN(MAX(d.next_attempt_at, COALESCE(d.claimed_until, 0))) FROM deliveries d INDEXED BY deliveries_ready \
      WHERE d.webhook = $1 AND d.state = 'pending' AND d.held = 0 AND ",

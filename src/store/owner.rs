@@ -37,7 +37,7 @@
 //! the follower's API store share the connection, [`Store::fenced`]).
 //!
 //! Answers go out once the transaction ended: standing claims and rounds before the Record, so a
-//! relay woken by the commit the Record's writer then signals already holds what its standing claim
+//! relay woken by the commit the Record's writer then announces already holds what its standing claim
 //! took, and knows that a claim still standing missed that commit.
 //!
 //! The owner also keeps the write health ([`super::health`]): a failed transaction closes the
@@ -711,9 +711,9 @@ async fn run(
 /// Starts a write transaction on `conn`. On PostgreSQL its first statement is the guard: the order
 /// lock and, under a leader's `fence`, the fence. Errors: [`StoreError::Fenced`] when the fence
 /// finds the lease over (the transaction is rolled back), or at once, before anything is sent, when
-/// the term's trust is over (it stopped acting: no write starts, as no webhook attempt does).
+/// the term's leader deadline passed (it stopped acting: no write starts, as no webhook attempt does).
 async fn begin<'c>(conn: &'c mut super::db::Pooled, fence: Option<&Fencing>) -> Result<super::db::Tx<'c>, StoreError> {
-    if let Some(f) = fence.filter(|f| !f.trusted()) {
+    if let Some(f) = fence.filter(|f| !f.still_leading()) {
         return Err(f.refusal());
     }
     let mut tx = conn.begin().await?;

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::db::{Dual, Row};
+use super::db::{PerBackend, Row};
 use super::{Store, StoreError, now_ms};
 use crate::model::{Gates, IngressView, ServiceKey};
 
@@ -78,7 +78,7 @@ pub struct Acks {
 /// that was not superseded; and the pending deliveries whose last attempt failed (they may sit behind
 /// the newest one). One read per pass for every status waiting, not two per Service (with many
 /// Services, reads per Service would hold the initial sync's status write-backs for seconds).
-const ACKS_OF: Dual = Dual {
+const ACKS_OF: PerBackend = PerBackend {
     lite: "WITH k(namespace, name) AS (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j) \
      SELECT d.namespace, d.name, 1, d.webhook, d.id, d.state, d.attempts, d.last_error FROM deliveries d \
      JOIN (SELECT webhook, namespace, name, MAX(id) AS id FROM deliveries WHERE (namespace, name) IN k \
@@ -105,7 +105,7 @@ const HAS_EVENT: &str = "SELECT d.webhook, d.state = 'succeeded' OR (d.state = '
 
 /// Releases the held deliveries of the Services in the JSON array $1 of `[namespace, name]` pairs,
 /// due at $2.
-const RELEASE_HELD: Dual = Dual {
+const RELEASE_HELD: PerBackend = PerBackend {
     lite: "UPDATE deliveries SET held = 0, next_attempt_at = $2 WHERE held = 1 AND state = 'pending' \
            AND (namespace, name) IN (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j)",
     pg: "UPDATE deliveries SET held = 0, next_attempt_at = $2 WHERE held = 1 AND state = 'pending' \

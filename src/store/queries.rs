@@ -3,7 +3,7 @@
 //! bounded by an index range and a SQL `LIMIT`, except [`Store::for_each_current_event`] (streamed,
 //! once per process start).
 
-use super::db::{Dual, Filter};
+use super::db::{Filter, PerBackend};
 use super::deliveries::attempt_row;
 use super::state::service_row;
 use super::{AttemptRow, DeliveryFilter, DeliveryRow, EventFilter, EventRow, ServiceRow, Store, StoreError};
@@ -86,11 +86,11 @@ const DELIVERY_STATES: &str = "SELECT webhook, COUNT(*) FILTER (WHERE state = 'p
 /// connection; PostgreSQL's WAL insert position. That one moves with every write to the server,
 /// the lease renewals included (every `leader_renew`), so on PostgreSQL the VIP index is rebuilt
 /// about once per check while it is polled: a cost, not a fault.
-const WRITE_GENERATION: Dual =
-    Dual { lite: "SELECT total_changes()", pg: "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint" };
+const WRITE_GENERATION: PerBackend =
+    PerBackend { lite: "SELECT total_changes()", pg: "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint" };
 
 /// The attempts of the deliveries whose ids are in the JSON array $1.
-const ATTEMPTS_OF: Dual = Dual {
+const ATTEMPTS_OF: PerBackend = PerBackend {
     lite: "SELECT delivery_id, started_at, duration_ms, status_code, error_class, error, location, \
            response_body, request FROM attempts WHERE delivery_id IN (SELECT value FROM json_each($1)) \
            ORDER BY delivery_id, id",

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use super::StoreError;
-use super::db::{Backend, Dual, Query, Row, Tx, values_sql};
+use super::db::{Backend, PerBackend, Query, Row, Tx, values_sql};
 
 /// Most parameters of a statement that joins a script; one with more runs on its own. 32 lets the
 /// small pieces of a commit in (up to two event rows: 26; [`super::db::row_chunks`] cuts the rest of a
@@ -116,7 +116,7 @@ impl Stmt {
     }
 
     /// The text `sql` has for `backend`.
-    pub(super) fn dual(backend: Backend, sql: &Dual) -> Self {
+    pub(super) fn dual(backend: Backend, sql: &PerBackend) -> Self {
         Self::new(backend.pick(sql.lite, sql.pg))
     }
 

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::db::{Backend, Dual, Row, row_chunks};
+use super::db::{Backend, PerBackend, Row, row_chunks};
 use super::outbox::{Outbox, RecordedEvent};
 use super::progress::{WatchProgress, write_progress};
 use super::script::{Script, Stmt};
@@ -132,7 +132,7 @@ const UPSERT_SERVICES: &str = " ON CONFLICT (namespace, name) DO UPDATE SET \
      load_balancer_class = excluded.load_balancer_class, view = excluded.view, publish = excluded.publish, \
      backends = excluded.backends, updated_at = excluded.updated_at";
 
-const INSERT_RELEASES: Dual = Dual {
+const INSERT_RELEASES: PerBackend = PerBackend {
     lite: "INSERT OR REPLACE INTO releases (event_id, namespace, name, uid, addresses, created_at) \
      SELECT j.value->>'id', j.value->>'ns', j.value->>'name', j.value->>'uid', j.value->>'addresses', $1 \
      FROM json_each($2) AS j",
@@ -143,7 +143,7 @@ const INSERT_RELEASES: Dual = Dual {
      created_at = excluded.created_at",
 };
 
-const INSERT_CLEANUPS: Dual = Dual {
+const INSERT_CLEANUPS: PerBackend = PerBackend {
     lite: "INSERT OR REPLACE INTO cleanups (event_id, namespace, name, uid, remove_finalizer, \
      clear_ingress, created_at) SELECT j.value->>'id', j.value->>'ns', j.value->>'name', j.value->>'uid', \
      j.value->>'fin', j.value->>'clear', $1 FROM json_each($2) AS j",
@@ -155,7 +155,7 @@ const INSERT_CLEANUPS: Dual = Dual {
      created_at = excluded.created_at",
 };
 
-const DELETE_SERVICES: Dual = Dual {
+const DELETE_SERVICES: PerBackend = PerBackend {
     lite: "DELETE FROM services WHERE (namespace, name) IN \
      (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j)",
     pg: "DELETE FROM services WHERE (namespace, name) IN \
@@ -167,7 +167,7 @@ const DELETE_SERVICES: Dual = Dual {
 /// = none) no longer holds. A row that stays is not touched: deleting and inserting it again would
 /// write both of the table's B-tree pages for every state upsert, though most (a label change, a
 /// status write-back) keep their addresses.
-const CLEAR_VIPS: Dual = Dual {
+const CLEAR_VIPS: PerBackend = PerBackend {
     lite: "DELETE FROM vip_addresses WHERE (namespace, name) IN \
      (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j) \
      AND (address, protocol, port, namespace, name) NOT IN \
@@ -181,7 +181,7 @@ const CLEAR_VIPS: Dual = Dual {
 /// Records the pool addresses in the JSON array $1 of `[address, protocol, port, namespace, name]`
 /// that the Service does not hold yet; an address and port already held by another Service violates
 /// the primary key and fails the whole transaction.
-const INSERT_VIPS: Dual = Dual {
+const INSERT_VIPS: PerBackend = PerBackend {
     lite: "INSERT INTO vip_addresses (address, protocol, port, namespace, name) \
      SELECT j.value->>0, j.value->>1, j.value->>2, j.value->>3, j.value->>4 FROM json_each($1) AS j \
      WHERE NOT EXISTS (SELECT 1 FROM vip_addresses v WHERE v.address = j.value->>0 \
@@ -205,7 +205,7 @@ fn address_taken(e: StoreError) -> StoreError {
 /// The id the next event gets: one past the highest ever given (SQLite's `sqlite_sequence`,
 /// PostgreSQL's `events_id_seq`, so ids of pruned events are never reused), or past the highest in
 /// the log if that is higher.
-const NEXT_EVENT_ID: Dual = Dual {
+const NEXT_EVENT_ID: PerBackend = PerBackend {
     lite: "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0), \
            COALESCE((SELECT MAX(id) FROM events), 0)) + 1",
     pg: "SELECT GREATEST((SELECT last_value FROM events_id_seq), COALESCE((SELECT MAX(id) FROM events), 0)) + 1",

@@ -22,7 +22,7 @@ pub use ownership::Ownership;
 pub use recorder::{Batch, Gauges, Listing, Loaded, Notices, Now, Recorder, Report};
 pub use stream::{Change, Observation, Resource, ScopeSpec};
 pub use watchdog::{Stalled, WATCH_SLACK, Watchdog, is_stall};
-pub use writer::Signals;
+pub use writer::WriterWiring;
 
 use std::sync::Arc;
 
@@ -48,7 +48,7 @@ pub enum WatchError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The database refused a batch of changes for good (a pool address and port for two Services),
-    /// and the writer ended the term (see [`Signals::refused`]).
+    /// and the writer ended the term (see [`WriterWiring::refused`]).
     #[error("the database refused a batch of changes; the term ended: {0}")]
     Refused(String),
 }
@@ -64,15 +64,15 @@ const CHANNEL_CAPACITY: usize = 512;
 /// Each recorded event is routed to its deliveries by `outbox` in the same transaction. VIPs are
 /// allocated from `config.pools`; `feedback` brings addresses chosen by appliances and releases
 /// acknowledged by every appliance.
-/// `signals` report readiness (first full list of every scope stored) and each commit. Errors: only
+/// Through `wiring` the writer reports readiness (first full list of every scope stored) and each commit. Errors: only
 /// start-up failures ([`WatchError::Store`]), and [`WatchError::Refused`] once the writer ended the
-/// term; watch errors are logged, counted in `signals.metrics` and retried with backoff.
+/// term; watch errors are logged, counted in `wiring.metrics` and retried with backoff.
 pub async fn run(
     client: kube::Client,
     config: &Config,
     store: Store,
     outbox: Arc<dyn Outbox>,
-    signals: Signals,
+    wiring: WriterWiring,
     feedback: mpsc::Receiver<Feedback>,
     cancel: CancellationToken,
 ) -> Result<(), WatchError> {
@@ -84,7 +84,7 @@ pub async fn run(
     let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
     let mut tasks = tokio::task::JoinSet::new();
     for scope in &scopes {
-        let spawn = Spawn { client: &client, cfg, scope, tx: &tx, metrics: &signals.metrics };
+        let spawn = Spawn { client: &client, cfg, scope, tx: &tx, metrics: &wiring.metrics };
         match scope.resource {
             Resource::Services => tasks.spawn(spawn.task(stream::Services(cfg.scope())).run(cancel.clone())),
             Resource::Nodes => tasks.spawn(spawn.task(stream::Nodes).run(cancel.clone())),
@@ -92,9 +92,9 @@ pub async fn run(
         };
     }
     tasks.spawn(forward(feedback, tx, cancel.clone()));
-    let (refused, metrics) = (signals.refused.clone(), signals.metrics.clone());
+    let (refused, metrics) = (wiring.refused.clone(), wiring.metrics.clone());
     let recorder = Recorder::new(config, ownership, loaded, &scopes, Now::read());
-    recorder::run(recorder, rx, writer::Writer::new(store, outbox, &scopes, signals), metrics).await;
+    recorder::run(recorder, rx, writer::Writer::new(store, outbox, &scopes, wiring), metrics).await;
     tasks.join_all().await;
     match refused.get() {
         Some(why) => Err(WatchError::Refused(why.clone())),

@@ -108,9 +108,10 @@ enum Pending {
     Chunk(Chunk),
 }
 
-/// What the writer tells the rest of the process.
+/// How the writer is wired to the rest of the process: what it reports (metrics, readiness, each
+/// commit, Kubernetes Events to publish) and the term it writes in.
 #[derive(Clone)]
-pub struct Signals {
+pub struct WriterWiring {
     /// Every metric.
     pub metrics: Arc<Metrics>,
     /// Set to `true` once the first full list of every scope is stored.
@@ -133,7 +134,7 @@ pub struct Signals {
 pub(super) struct Writer {
     store: Store,
     outbox: Arc<dyn Outbox>,
-    signals: Signals,
+    wiring: WriterWiring,
     awaiting_first_list: HashSet<String>,
     /// The id the next event gets (`None`: read it from the store first).
     next_id: Option<i64>,
@@ -146,14 +147,19 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub fn new(store: Store, outbox: Arc<dyn Outbox>, scopes: &[ScopeSpec], signals: Signals) -> Self {
-        Self::starting(store, outbox, signals, scopes.iter().map(ScopeSpec::key).collect())
+    pub fn new(store: Store, outbox: Arc<dyn Outbox>, scopes: &[ScopeSpec], wiring: WriterWiring) -> Self {
+        Self::starting(store, outbox, wiring, scopes.iter().map(ScopeSpec::key).collect())
     }
 
     /// A writer that has written nothing yet: the next id is read from the store, and the first
     /// transaction is [`CHUNK_CHANGES`] (`routed` until one recorded events without deliveries).
-    fn starting(store: Store, outbox: Arc<dyn Outbox>, signals: Signals, awaiting_first_list: HashSet<String>) -> Self {
-        Self { store, outbox, signals, awaiting_first_list, next_id: None, shared: true, routed: true }
+    fn starting(
+        store: Store,
+        outbox: Arc<dyn Outbox>,
+        wiring: WriterWiring,
+        awaiting_first_list: HashSet<String>,
+    ) -> Self {
+        Self { store, outbox, wiring, awaiting_first_list, next_id: None, shared: true, routed: true }
     }
 
     /// Starts the writer task; returns where to send plans and the task handle.
@@ -162,7 +168,7 @@ impl Writer {
         let mut writer = Writer::starting(
             self.store.clone(),
             self.outbox.clone(),
-            self.signals.clone(),
+            self.wiring.clone(),
             self.awaiting_first_list.clone(),
         );
         let task = tokio::spawn(async move {
@@ -250,7 +256,7 @@ impl Writer {
                         self.next_id = None;
                         return;
                     }
-                    Err(e) if self.signals.term.is_cancelled() => {
+                    Err(e) if self.wiring.term.is_cancelled() => {
                         warn!(error = %e, "not leading any more: changes left to the next leader (it re-lists)");
                         self.next_id = None;
                         return;
@@ -261,8 +267,8 @@ impl Writer {
                     Err(e) if e.is_address_taken() => {
                         error!(error = %e, "the database refused this batch; ending the term so the next one re-lists and allocates anew");
                         self.next_id = None;
-                        let _ = self.signals.refused.set(e.to_string());
-                        self.signals.term.cancel();
+                        let _ = self.wiring.refused.set(e.to_string());
+                        self.wiring.term.cancel();
                         return;
                     }
                     Err(e) => {
@@ -273,7 +279,7 @@ impl Writer {
                 }
             };
             if let Some(id) = ids.last().copied() {
-                self.signals.committed.send_replace(id);
+                self.wiring.committed.send_replace(id);
             }
             if rest.len() == 0 && ahead.is_none() {
                 break;
@@ -340,7 +346,7 @@ impl Writer {
         let notify = |e: &StoreError, wait: Duration| {
             error!(error = %e, reason = %e.reason(), retry_in = ?wait, "cannot read the next event id; retrying (nothing recorded yet)");
         };
-        let term = &self.signals.term;
+        let term = &self.wiring.term;
         match read.retry(self.store.write_backoff()).when(|_| !term.is_cancelled()).notify(notify).await {
             Ok(id) => {
                 self.next_id = Some(id);
@@ -377,7 +383,7 @@ impl Writer {
     /// own lists, and retrying would only keep the term from ending), nor a refusal for good, nor
     /// once the term ended.
     fn retries(&self, e: &StoreError) -> bool {
-        !e.is_event_id_taken() && !e.is_fenced() && !e.is_address_taken() && !self.signals.term.is_cancelled()
+        !e.is_event_id_taken() && !e.is_fenced() && !e.is_address_taken() && !self.wiring.term.is_cancelled()
     }
 
     /// Writes `prepared` again after its write failed with `failed`, with the store's backoff, until
@@ -399,7 +405,7 @@ impl Writer {
     }
 
     fn after_commit(&mut self, plan: Plan) {
-        let metrics = &self.signals.metrics;
+        let metrics = &self.wiring.metrics;
         let mut counts = [0usize; 3];
         for change in &plan.changes {
             if let StateChange::Event { key, cause, event, .. } = change {
@@ -423,7 +429,7 @@ impl Writer {
         metrics.backend_noop.inc_by(report.members_unchanged);
         let mut dropped = report.notices.dropped;
         for notice in report.notices.kept {
-            dropped += usize::from(self.signals.notices.try_send(notice).is_err());
+            dropped += usize::from(self.wiring.notices.try_send(notice).is_err());
         }
         if dropped > 0 {
             metrics.kube_events_dropped(dropped);
@@ -434,7 +440,7 @@ impl Writer {
         }
         if !report.first_lists.is_empty() && self.awaiting_first_list.is_empty() {
             info!(services = metrics.services_in_scope.get(), "first full list stored: ready");
-            self.signals.ready.send_replace(true);
+            self.wiring.ready.send_replace(true);
             let store = self.store.clone();
             tokio::spawn(async move {
                 if let Err(e) = store.refresh_statistics().await {
