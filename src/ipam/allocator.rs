@@ -22,7 +22,7 @@ struct Holder {
     ports: Vec<(i32, CompactString)>,
     /// `Some(uid)`: the Service gave the address up (its DELETED, or a MODIFIED that withdrew it) and
     /// the appliance has not acknowledged that yet; the address stays reserved, shared as the view
-    /// that held it shared it (`sharing_key`, `ports`; see [`Allocator::withdraw`]).
+    /// that used it shared it (`sharing_key`, `ports`; see [`Allocator::withdraw`]).
     draining: Option<String>,
 }
 
@@ -40,11 +40,11 @@ fn sharing(view: Option<&ServiceView>) -> (Option<String>, Vec<(i32, CompactStri
 pub struct PoolUsage {
     /// Pool name.
     pub pool: String,
-    /// Distinct addresses held by at least one Service.
+    /// Distinct addresses used by at least one Service.
     pub in_use: u64,
     /// Usable addresses nobody holds (saturating for large IPv6 pools).
     pub free: u128,
-    /// Of `in_use`: addresses only held for a change the appliance has not acknowledged yet (a
+    /// Of `in_use`: addresses only kept for a change the appliance has not acknowledged yet (a
     /// DELETED, or a MODIFIED that withdrew them; see [`Allocator::withdraw`]).
     pub reserved: u64,
 }
@@ -57,14 +57,14 @@ pub struct Allocator {
     by_service: HashMap<ServiceKey, Vec<IpAddr>>,
     /// Per name: the addresses reserved for its withdrawals not acknowledged yet, once per
     /// reservation in the order they were made ([`Self::withdraw`], [`Self::finish_drain`]), so
-    /// [`Self::assign`] prefers them without walking every held address for each Service change.
+    /// [`Self::assign`] prefers them without walking every address in use for each Service change.
     reserved_for: HashMap<ServiceKey, Vec<IpAddr>>,
-    /// Per (pool index, family): every usable address below it is held (where a scan starts).
+    /// Per (pool index, family): every usable address below it is in use (where a scan starts).
     hints: RefCell<HashMap<(usize, Family), IpAddr>>,
-    /// Per pool (config order): its addresses held, and of those the ones only reserved (every holder
-    /// draining); kept as addresses are taken and dropped, so [`Self::usage`] does not walk every held
-    /// address (the recorder reads it with every plan: in an initial sync with a pool, every status
-    /// write-back would walk every held address, a cost quadratic in the number of Services).
+    /// Per pool (config order): its addresses in use, and of those the ones only reserved (every holder
+    /// draining); kept as addresses are taken and dropped, so [`Self::usage`] does not walk every
+    /// address in use (the recorder reads it with every plan: in an initial sync with a pool, every status
+    /// write-back would walk every address in use, a cost quadratic in the number of Services).
     counts: Vec<Counts>,
     /// Per pool (config order): its usable addresses ([`Pool::size`]).
     sizes: Vec<u128>,
@@ -79,13 +79,13 @@ struct Counts {
 
 /// Of one address: whether somebody holds it, and whether every holder is draining.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Held {
-    held: bool,
+struct Usage {
+    in_use: bool,
     reserved: bool,
 }
 
 impl Allocator {
-    /// An allocator over `pools` with nothing held.
+    /// An allocator over `pools` with nothing in use.
     pub fn new(pools: Pools) -> Self {
         let sizes = pools.0.iter().map(Pool::size).collect();
         Self { counts: vec![Counts::default(); pools.0.len()], sizes, pools: pools.0, ..Self::default() }
@@ -123,7 +123,7 @@ impl Allocator {
     }
 
     /// `key` (object `uid`) was DELETED or left scope: what it holds live is dropped, and `addresses`
-    /// (what the DELETED announced, held by `from`) stay reserved until [`Self::finish_drain`].
+    /// (what the DELETED announced, used by `from`) stay reserved until [`Self::finish_drain`].
     pub fn drain(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr], from: Option<&ServiceView>) {
         self.release(key);
         self.withdraw(key, uid, addresses, from);
@@ -132,7 +132,7 @@ impl Allocator {
     /// `addresses` of object `uid` of `key` wait for the appliance: a recorded change withdrew them
     /// (a DELETED, or a MODIFIED that dropped them), and that change is not acknowledged yet. They stay
     /// reserved until [`Self::finish_drain`] with the same addresses: a Service of the same name may
-    /// reuse them (its queue orders the two), and one sharing them with `from` (the view that held
+    /// reuse them (its queue orders the two), and one sharing them with `from` (the view that used
     /// them: same sharing key, none of its ports) keeps or takes them, since the appliance serves other
     /// ports of the address for it; everyone else waits. Without `from` (the event that withdrew them
     /// is pruned) nobody else may take them. Also used at start for the `releases` rows and for the
@@ -141,7 +141,7 @@ impl Allocator {
         let (sharing_key, ports) = sharing(from);
         let holder = Holder { key: key.clone(), sharing_key, ports, draining: Some(uid.to_owned()) };
         for ip in addresses {
-            let before = self.held(ip);
+            let before = self.use_of(&ip);
             self.used.entry(*ip).or_default().push(holder.clone());
             self.count(*ip, before);
         }
@@ -157,7 +157,7 @@ impl Allocator {
     pub fn finish_drain(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr]) -> bool {
         let mut released = false;
         for ip in addresses {
-            let before = self.held(ip);
+            let before = self.use_of(&ip);
             let Some(holders) = self.used.get_mut(ip) else { continue };
             let Some(i) = holders.iter().position(|h| h.key == *key && h.draining.as_deref() == Some(uid)) else {
                 continue;
@@ -205,7 +205,7 @@ impl Allocator {
 
     fn drop_holders(&mut self, ips: &[IpAddr], gone: impl Fn(&Holder) -> bool) {
         for ip in ips {
-            let before = self.held(ip);
+            let before = self.use_of(&ip);
             if let Some(holders) = self.used.get_mut(ip) {
                 holders.retain(|h| !gone(h));
                 if holders.is_empty() {
@@ -256,26 +256,26 @@ impl Allocator {
             .collect()
     }
 
-    /// Whether `ip` is held, and only by draining reservations.
-    fn held(&self, ip: &IpAddr) -> Held {
+    /// Whether `ip` is in use, and only by draining reservations.
+    fn use_of(&self, ip: &IpAddr) -> Usage {
         match self.used.get(ip) {
             Some(holders) if !holders.is_empty() => {
-                Held { held: true, reserved: holders.iter().all(|h| h.draining.is_some()) }
+                Usage { in_use: true, reserved: holders.iter().all(|h| h.draining.is_some()) }
             }
-            _ => Held { held: false, reserved: false },
+            _ => Usage { in_use: false, reserved: false },
         }
     }
 
     /// Moves the counts of every pool holding `ip` from `before` to what `ip` is now.
-    fn count(&mut self, ip: IpAddr, before: Held) {
-        let after = self.held(&ip);
+    fn count(&mut self, ip: IpAddr, before: Usage) {
+        let after = self.use_of(&ip);
         if before == after {
             return;
         }
         let step = |n: &mut u64, was: bool, is: bool| *n = *n + u64::from(is) - u64::from(was);
         for (pool, c) in self.pools.iter().zip(&mut self.counts) {
             if pool.contains(&ip) {
-                step(&mut c.in_use, before.held, after.held);
+                step(&mut c.in_use, before.in_use, after.in_use);
                 step(&mut c.reserved, before.reserved, after.reserved);
             }
         }
@@ -404,7 +404,7 @@ impl Allocator {
         let from =
             self.hints.borrow().get(&(i, family)).copied().or_else(|| pool.first(family)).unwrap_or(lowest(family));
         let found = pool.addresses_from(family, from).find(|ip| !self.used.contains_key(ip))?;
-        // Every usable address in [from, found) is held: the next scan may start at `found`.
+        // Every usable address in [from, found) is in use: the next scan may start at `found`.
         self.hints.borrow_mut().insert((i, family), found);
         Some(found)
     }
@@ -424,7 +424,7 @@ impl Allocator {
 
     /// The requested addresses, each from the pool that contains it (an IPv4 and an IPv6 may come from
     /// two pools). Errors: an address outside every pool, in a pool that does not accept the Service or
-    /// is not the requested one, or held by a Service it may not share with.
+    /// is not the requested one, or used by a Service it may not share with.
     fn requested(&self, key: &ServiceKey, req: &Request) -> Result<Vec<(IpAddr, String)>, String> {
         let mut assigned = Vec::with_capacity(req.ips.len());
         for ip in &req.ips {
@@ -466,7 +466,7 @@ impl Allocator {
 
     fn take(&mut self, holder: &Holder, ips: &[IpAddr]) {
         for ip in ips {
-            let before = self.held(ip);
+            let before = self.use_of(&ip);
             self.used.entry(*ip).or_default().push(holder.clone());
             self.count(*ip, before);
         }
@@ -716,15 +716,16 @@ mod tests {
         );
     }
 
-    /// [`Allocator::usage`] counted the slow way, by walking every held address: what the kept counts
+    /// [`Allocator::usage`] counted the slow way, by walking every address in use: what the kept counts
     /// must always equal.
     fn recounted(al: &Allocator) -> Vec<PoolUsage> {
         al.pools
             .iter()
             .map(|p| {
-                let held: Vec<&Vec<Holder>> = al.used.iter().filter(|(ip, _)| p.contains(ip)).map(|(_, h)| h).collect();
-                let in_use = held.len() as u64;
-                let reserved = held.iter().filter(|h| h.iter().all(|h| h.draining.is_some())).count() as u64;
+                let holders: Vec<&Vec<Holder>> =
+                    al.used.iter().filter(|(ip, _)| p.contains(ip)).map(|(_, h)| h).collect();
+                let in_use = holders.len() as u64;
+                let reserved = holders.iter().filter(|h| h.iter().all(|h| h.draining.is_some())).count() as u64;
                 PoolUsage { pool: p.name.clone(), in_use, free: p.size() - u128::from(in_use), reserved }
             })
             .collect()
@@ -735,7 +736,7 @@ mod tests {
 
     /// Every way an address changes hands — assign, share, hold, release, drain, withdraw, an
     /// acknowledgement, a re-assign to another address — keeps the counts [`Allocator::usage`] reports
-    /// equal to a walk over every held address.
+    /// equal to a walk over every address in use.
     #[test]
     fn usage_kept_as_addresses_change_hands_equals_a_recount_after_every_step() {
         let mut al = allocator(&[("a", &["192.0.2.0/30"], true), ("b", &["192.0.2.4-192.0.2.9"], true)]);
@@ -769,7 +770,7 @@ mod tests {
             assert_eq!(al.usage(), recounted(&al), "after step {i}");
             seen.push(al.usage().iter().map(|u| (u.in_use, u.reserved)).collect::<Vec<_>>());
         }
-        assert_eq!(seen[5], vec![(3, 1), (0, 0)], "192.0.2.0 only reserved, .1 and .3 held");
+        assert_eq!(seen[5], vec![(3, 1), (0, 0)], "192.0.2.0 only reserved, .1 and .3 in use");
         assert_eq!(seen[10], vec![(3, 2), (2, 0)], "w moved to .5: .3 and .0 only reserved; h holds .4");
         assert_eq!(seen.last(), Some(&vec![(0, 0), (0, 0)]));
     }
@@ -821,11 +822,11 @@ mod tests {
         assert_eq!(addrs(&al.assign(&key("b"), &plain(), &[])), vec!["192.0.2.1"]);
     }
 
-    /// A reservation keeps the sharing key and ports of the view that held the address: a Service of
+    /// A reservation keeps the sharing key and ports of the view that used the address: a Service of
     /// that key on other ports keeps or takes the address meanwhile; one on the same port, one with
     /// another key or none, and anyone while the view is unknown (`None`), wait.
     #[test]
-    fn a_reservation_shares_the_address_as_the_view_that_held_it_did() {
+    fn a_reservation_shares_the_address_as_the_view_that_used_it_did() {
         let shared = |port: i32, key: &str| {
             let ann = serde_json::json!({"vipwatch.io/allow-shared-ip": key});
             svc(ann, serde_json::json!({"ports": [{"port": port}]}))
