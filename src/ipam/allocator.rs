@@ -141,7 +141,7 @@ impl Allocator {
         let (sharing_key, ports) = sharing(from);
         let holder = Holder { key: key.clone(), sharing_key, ports, draining: Some(uid.to_owned()) };
         for ip in addresses {
-            let before = self.use_of(&ip);
+            let before = self.use_of(ip);
             self.used.entry(*ip).or_default().push(holder.clone());
             self.count(*ip, before);
         }
@@ -157,7 +157,7 @@ impl Allocator {
     pub fn finish_drain(&mut self, key: &ServiceKey, uid: &str, addresses: &[IpAddr]) -> bool {
         let mut released = false;
         for ip in addresses {
-            let before = self.use_of(&ip);
+            let before = self.use_of(ip);
             let Some(holders) = self.used.get_mut(ip) else { continue };
             let Some(i) = holders.iter().position(|h| h.key == *key && h.draining.as_deref() == Some(uid)) else {
                 continue;
@@ -205,7 +205,7 @@ impl Allocator {
 
     fn drop_holders(&mut self, ips: &[IpAddr], gone: impl Fn(&Holder) -> bool) {
         for ip in ips {
-            let before = self.use_of(&ip);
+            let before = self.use_of(ip);
             if let Some(holders) = self.used.get_mut(ip) {
                 holders.retain(|h| !gone(h));
                 if holders.is_empty() {
@@ -466,7 +466,7 @@ impl Allocator {
 
     fn take(&mut self, holder: &Holder, ips: &[IpAddr]) {
         for ip in ips {
-            let before = self.use_of(&ip);
+            let before = self.use_of(ip);
             self.used.entry(*ip).or_default().push(holder.clone());
             self.count(*ip, before);
         }

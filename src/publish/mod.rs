@@ -77,7 +77,7 @@ pub struct Publisher {
     status_seen: HashSet<ServiceKey>,
     /// Delivery ids already reported in a `SyncLoadBalancerFailed` Event.
     reported: HashSet<i64>,
-    /// Pulsed when held deliveries were let go (the relay's `committed` signal), so they are sent at
+    /// Pulsed when deliveries awaiting the finalizer were let go (the relay's `committed` signal), so they are sent at
     /// once rather than at the relay's next poll.
     wake_relay: Option<watch::Sender<i64>>,
     /// Until when this replica leads: no Kubernetes write starts after it ([`Publisher::leading_until`]).
@@ -123,7 +123,7 @@ impl Publisher {
         self
     }
 
-    /// Pulses `relay` (the signal the dispatchers wake on) whenever held deliveries are let go.
+    /// Pulses `relay` (the signal the dispatchers wake on) whenever deliveries awaiting the finalizer are let go.
     pub fn waking(mut self, relay: watch::Sender<i64>) -> Self {
         self.wake_relay = Some(relay);
         self
@@ -234,7 +234,7 @@ impl Publisher {
     /// patches idle). A Service that is gone or being deleted gets none (its DELETED follows), and its
     /// deliveries go too. A Service whose patch failed stays held for the next pass.
     async fn finalizers(&mut self) -> Result<bool, PublishError> {
-        let held = self.store.held_services(BATCH).await?;
+        let held = self.store.services_awaiting_finalizer(BATCH).await?;
         let full = held.len() as i64 == BATCH;
         let (client, leader_deadline, metrics) = (&self.client, &self.leader_deadline, &self.metrics);
         let (finished_tx, mut finished_rx) = mpsc::unbounded_channel();
@@ -261,7 +261,7 @@ impl Publisher {
             let mut progress = false;
             let mut done = Vec::new();
             while finished_rx.recv_many(&mut done, BATCH as usize).await > 0 {
-                self.store.release_held(&done).await?;
+                self.store.release_awaiting_finalizer(&done).await?;
                 if let Some(relay) = &self.wake_relay {
                     relay.send_modify(|_| {});
                 }

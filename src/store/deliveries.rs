@@ -196,7 +196,7 @@ impl Store {
     /// still pending), and every later change queues after it. (Read first and inserted in a
     /// transaction of their own, a change recorded in between could be superseded by a resync that
     /// did not carry it, or delivered before a resync that carried the state before it.) The
-    /// `service.synced` of a Service whose deliveries are held for the finalizer is held too. `build`
+    /// `service.synced` of a Service whose deliveries await the finalizer waits too. `build`
     /// runs while the write lock is held: make it render, not wait. Returns how many were enqueued.
     /// Errors: [`StoreError`]; nothing is enqueued then.
     pub async fn enqueue_resync<F>(&self, build: F) -> Result<usize, StoreError>

@@ -50,7 +50,7 @@ pub struct NewDelivery {
     /// The exact JSON body.
     pub payload: String,
     /// `Some(debounce_ms)`: a full-state delivery (request templates). It goes on the endpoint's own
-    /// queue ([`ENDPOINT_QUEUE`]), is never held for the finalizer, and at most one such delivery
+    /// queue ([`ENDPOINT_QUEUE`]), never awaits the finalizer, and at most one such delivery
     /// waits there outside an attempt: a newer one only pushes that one's due time to at least
     /// `now + debounce_ms` (it renders the current state when sent anyway).
     pub coalesce_ms: Option<i64>,
@@ -123,7 +123,7 @@ const CHUNK: usize = 128;
 /// Supersedes, among deliveries touched by this batch (a newer pending MODIFIED with id >= $2), every
 /// pending MODIFIED followed by a newer pending MODIFIED with no pending ADDED/DELETED/SYNCED in
 /// between (`collapses!`): one behind its queue's head, and the head itself while no attempt has
-/// touched it (none made, none in flight at $1) and it is held for the finalizer exactly as the newer
+/// touched it (none made, none in flight at $1) and it awaits the finalizer exactly as the newer
 /// one is. ADDED, DELETED and SYNCED are never superseded. Run after [`INHERIT_PLACE`], which gives the
 /// newer delivery the place in line of those it supersedes.
 ///
@@ -284,7 +284,7 @@ pub(super) fn route(outbox: &dyn Outbox, events: &[(RecordedEvent<'_>, Option<i6
         .collect()
 }
 
-/// A delivery to insert: what, for which event, which Service, held for the finalizer or not.
+/// A delivery to insert: what, for which event, which Service, awaiting the finalizer or not.
 pub(super) type DeliveryInsert = (NewDelivery, Option<i64>, ServiceKey, bool);
 
 /// Rewrites queued MODIFIEDs in place, then inserts the other deliveries (multi-row) and supersedes

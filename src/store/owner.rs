@@ -968,7 +968,7 @@ mod tests {
             key: ServiceKey::new("ns", name),
             cause: Cause::Watch,
             event,
-            hold: false,
+            awaits_finalizer: false,
             cleanup: None,
         };
         let first = store.next_event_id().await.unwrap();

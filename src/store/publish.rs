@@ -1,5 +1,5 @@
 //! What vipwatch must write back to Kubernetes, and whether the appliance has acknowledged enough for
-//! it: finalizers to add (held deliveries), statuses to publish, cleanups after a DELETED.
+//! it: finalizers to add (deliveries awaiting it), statuses to publish, cleanups after a DELETED.
 
 use std::collections::HashMap;
 
@@ -57,9 +57,9 @@ pub struct Reservation {
     pub uid: String,
     /// The addresses withdrawn.
     pub addresses: Vec<std::net::IpAddr>,
-    /// The view that held them: the DELETED's last view, or the withdrawing MODIFIED's previous one
+    /// The view that used them: the DELETED's last view, or the withdrawing MODIFIED's previous one
     /// (its sharing key and ports decide who may share the addresses meanwhile).
-    pub held_by: Option<crate::model::ServiceView>,
+    pub used_by: Option<crate::model::ServiceView>,
 }
 
 /// Where the deliveries that gate a write stand.
@@ -103,9 +103,9 @@ const HAS_EVENT: &str = "SELECT d.webhook, d.state = 'succeeded' OR (d.state = '
     SELECT 1 FROM deliveries s WHERE s.webhook = d.webhook AND s.namespace = d.namespace AND s.name = d.name \
       AND s.id > d.id AND s.state = 'succeeded')) FROM deliveries d WHERE d.event_id = $1";
 
-/// Releases the held deliveries of the Services in the JSON array $1 of `[namespace, name]` pairs,
+/// Releases the deliveries awaiting the finalizer of the Services in the JSON array $1 of `[namespace, name]` pairs,
 /// due at $2.
-const RELEASE_HELD: PerBackend = PerBackend {
+const RELEASE_AWAITING_FINALIZER: PerBackend = PerBackend {
     lite: "UPDATE deliveries SET held = 0, next_attempt_at = $2 WHERE held = 1 AND state = 'pending' \
            AND (namespace, name) IN (SELECT j.value->>0, j.value->>1 FROM json_each($1) AS j)",
     pg: "UPDATE deliveries SET held = 0, next_attempt_at = $2 WHERE held = 1 AND state = 'pending' \
@@ -115,7 +115,7 @@ const RELEASE_HELD: PerBackend = PerBackend {
 /// Which kinds of write-back work wait, from one query ([`Store::publish_work`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PublishWork {
-    /// Deliveries held for the finalizer ([`Store::held_services`]).
+    /// Deliveries awaiting the finalizer ([`Store::services_awaiting_finalizer`]).
     pub finalizers: bool,
     /// Services whose `status.loadBalancer` waits to be written ([`Store::status_work`]).
     pub statuses: bool,
@@ -138,8 +138,8 @@ impl Store {
         Ok(PublishWork { finalizers: r.get(0), statuses: r.get(1), cleanups: r.get(2), releases: r.get(3) })
     }
 
-    /// Services with deliveries held for the finalizer (at most `limit`), by namespace and name.
-    pub async fn held_services(&self, limit: i64) -> Result<Vec<ServiceKey>, StoreError> {
+    /// Services with deliveries awaiting the finalizer (at most `limit`), by namespace and name.
+    pub async fn services_awaiting_finalizer(&self, limit: i64) -> Result<Vec<ServiceKey>, StoreError> {
         // LIMIT as a literal: see the `store` module docs.
         let sql = format!(
             "SELECT DISTINCT namespace, name FROM deliveries WHERE held = 1 AND state = 'pending' \
@@ -149,13 +149,13 @@ impl Store {
         Ok(rows.iter().map(|r| ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1))).collect())
     }
 
-    /// Lets the held deliveries of `keys` go (due now), in one statement. Returns how many.
-    pub async fn release_held(&self, keys: &[ServiceKey]) -> Result<u64, StoreError> {
+    /// Lets the deliveries of `keys` that await the finalizer go (due now), in one statement. Returns how many.
+    pub async fn release_awaiting_finalizer(&self, keys: &[ServiceKey]) -> Result<u64, StoreError> {
         if keys.is_empty() {
             return Ok(0);
         }
         let pairs: Vec<(&str, &str)> = keys.iter().map(|k| (k.namespace.as_str(), k.name.as_str())).collect();
-        let q = self.backend.dual(&RELEASE_HELD).bind(serde_json::to_string(&pairs)?).bind(now_ms());
+        let q = self.backend.dual(&RELEASE_AWAITING_FINALIZER).bind(serde_json::to_string(&pairs)?).bind(now_ms());
         self.execute(q).await
     }
 
@@ -269,7 +269,7 @@ impl Store {
                     key: ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1)),
                     uid: r.get(2),
                     addresses: serde_json::from_str(r.get::<&str, _>(3))?,
-                    held_by: r.get::<Option<&str>, _>(4).map(serde_json::from_str).transpose()?,
+                    used_by: r.get::<Option<&str>, _>(4).map(serde_json::from_str).transpose()?,
                 })
             })
             .collect()

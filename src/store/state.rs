@@ -26,8 +26,8 @@ pub enum StateChange {
         cause: Cause,
         /// The event itself.
         event: Box<Recorded>,
-        /// Its deliveries wait until vipwatch's finalizer is on the Service (see [`Store::held_services`]).
-        hold: bool,
+        /// Its deliveries wait until vipwatch's finalizer is on the Service (see [`Store::services_awaiting_finalizer`]).
+        awaits_finalizer: bool,
         /// For a DELETED of a Service that still exists: what to undo in Kubernetes once every
         /// endpoint acknowledged it (see [`Store::cleanups`]).
         cleanup: Option<Cleanup>,
@@ -378,12 +378,14 @@ fn rows(changes: &[StateChange], outbox: &dyn Outbox, first_id: i64, now: i64) -
     let recorded: Vec<(RecordedEvent<'_>, Option<i64>, bool)> = changes
         .iter()
         .filter_map(|c| match c {
-            StateChange::Event { key, cause, event, hold, .. } => Some((key, *cause, event.as_ref(), *hold)),
+            StateChange::Event { key, cause, event, awaits_finalizer, .. } => {
+                Some((key, *cause, event.as_ref(), *awaits_finalizer))
+            }
             StateChange::Refresh { .. } | StateChange::Node { .. } | StateChange::Held { .. } => None,
         })
         .zip(&ids)
-        .map(|((key, cause, event, hold), id)| {
-            (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id), hold)
+        .map(|((key, cause, event, awaits_finalizer), id)| {
+            (RecordedEvent { id: *id, observed_at: now, key, cause, event }, Some(*id), awaits_finalizer)
         })
         .collect();
     let deliveries = super::outbox::route(outbox, &recorded);
@@ -606,7 +608,7 @@ fn state_rows(changes: &[StateChange], events: &[EventJson]) -> Result<StateRows
         match op {
             Final::Delete => deletes.push((&key.namespace, &key.name)),
             Final::Upsert { view, .. } if pool_addresses(view).next().is_some() => {
-                vips.extend(held_ports(view).map(|(a, proto, port)| (a, proto, port, &key.namespace, &key.name)));
+                vips.extend(address_ports(view).map(|(a, proto, port)| (a, proto, port, &key.namespace, &key.name)));
                 upserts.push(upsert_row(op)?);
             }
             Final::Upsert { .. } => upserts.push(upsert_row(op)?),
@@ -632,7 +634,7 @@ fn pool_addresses(view: &ServiceView) -> impl Iterator<Item = &String> {
 /// of one Service with the same number and protocol (which a real apiserver refuses, but a view may
 /// still hold) are one row: two were one Service's address and port "held by two Services", a
 /// refused write that ended the term at every start.
-fn held_ports(view: &ServiceView) -> impl Iterator<Item = (&String, &str, i32)> {
+fn address_ports(view: &ServiceView) -> impl Iterator<Item = (&String, &str, i32)> {
     let mut ports: Vec<(&str, i32)> = match view.ports.as_slice() {
         [] => vec![("", 0)],
         ports => ports.iter().map(|p| (p.protocol.as_str(), p.port)).collect(),

@@ -85,7 +85,7 @@ impl Ownership {
     }
 
     /// Whether the deliveries of `e` wait for the finalizer: it is on, the event is not a DELETED, and
-    /// the object does not carry the finalizer yet (the store's `hold` flag of the event).
+    /// the object does not carry the finalizer yet (the store's `awaits_finalizer` flag of the event).
     pub fn waits_for_finalizer(&self, e: &Recorded) -> bool {
         self.finalizer && e.kind != ChangeKind::Deleted && !e.view.finalizers.iter().any(|f| f == FINALIZER)
     }

@@ -109,7 +109,7 @@ impl Recorder {
         let mut guard = DeletionGuard::new(config.guard.clone(), scopes, held);
         let uncovered = guard.unwatched(&mut decided, &mirror, uncovered, now.unix_ms);
         for r in reservations {
-            ownership.allocator.withdraw(&r.key, &r.uid, &r.addresses, r.held_by.as_ref());
+            ownership.allocator.withdraw(&r.key, &r.uid, &r.addresses, r.used_by.as_ref());
         }
         let startup = Startup::new(scopes, decided);
         let mut recorder = Self { mirror, ownership, members, guard, startup, announced, freed: false };
@@ -369,7 +369,13 @@ impl Recorder {
                         );
                     }
                     let event = Box::new(event);
-                    batch.changes.push(StateChange::Event { key: key.clone(), cause, event, hold: waits, cleanup });
+                    batch.changes.push(StateChange::Event {
+                        key: key.clone(),
+                        cause,
+                        event,
+                        awaits_finalizer: waits,
+                        cleanup,
+                    });
                 }
             }
         }
@@ -435,5 +441,5 @@ fn observed(key: &ServiceKey, t: &Tracked) -> Observed {
 /// A DELETED of a Service whose object is gone (or out of every scope): nothing to clean up.
 fn deleted(key: ServiceKey, cause: Cause, t: &Tracked) -> StateChange {
     let event = Box::new(Recorded::deleted(&t.uid, &t.resource_version, &t.view, &t.backends));
-    StateChange::Event { key, cause, event, hold: false, cleanup: None }
+    StateChange::Event { key, cause, event, awaits_finalizer: false, cleanup: None }
 }
