@@ -48,13 +48,17 @@ pub struct Circuit {
     view: CircuitView,
     /// Failed probes since the circuit opened: the backoff step of the next probe.
     failed_probes: u32,
+    /// Whether the last attempt that found the endpoint down got no HTTP answer at all (connect,
+    /// timeout, TLS). Only then does an answer outside the deliveries say anything new
+    /// ([`Self::reachable`]): an endpoint that answers 401 or 503 was reachable all along.
+    unanswered: bool,
 }
 
 impl Circuit {
     /// A closed breaker that opens after `threshold` consecutive down attempts and then probes on
     /// `retry`'s schedule (`initial_delay` doubling to `max_delay`, with jitter).
     pub fn new(threshold: u32, retry: RetryConfig) -> Self {
-        Self { threshold, retry, view: CircuitView::default(), failed_probes: 0 }
+        Self { threshold, retry, view: CircuitView::default(), failed_probes: 0, unanswered: false }
     }
 
     /// The current view.
@@ -107,10 +111,13 @@ impl Circuit {
     }
 
     /// The endpoint answered at `now` (Unix ms) outside the deliveries (a probe of
-    /// [`super::catch_up`]): while open, the next probe may go now instead of at the next backoff
-    /// step, so a receiver that comes back is noticed at once. Returns whether that changed anything.
+    /// [`super::catch_up`]): while open because attempts got no answer at all, the next probe may go
+    /// now instead of at the next backoff step, so a receiver that comes back is noticed at once.
+    /// Not when the attempts were answered (401, 5xx, ...): the endpoint was reachable and refusing,
+    /// and probing at every such answer would replace the backoff with one attempt a second. Returns
+    /// whether that changed anything.
     pub fn reachable(&mut self, now: i64) -> bool {
-        let later = self.view.next_probe_at.is_some_and(|at| at > now);
+        let later = self.view.next_probe_at.is_some_and(|at| at > now) && self.unanswered;
         if self.view.state == CircuitState::Open && later {
             self.view.next_probe_at = Some(now);
         }
@@ -124,6 +131,21 @@ impl Circuit {
             self.view.next_probe_at = None;
             Transition::Probing
         })
+    }
+
+    /// Records one finished attempt's `result` at `now` (Unix ms): [`Self::record`] with
+    /// [`endpoint_down`], remembering whether a down attempt got any HTTP answer.
+    pub fn record_result(
+        &mut self,
+        result: &AttemptResult,
+        retry_after: Option<Duration>,
+        now: i64,
+    ) -> Option<Transition> {
+        let down = endpoint_down(result);
+        if down {
+            self.unanswered = result.record.status_code.is_none();
+        }
+        self.record(down, retry_after, now)
     }
 
     /// Records one finished attempt at `now` (Unix ms): `down` per [`endpoint_down`], with the
@@ -320,7 +342,7 @@ mod tests {
     fn an_answer_outside_the_deliveries_brings_the_next_probe_forward_only_while_open() {
         let mut c = Circuit::new(1, retry());
         assert!(!c.reachable(0), "closed: nothing to bring forward");
-        assert_eq!(c.record(true, None, 0), Some(Transition::Opened));
+        assert_eq!(c.record_result(&answered(None), None, 0), Some(Transition::Opened));
         let due = c.view().next_probe_at.unwrap();
         assert!(due > 100);
         assert!(c.reachable(100));
@@ -328,5 +350,22 @@ mod tests {
         assert!(!c.reachable(100), "already due");
         c.probe_started();
         assert!(!c.reachable(150), "half open: the probe is out");
+    }
+
+    #[test]
+    fn an_answer_outside_the_deliveries_changes_nothing_when_the_attempts_were_answered() {
+        for status in [401, 403, 500, 503] {
+            let mut c = Circuit::new(1, retry());
+            assert_eq!(c.record_result(&answered(Some(status)), None, 0), Some(Transition::Opened));
+            let due = c.view().next_probe_at;
+            assert!(!c.reachable(100), "{status}: reachable all along");
+            assert_eq!(c.view().next_probe_at, due, "{status}");
+        }
+        // Answered, then silent: the last down attempt decides.
+        let mut c = Circuit::new(1, retry());
+        c.record_result(&answered(Some(503)), None, 0);
+        c.probe_started();
+        assert_eq!(c.record_result(&answered(None), None, 10), Some(Transition::Reopened));
+        assert!(c.reachable(100));
     }
 }

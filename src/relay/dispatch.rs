@@ -42,7 +42,7 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::circuit::{Circuit, Transition, endpoint_down};
+use super::circuit::{Circuit, Transition};
 use super::policy::{Verdict, after_failure, already_gone};
 use super::sender::AttemptResult;
 use crate::config::RetryConfig;
@@ -653,7 +653,7 @@ impl Dispatch {
                 Verdict::Retry { retry_after } => retry_after,
                 Verdict::Success | Verdict::Gone | Verdict::Permanent => None,
             };
-            let transition = self.circuit.record(endpoint_down(&result), retry_after, now.ms);
+            let transition = self.circuit.record_result(&result, retry_after, now.ms);
             recovered |= transition == Some(Transition::Closed);
             if let Some(until) = self.circuit.throttle(r.status_code, retry_after, now.ms) {
                 out.push(Action::Throttled { status: r.status_code, until, now: now.ms });
