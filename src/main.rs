@@ -56,6 +56,11 @@ fn with_config(command: Command, config: Config) -> anyhow::Result<()> {
             for line in rendered {
                 println!("# template sample: {line}");
             }
+            for (webhook, appliance) in config.lone_appliances() {
+                eprintln!(
+                    "vipwatch: warning: `{webhook}` is the only endpoint of appliance `{appliance}`: it gates the write-back alone (a typo in another host's `appliance`?)"
+                );
+            }
             Ok(())
         }
         Command::Serve => serve(config),

@@ -207,6 +207,9 @@ fn warn_blind_endpoints(config: &Config) {
             warn!(webhook = %w.name, "endpoint does not take MODIFIED: it will not hear of VIPs assigned after a Service's ADDED");
         }
     }
+    for (webhook, appliance) in config.lone_appliances() {
+        warn!(%webhook, %appliance, "no other endpoint names this appliance: the endpoint gates the write-back alone (a typo in another host's `appliance`?)");
+    }
 }
 
 /// Spawns `task`; if it ends with an error, logs it and cancels everything (the process then stops

@@ -190,11 +190,12 @@ pub struct KubernetesConfig {
     #[schemars(with = "String", extend("x-humantime" = true))]
     pub stale_after: Duration,
     /// Write `status.loadBalancer.ingress` of the Services whose VIPs vipwatch assigns (a pool, or an appliance
-    /// with `assigns_vip`), once every subscribed endpoint acknowledged the change carrying them; clear it once
-    /// they acknowledged its withdrawal.
+    /// with `assigns_vip`), once every subscribed appliance acknowledged the change carrying them (an endpoint, or
+    /// one host of an `appliance` group); clear it once they acknowledged its withdrawal.
     pub write_status: bool,
     /// Put the `vipwatch.io/cleanup` finalizer on in-scope Services before their first delivery, so a deleted
-    /// Service stays until every subscribed endpoint acknowledged its `DELETED` (a `404` or `410` answer counts).
+    /// Service stays until every subscribed appliance (an endpoint, or one host of an `appliance` group)
+    /// acknowledged its `DELETED` (a `404` or `410` answer counts).
     /// Remove it from every Service with `vipwatch release-finalizers` when uninstalling.
     pub finalizer: bool,
 }
@@ -545,6 +546,7 @@ impl Config {
                 return Err(ConfigError::Value { key: "relay.lease", reason });
             }
         }
+        self.validate_appliances()?;
         if self.relay.poll_interval < Duration::from_millis(10) {
             return Err(ConfigError::Value { key: "relay.poll_interval", reason: "must be at least 10ms".into() });
         }
@@ -552,6 +554,42 @@ impl Config {
             return Err(ConfigError::Value { key: "relay.concurrency", reason: "must be at least 1".into() });
         }
         Ok(())
+    }
+
+    /// The hosts of one `appliance` serve the same VIPs, so each must get the same Services and the
+    /// same kinds of event: a failover to a host that was sent less would drop Services. Errors:
+    /// [`ConfigError::Value`] on `webhooks.appliance` naming the two endpoints and what differs
+    /// (`events`, `namespaces`, `backend_mode`).
+    fn validate_appliances(&self) -> Result<(), ConfigError> {
+        for (i, a) in self.webhooks.iter().enumerate() {
+            let Some(group) = a.appliance.as_deref() else { continue };
+            for b in self.webhooks[i + 1..].iter().filter(|b| b.appliance.as_deref() == Some(group)) {
+                let differs = [
+                    ("events", a.events != b.events),
+                    ("namespaces", a.namespaces != b.namespaces),
+                    ("backend_mode", a.backend_mode != b.backend_mode),
+                ];
+                if let Some((key, _)) = differs.iter().find(|(_, d)| *d) {
+                    let reason = format!(
+                        "`{}` and `{}` are hosts of appliance `{group}` but differ in `{key}`: the hosts of one \
+                         appliance serve the same VIPs, so each must get the same Services",
+                        a.name, b.name
+                    );
+                    return Err(ConfigError::Value { key: "webhooks.appliance", reason });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `appliance` names that only one enabled endpoint carries: legal (the endpoint is then an
+    /// appliance of its own), but more often a typo for another host's name. For a warning at start.
+    pub fn lone_appliances(&self) -> Vec<(&str, &str)> {
+        let enabled = || self.webhooks.iter().filter(|w| w.enabled);
+        enabled()
+            .filter_map(|w| w.appliance.as_deref().map(|a| (w.name.as_str(), a)))
+            .filter(|(_, a)| enabled().filter(|w| w.appliance.as_deref() == Some(a)).count() == 1)
+            .collect()
     }
 
     /// The endpoints whose acknowledgements gate a write to Kubernetes, by appliance

@@ -220,7 +220,8 @@ pub struct WebhookConfig {
     /// one appliance to the Kubernetes write-back, so a status, a finalizer's removal and a pool address's release
     /// wait for one of them, not all. Each host still gets every delivery; one that lags catches up before it takes
     /// the VIPs. Unset: the endpoint is an appliance of its own. Same rules as `name`; not with `assigns_vip` or a
-    /// full-state template.
+    /// full-state template; the hosts of one appliance must have the same `events`, `namespaces` and
+    /// `backend_mode` (each must get the same Services). A name only one endpoint carries draws a warning.
     #[serde(default)]
     pub appliance: Option<String>,
     /// This endpoint's backend mode (`nodePort`, `pod` or `none`) instead of `[backends] mode`; a Service's
@@ -487,5 +488,31 @@ mod tests {
         .unwrap();
         let expected = crate::model::Gates::new(vec![vec!["f5".into()], vec!["lb1".into(), "lb2".into()]]);
         assert_eq!(config.gates(), expected);
+    }
+
+    #[test]
+    fn the_hosts_of_one_appliance_get_the_same_services_and_a_lone_name_is_reported() {
+        let config = |lb2: &str| -> crate::config::Config {
+            toml::from_str(&format!(
+                "[[webhooks]]\nname = \"lb1\"\nurl = \"http://192.0.2.1/\"\nappliance = \"pair\"\n\
+                 [[webhooks]]\nname = \"lb2\"\nurl = \"http://192.0.2.2/\"\nappliance = \"pair\"\n{lb2}\n\
+                 [[webhooks]]\nname = \"f5\"\nurl = \"http://192.0.2.9/\"\nappliance = \"solo\"\n"
+            ))
+            .unwrap()
+        };
+        assert!(config("").validate_appliances().is_ok());
+        assert_eq!(config("").lone_appliances(), [("f5", "solo")]);
+        for (lb2, key) in [
+            ("namespaces = [\"shop\"]", "namespaces"),
+            ("events = [\"ADDED\", \"DELETED\"]", "events"),
+            ("backend_mode = \"pod\"", "backend_mode"),
+        ] {
+            let e = config(lb2).validate_appliances().unwrap_err().to_string();
+            let expected = format!(
+                "invalid value for `webhooks.appliance`: `lb1` and `lb2` are hosts of appliance `pair` but differ in \
+                 `{key}`: the hosts of one appliance serve the same VIPs, so each must get the same Services"
+            );
+            assert_eq!(e, expected);
+        }
     }
 }
