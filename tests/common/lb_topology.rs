@@ -41,9 +41,24 @@ pub struct Net {
     /// Prefix of the namespaces' names and name of the test namespace's veth end: `vwp<pid>n<n>`
     /// for the test process's `n`th network.
     pub prefix: String,
-    /// The third octet of the network's `198.18.S.0/24` (RFC 2544 benchmarking space), from the pid
-    /// and `n`, so that two networks on one machine do not share a route.
+    /// The third octet of the network's `198.18.S.0/24` (RFC 2544 benchmarking space): the first
+    /// one, from an offset of the pid and `n`, that no route of this machine uses yet, so that two
+    /// networks on one machine (two test runs at once) do not share a route.
     pub subnet: u8,
+}
+
+/// The first `S` in 1..=250, counting on from `offset`, whose `198.18.S.0/24` no route of the test's
+/// namespace uses and no other network of this process took.
+fn free_subnet(offset: u32) -> u8 {
+    static TAKEN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+    let mut mine = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+    let taken = |s: u32| {
+        let out = std::process::Command::new("ip").args(["-4", "route", "show", &format!("198.18.{s}.0/24")]).output();
+        mine.contains(&s) || out.map(|o| !o.stdout.is_empty()).unwrap_or(false)
+    };
+    let free = (0..250).map(|i| (offset + i) % 250 + 1).find(|s| !taken(*s));
+    mine.extend(free);
+    u8::try_from(free.expect("a free 198.18.S.0/24 (250 in use?)")).expect("at most 250")
 }
 
 impl Net {
@@ -52,7 +67,7 @@ impl Net {
     pub fn build() -> Self {
         static BUILT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let (pid, n) = (std::process::id(), BUILT.fetch_add(1, Ordering::Relaxed));
-        let net = Self { prefix: format!("vwp{pid}n{n}"), subnet: ((pid * 8 + n) % 250) as u8 + 1 };
+        let net = Self { prefix: format!("vwp{pid}n{n}"), subnet: free_subnet((pid * 8 + n) % 250) };
         net.remove();
         let sw = net.ns("sw");
         ip(&["netns", "add", &sw]);

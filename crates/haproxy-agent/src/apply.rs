@@ -127,6 +127,9 @@ impl Applier {
         let generation = desired.generation.get_or_insert_with(new_generation).clone();
         desired.reslot(config.server_slots);
         let haproxy = Arc::new(Haproxy::new(&config.haproxy_bin, &config.dir));
+        if let pids @ [_, ..] = haproxy.unreachable().as_slice() {
+            return Err(crate::haproxy::unreachable_reason(pids, &haproxy.master));
+        }
         let globals = Globals {
             admin_socket: haproxy.admin.display().to_string(),
             hard_stop_after: config.hard_stop_after,
@@ -461,7 +464,9 @@ impl Applier {
             return Ok(());
         }
         if let Err(e) = self.haproxy.show_proc().await {
-            return Err(Failure::Transient(format!("{e}; the agent restarts it")));
+            return Err(Failure::Transient(format!(
+                "{e}; the agent starts HAProxy again when it is gone, and `/healthz` says why while it does not answer"
+            )));
         }
         if new.skeleton == self.applied.skeleton {
             let commands = runtime_commands(&self.applied, &new);

@@ -83,7 +83,8 @@ pub struct Haproxy {
     bin: PathBuf,
     /// `haproxy.cfg`.
     pub config: PathBuf,
-    master: PathBuf,
+    /// The master CLI socket (`-S <dir>/master.sock`).
+    pub master: PathBuf,
     /// The admin socket (`stats socket`, level admin).
     pub admin: PathBuf,
     pid_file: PathBuf,
@@ -268,6 +269,32 @@ impl Haproxy {
         !matches!(state, None | Some("Z" | "X"))
     }
 
+    /// HAProxy processes of this installation that the agent cannot reach: their command line names
+    /// this master socket (`-S <dir>/master.sock`) but the socket file is gone, as when the
+    /// directory was wiped while HAProxy ran. Their pids, ascending (the master and its workers,
+    /// which share its command line); empty when there are none, or while the socket exists (a
+    /// master that is merely silent, e.g. re-executing itself for a reload). Such a HAProxy still
+    /// holds the VIPs' ports and serves what it last ran: the agent must not start a second one
+    /// beside it.
+    pub fn unreachable(&self) -> Vec<u32> {
+        if self.master.exists() {
+            return Vec::new();
+        }
+        let socket = self.master.as_os_str().as_encoded_bytes();
+        let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .filter(|pid: &u32| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                cmdline.split(|b| *b == 0).any(|arg| arg == socket)
+            })
+            .collect();
+        pids.sort_unstable();
+        pids
+    }
+
     /// One look at the master, quick whatever its state: gone (no master process), answering `show
     /// proc`, or alive but silent. One attempt, at most `patience`: a master re-executing itself for a
     /// reload refuses connections for some 100 ms, which the caller judges over several looks.
@@ -281,13 +308,31 @@ impl Haproxy {
         let answer = tokio::time::timeout(patience, exchange(&self.master, "show proc")).await;
         match answer.map_err(|_| std::io::Error::other(format!("no answer in {patience:?}"))) {
             Ok(Ok(text)) => match parse_proc(&text) {
+                Ok(p) if p.workers > 0 => match self.worker_answers(patience).await {
+                    Ok(()) => Look::Up(p),
+                    Err(e) => Look::Silent(format!("its current worker does not answer (master pid {}): {e}", p.pid)),
+                },
                 Ok(p) => Look::Up(p),
                 Err(e) => Look::Silent(e.to_string()),
             },
-            Ok(Err(e)) | Err(e) if pid.is_none() => {
-                Look::Gone(format!("no HAProxy master runs ({}: {e})", self.master.display()))
-            }
+            Ok(Err(e)) | Err(e) if pid.is_none() => match self.unreachable().as_slice() {
+                [] => Look::Gone(format!("no HAProxy master runs ({}: {e})", self.master.display())),
+                pids => Look::Silent(unreachable_reason(pids, &self.master)),
+            },
             Ok(Err(e)) | Err(e) => Look::Silent(format!("its master CLI does not answer: {e}")),
+        }
+    }
+
+    /// Whether the current worker answers `show info`, asked through the master (`@1`), within
+    /// `patience`: a worker that is alive but stopped or hung keeps its listening sockets and so
+    /// takes connections it never serves, while its master answers as usual. Asked through the
+    /// master rather than the admin socket, which a configuration the agent did not make may lack.
+    async fn worker_answers(&self, patience: Duration) -> std::io::Result<()> {
+        let answer = tokio::time::timeout(patience, exchange(&self.master, "@1 show info")).await;
+        match answer.map_err(|_| std::io::Error::other(format!("no answer to `show info` in {patience:?}")))? {
+            Ok(text) if text.lines().any(|l| l.starts_with("Pid: ")) => Ok(()),
+            Ok(text) => Err(std::io::Error::other(format!("unexpected `show info` answer: {:?}", text.trim()))),
+            Err(e) => Err(e),
         }
     }
 
@@ -340,6 +385,18 @@ async fn exchange(socket: &Path, command: &str) -> std::io::Result<String> {
         Ok(out)
     };
     tokio::time::timeout(Duration::from_secs(5), io).await.map_err(|_| std::io::Error::other("no answer in 5 s"))?
+}
+
+/// Why the agent neither uses nor replaces the HAProxy processes `pids` of this installation whose
+/// master socket `socket` is gone, and what to do.
+pub fn unreachable_reason(pids: &[u32], socket: &Path) -> String {
+    let list = pids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+    format!(
+        "HAProxy of this directory runs (pids {list}) but its master socket {} is gone (the directory was \
+         wiped while it ran): it serves what it last ran and holds the VIPs' ports, so the agent does not \
+         start another beside it; stop it (`kill {list}`) and the agent starts its own",
+        socket.display()
+    )
 }
 
 fn parse_proc(text: &str) -> Result<Proc, HaproxyError> {

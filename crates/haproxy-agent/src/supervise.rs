@@ -6,10 +6,11 @@
 //! [`RETRY`].
 //!
 //! HAProxy is reported down at once when its master process is gone (killing a worker makes the
-//! master stop every process and exit), when it runs no worker, and when its master CLI has not
-//! answered for [`SILENCE`]: a master re-executing itself for a reload refuses connections for some
-//! 100 ms, which is not an outage (the workers keep serving). A master that is alive but silent is
-//! reported, not killed: its workers may well be serving.
+//! master stop every process and exit), when it runs no worker, and when its master CLI, or its
+//! current worker asked through it, has not answered for [`SILENCE`]: a master re-executing itself
+//! for a reload refuses connections for some 100 ms, which is not an outage (the workers keep
+//! serving). A master or worker that is alive but silent is reported (so keepalived moves the VIPs
+//! away), not killed: it may be stopped by an operator or a debugger, and may resume.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! within about a second and `/healthz` answers 503 meanwhile; an agent that lost its state while
 //! HAProxy kept serving leaves HAProxy as it is, says it is not caught up (to keepalived through
 //! `/healthz`, to vipwatch through the identity headers of every answer) until vipwatch's full
-//! resync went live.
+//! resync went live; a HAProxy process that is alive but does not answer is reported, too.
 
 mod common;
 
@@ -119,6 +119,104 @@ async fn haproxy_killed_mid_reload_is_back_within_a_second_and_healthz_is_503_me
     assert_eq!(hit(&format!("{v2}:18091")).await.as_deref(), Ok("b"));
     let (_, metrics) = agent.get("/metrics").await;
     assert!(metrics.lines().any(|l| l == "vipwatch_haproxy_restarts_total 1"), "{metrics}");
+    agent.stop().await;
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    assert!(std::process::Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success());
+}
+
+/// Waits until `/healthz` answers `status`; its text.
+async fn healthz_until(agent: &Agent, status: u16) -> String {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let (s, text) = agent.get("/healthz").await;
+        if s == status {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "/healthz never answered {status}: {s} {text}");
+        tokio::time::sleep(Duration::from_millis(20)).await; // ok: polling under a deadline
+    }
+}
+
+/// A worker that is alive but stopped keeps its listening sockets and serves nothing, while its
+/// master answers as usual: `/healthz` says so (keepalived then moves the VIPs) until it resumes;
+/// so does a stopped master.
+#[tokio::test]
+async fn a_stopped_worker_or_master_makes_healthz_503_until_it_answers_again() {
+    let Some(agent) = Agent::start().await else { return };
+    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
+    let a = pod("a").await;
+    let v1 = vip();
+    assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[18093], &[active(0, a)])).await.0, 200);
+    assert_eq!(agent.get("/healthz").await, (200, "ok".to_owned()));
+    let master = master_pid(&agent);
+    let children = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children")).unwrap();
+    let worker: u32 = children.split_whitespace().next().expect("a worker").parse().unwrap();
+
+    signal(worker, "-STOP");
+    let text = healthz_until(&agent, 503).await;
+    let expected = format!("its current worker does not answer (master pid {master})");
+    assert!(text.starts_with("not healthy: ") && text.contains(&expected), "{text}");
+    signal(worker, "-CONT");
+    assert_eq!(healthz_until(&agent, 200).await, "ok");
+    assert_eq!(hit(&format!("{v1}:18093")).await.as_deref(), Ok("a"));
+
+    signal(master, "-STOP");
+    let text = healthz_until(&agent, 503).await;
+    assert!(text.starts_with("not healthy: ") && text.contains("its master CLI does not answer"), "{text}");
+    signal(master, "-CONT");
+    assert_eq!(healthz_until(&agent, 200).await, "ok");
+    let (_, metrics) = agent.get("/metrics").await;
+    assert!(metrics.lines().any(|l| l == "vipwatch_haproxy_restarts_total 0"), "neither was restarted: {metrics}");
+    agent.stop().await;
+}
+
+/// A directory wiped while HAProxy ran (its state, configuration, pid file and control sockets
+/// gone): the agent cannot reach that HAProxy, which still serves what it ran and holds the VIPs'
+/// ports, so it refuses to start rather than start a second HAProxy beside it, naming the pids;
+/// once they are stopped it starts as usual.
+#[tokio::test]
+async fn an_agent_whose_directory_was_wiped_while_haproxy_ran_names_that_haproxy_and_starts_no_second() {
+    let Some(mut agent) = Agent::start().await else { return };
+    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
+    let a = pod("a").await;
+    let v1 = vip();
+    assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[18094], &[active(0, a)])).await.0, 200);
+    let master = master_pid(&agent);
+    agent.running.take().unwrap().stop().await;
+    for entry in std::fs::read_dir(agent.dir.path()).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = agent.config();
+    config.stop_haproxy_on_exit = false;
+    let refused = vipwatch_haproxy::start(config, listener).await.err().expect("the agent refuses to start");
+    let children = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children")).unwrap();
+    let mut pids: Vec<u32> =
+        std::iter::once(master).chain(children.split_whitespace().map(|p| p.parse().unwrap())).collect();
+    pids.sort_unstable();
+    let list = pids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+    let socket = agent.dir.path().join("master.sock");
+    assert!(
+        refused.to_string().contains(&format!(
+            "HAProxy of this directory runs (pids {list}) but its master socket {} is gone",
+            socket.display()
+        )),
+        "{refused}"
+    );
+    assert_eq!(hit(&format!("{v1}:18094")).await.as_deref(), Ok("a"), "the old HAProxy still serves");
+
+    signal(master, "-TERM");
+    let deadline = Instant::now() + DEADLINE;
+    while !exited(master) {
+        assert!(Instant::now() < deadline, "HAProxy outlived SIGTERM");
+        tokio::time::sleep(Duration::from_millis(10)).await; // ok: polling under a deadline
+    }
+    agent.restart().await;
+    assert_ne!(master_pid(&agent), master, "the agent's own HAProxy");
     agent.stop().await;
 }
 
