@@ -559,15 +559,20 @@ impl Config {
     /// The hosts of one `appliance` serve the same VIPs, so each must get the same Services and the
     /// same kinds of event: a failover to a host that was sent less would drop Services. Errors:
     /// [`ConfigError::Value`] on `webhooks.appliance` naming the two endpoints and what differs
-    /// (`events`, `namespaces`, `backend_mode`).
+    /// (`events` or `namespaces` as sets, `label_selector`, the effective `backend_mode`).
     fn validate_appliances(&self) -> Result<(), ConfigError> {
         for (i, a) in self.webhooks.iter().enumerate() {
             let Some(group) = a.appliance.as_deref() else { continue };
             for b in self.webhooks[i + 1..].iter().filter(|b| b.appliance.as_deref() == Some(group)) {
+                fn set(v: &[String]) -> std::collections::BTreeSet<&str> {
+                    v.iter().map(String::as_str).collect()
+                }
+                let mode = |w: &WebhookConfig| w.backend_mode.unwrap_or(self.backends.mode);
                 let differs = [
-                    ("events", a.events != b.events),
-                    ("namespaces", a.namespaces != b.namespaces),
-                    ("backend_mode", a.backend_mode != b.backend_mode),
+                    ("events", set(&a.events) != set(&b.events)),
+                    ("namespaces", set(&a.namespaces) != set(&b.namespaces)),
+                    ("label_selector", a.label_selector.trim() != b.label_selector.trim()),
+                    ("backend_mode", mode(a) != mode(b)),
                 ];
                 if let Some((key, _)) = differs.iter().find(|(_, d)| *d) {
                     let reason = format!(

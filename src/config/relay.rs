@@ -220,8 +220,9 @@ pub struct WebhookConfig {
     /// one appliance to the Kubernetes write-back, so a status, a finalizer's removal and a pool address's release
     /// wait for one of them, not all. Each host still gets every delivery; one that lags catches up before it takes
     /// the VIPs. Unset: the endpoint is an appliance of its own. Same rules as `name`; not with `assigns_vip` or a
-    /// full-state template; the hosts of one appliance must have the same `events`, `namespaces` and
-    /// `backend_mode` (each must get the same Services). A name only one endpoint carries draws a warning.
+    /// full-state template; the hosts of one appliance must have the same `events`, `namespaces`,
+    /// `label_selector` and `backend_mode` (each must get the same Services). A name only one endpoint
+    /// carries draws a warning.
     #[serde(default)]
     pub appliance: Option<String>,
     /// This endpoint's backend mode (`nodePort`, `pod` or `none`) instead of `[backends] mode`; a Service's
@@ -502,9 +503,13 @@ mod tests {
         };
         assert!(config("").validate_appliances().is_ok());
         assert_eq!(config("").lone_appliances(), [("f5", "solo")]);
+        // The same sets in another order, and the default mode written out, are the same Services.
+        let same = "events = [\"DELETED\", \"MODIFIED\", \"ADDED\", \"ADDED\"]\nbackend_mode = \"nodePort\"";
+        assert!(config(same).validate_appliances().is_ok());
         for (lb2, key) in [
             ("namespaces = [\"shop\"]", "namespaces"),
             ("events = [\"ADDED\", \"DELETED\"]", "events"),
+            ("label_selector = \"tier=web\"", "label_selector"),
             ("backend_mode = \"pod\"", "backend_mode"),
         ] {
             let e = config(lb2).validate_appliances().unwrap_err().to_string();

@@ -76,6 +76,9 @@ pub enum Look {
     Gone(String),
     /// A master process runs but did not answer (why).
     Silent(String),
+    /// The master answered, but one of its workers (the current one or an old one still draining)
+    /// did not (why): alive but stopped or hung, it keeps its listening sockets and serves nothing.
+    WorkerSilent(String),
 }
 
 /// One HAProxy installation in the agent's directory.
@@ -298,7 +301,11 @@ impl Haproxy {
     /// One look at the master, quick whatever its state: gone (no master process), answering `show
     /// proc`, or alive but silent. One attempt, at most `patience`: a master re-executing itself for a
     /// reload refuses connections for some 100 ms, which the caller judges over several looks.
-    pub async fn look(&self, patience: Duration) -> Look {
+    ///
+    /// With `workers`, every worker `show proc` lists is also asked `show info` through the master
+    /// (`@!<pid>`). The master holds each such question until its worker answers, however long, and
+    /// takes only a few at a time: the caller asks a silent worker again only now and then.
+    pub async fn look(&self, patience: Duration, workers: bool) -> Look {
         let pid = self.pid();
         if let Some(pid) = pid
             && !self.is_master(pid)
@@ -308,9 +315,9 @@ impl Haproxy {
         let answer = tokio::time::timeout(patience, exchange(&self.master, "show proc")).await;
         match answer.map_err(|_| std::io::Error::other(format!("no answer in {patience:?}"))) {
             Ok(Ok(text)) => match parse_proc(&text) {
-                Ok(p) if p.workers > 0 => match self.worker_answers(patience).await {
+                Ok(p) if workers => match self.workers_answer(&worker_pids(&text), patience).await {
                     Ok(()) => Look::Up(p),
-                    Err(e) => Look::Silent(format!("its current worker does not answer (master pid {}): {e}", p.pid)),
+                    Err(e) => Look::WorkerSilent(format!("its worker {e} (master pid {})", p.pid)),
                 },
                 Ok(p) => Look::Up(p),
                 Err(e) => Look::Silent(e.to_string()),
@@ -323,17 +330,24 @@ impl Haproxy {
         }
     }
 
-    /// Whether the current worker answers `show info`, asked through the master (`@1`), within
-    /// `patience`: a worker that is alive but stopped or hung keeps its listening sockets and so
-    /// takes connections it never serves, while its master answers as usual. Asked through the
-    /// master rather than the admin socket, which a configuration the agent did not make may lack.
-    async fn worker_answers(&self, patience: Duration) -> std::io::Result<()> {
-        let answer = tokio::time::timeout(patience, exchange(&self.master, "@1 show info")).await;
-        match answer.map_err(|_| std::io::Error::other(format!("no answer to `show info` in {patience:?}")))? {
-            Ok(text) if text.lines().any(|l| l.starts_with("Pid: ")) => Ok(()),
-            Ok(text) => Err(std::io::Error::other(format!("unexpected `show info` answer: {:?}", text.trim()))),
-            Err(e) => Err(e),
+    /// Whether every worker in `pids` answers `show info`, asked through the master (`@!<pid>`),
+    /// within `patience` each: a worker that is alive but stopped or hung — the current one, or an
+    /// old one that could not let go of its listening sockets — keeps taking connections it never
+    /// serves, while its master answers as usual. Asked through the master rather than the admin
+    /// socket, which only the current worker serves and a configuration the agent did not make may
+    /// lack. Errors: `<pid> does not answer: <why>` for the first that does not.
+    async fn workers_answer(&self, pids: &[u32], patience: Duration) -> Result<(), String> {
+        for pid in pids {
+            let answer = tokio::time::timeout(patience, exchange(&self.master, &format!("@!{pid} show info"))).await;
+            let why = match answer {
+                Ok(Ok(text)) if text.lines().any(|l| l.starts_with("Pid: ")) => continue,
+                Ok(Ok(text)) => format!("unexpected `show info` answer: {:?}", text.trim()),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer to `show info` in {patience:?}"),
+            };
+            return Err(format!("{pid} does not answer: {why}"));
         }
+        Ok(())
     }
 
     /// HAProxy's last `n` output lines, joined.
@@ -394,9 +408,17 @@ pub fn unreachable_reason(pids: &[u32], socket: &Path) -> String {
     format!(
         "HAProxy of this directory runs (pids {list}) but its master socket {} is gone (the directory was \
          wiped while it ran): it serves what it last ran and holds the VIPs' ports, so the agent does not \
-         start another beside it; stop it (`kill {list}`) and the agent starts its own",
+         start another beside it; stop it (`kill {list}`) and (re)start the agent, which then starts its own",
         socket.display()
     )
+}
+
+/// The pids of the workers a `show proc` answer lists (the current one first, then old ones).
+fn worker_pids(text: &str) -> Vec<u32> {
+    text.lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("worker"))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
 }
 
 fn parse_proc(text: &str) -> Result<Proc, HaproxyError> {

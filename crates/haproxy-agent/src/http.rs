@@ -263,7 +263,8 @@ async fn healthz(State(http): State<Http>) -> Response {
             health.reason.unwrap_or_else(|| "HAProxy is not answering".into())
         ));
     }
-    match http.haproxy.pid() {
+    // The pid file, else the master pid `show proc` last gave (a pid file removed while HAProxy ran).
+    match http.haproxy.pid().or(health.pid) {
         Some(pid) if !http.haproxy.is_master(pid) => {
             return unhealthy(format!("not healthy: the HAProxy master (pid {pid}) exited; the agent starts it again"));
         }

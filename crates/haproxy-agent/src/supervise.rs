@@ -29,8 +29,13 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// How long the master CLI may be silent before HAProxy is reported down.
 pub const SILENCE: Duration = Duration::from_millis(500);
 
-/// How long one look waits for the master's answer.
-const PATIENCE: Duration = Duration::from_secs(1);
+/// How long one look waits for each answer (the master's, then each worker's). Shorter than
+/// [`SILENCE`], so silence is judged from when the first unanswered question went out.
+const PATIENCE: Duration = Duration::from_millis(400);
+
+/// How often a worker found silent is asked again: the master holds each question until the worker
+/// answers and serves only a few at a time, so asking at every tick would wedge its CLI.
+pub const WORKER_REASK: Duration = Duration::from_secs(2);
 
 /// How long after a failed start the next one is tried.
 pub const RETRY: Duration = Duration::from_secs(1);
@@ -78,12 +83,25 @@ impl Supervisor {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut silent_since: Option<Instant> = None;
         let mut next_start = Instant::now();
+        // A silent worker: when it was last asked, and what that found.
+        let mut worker_silence: Option<(Instant, String)> = None;
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            match self.haproxy.look(PATIENCE).await {
+            let began = Instant::now();
+            let ask_workers = worker_silence.as_ref().is_none_or(|(at, _)| began >= *at + WORKER_REASK);
+            let look = match (self.haproxy.look(PATIENCE, ask_workers).await, &worker_silence) {
+                (Look::Up(_), Some((_, why))) if !ask_workers => Look::WorkerSilent(why.clone()),
+                (look, _) => look,
+            };
+            match &look {
+                Look::WorkerSilent(why) if ask_workers => worker_silence = Some((began, why.clone())),
+                Look::WorkerSilent(_) => {}
+                _ => worker_silence = None,
+            }
+            match look {
                 Look::Up(p) => {
                     silent_since = None;
                     self.metrics.workers.set(i64::try_from(p.workers).unwrap_or(i64::MAX));
@@ -93,8 +111,8 @@ impl Supervisor {
                         self.up(p.pid);
                     }
                 }
-                Look::Silent(why) => {
-                    let since = *silent_since.get_or_insert_with(Instant::now);
+                Look::Silent(why) | Look::WorkerSilent(why) => {
+                    let since = *silent_since.get_or_insert(began);
                     if since.elapsed() >= SILENCE {
                         self.down(format!("HAProxy is not answering: {why}"));
                     }

@@ -156,9 +156,27 @@ async fn a_stopped_worker_or_master_makes_healthz_503_until_it_answers_again() {
     let worker: u32 = children.split_whitespace().next().expect("a worker").parse().unwrap();
 
     signal(worker, "-STOP");
+    let stopped = Instant::now();
     let text = healthz_until(&agent, 503).await;
-    let expected = format!("its current worker does not answer (master pid {master})");
-    assert!(text.starts_with("not healthy: ") && text.contains(&expected), "{text}");
+    eprintln!("worker stopped: /healthz 503 after {:?}", stopped.elapsed());
+    let expected = format!(
+        "HAProxy is not answering: its worker {worker} does not answer: no answer to `show info` in 400ms (master pid {master})"
+    );
+    assert_eq!(text, format!("not healthy: {expected}"));
+    // A reload makes the stopped worker an old one, which keeps its listening sockets: still 503.
+    let (b, v2) = (pod("b").await, vip());
+    let added = agent.send(&delivery("service.added", 2, "two", &v2, &[18093], &[active(0, b)])).await;
+    assert_eq!(added.0, 200, "{:?}", added.1);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let (status, text) = agent.get("/healthz").await;
+        assert_eq!(status, 503, "{text}");
+        if text.contains(&format!("its worker {worker} does not answer")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the old stopped worker is never named: {text}");
+        tokio::time::sleep(Duration::from_millis(20)).await; // ok: polling under a deadline
+    }
     signal(worker, "-CONT");
     assert_eq!(healthz_until(&agent, 200).await, "ok");
     assert_eq!(hit(&format!("{v1}:18093")).await.as_deref(), Ok("a"));
