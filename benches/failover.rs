@@ -21,6 +21,10 @@
 //! to the time vipwatch's first start took to get every Service's status written (both agents
 //! acknowledged).
 //!
+//! Last, a down standby does not slow the active host: min(SERVICES, 20) label changes, the time
+//! until the active host's agent acknowledged every one, with the standby's link down (its attempts
+//! time out) next to the same with both hosts up.
+//!
 //! Run: `cargo bench --bench failover` (args: REPEATS SERVICES, default 10 50, at most 130). Needs root, `ip`,
 //! `keepalived`, `haproxy` and `curl`; the workspace's `vipwatch-haproxy` must be built
 //! (`cargo build -p vipwatch-haproxy`).
@@ -38,6 +42,7 @@ use serde_json::json;
 use topology::{Client, Host, Net, other, request};
 use vipwatch::config::{Config, WebhookConfig};
 use vipwatch::fake_apiserver::{FakeApiServer, Resource};
+use vipwatch::store::{DeliveryFilter, Store};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const POD_PORT: u16 = 8080;
@@ -185,6 +190,40 @@ async fn setup(services: usize) -> (Bench, FakeApiServer, vipwatch::app::Running
     (bench, api, vw, root, first_sync)
 }
 
+/// The newest delivery to `webhook` of Service `bench/name`: its id and state.
+async fn newest(store: &Store, webhook: &str, name: &str) -> Option<(i64, String)> {
+    let filter = DeliveryFilter { webhook: Some(webhook.into()), name: Some(name.into()), ..Default::default() };
+    let rows = store.deliveries(&filter).await.unwrap();
+    rows.last().map(|d| (d.id, d.state.clone()))
+}
+
+/// Changes a label on the first `n` Services (`round` as its value) and returns the time until
+/// `webhook` acknowledged each change (ms).
+async fn changes_acknowledged(api: &FakeApiServer, store: &Store, webhook: &str, n: usize, round: u32) -> f64 {
+    let mut before = Vec::new();
+    for i in 0..n {
+        before.push(newest(store, webhook, &format!("web-{i}")).await.map_or(0, |(id, _)| id));
+    }
+    let started = Instant::now();
+    for i in 0..n {
+        let mut svc = api.get("bench", &format!("web-{i}")).expect("the Service");
+        svc["metadata"]["labels"] = json!({ "round": round.to_string() });
+        api.apply(svc);
+    }
+    let deadline = started + Duration::from_secs(60);
+    for (i, before) in before.iter().enumerate() {
+        loop {
+            match newest(store, webhook, &format!("web-{i}")).await {
+                Some((id, state)) if id > *before && state == "succeeded" => break,
+                _ => {}
+            }
+            assert!(Instant::now() < deadline, "web-{i}'s change acknowledged by {webhook} within 60 s");
+            tokio::time::sleep(Duration::from_millis(10)).await; // ok: polling the delivery log
+        }
+    }
+    started.elapsed().as_secs_f64() * 1e3
+}
+
 /// The `p` quantile of `values` (sorted here).
 fn quantile(values: &[f64], p: f64) -> f64 {
     let mut sorted = values.to_vec();
@@ -205,7 +244,7 @@ async fn main() {
     results.param("repeats", repeats as u64);
     results.param("services", services as u64);
     let rss_before = peak_rss_mib(std::process::id());
-    let (mut bench, _api, vw, _root, first_sync) = setup(services).await;
+    let (mut bench, api, vw, _root, first_sync) = setup(services).await;
     println!("first start: every status written after {:.0} ms", first_sync.as_secs_f64() * 1e3);
 
     let mut figures: Vec<(Loss, Vec<f64>, Vec<f64>)> = Vec::new();
@@ -290,6 +329,25 @@ async fn main() {
             );
         }
     }
+    // A down standby does not slow the active host.
+    let active = bench.settled().await;
+    let standby = other(active);
+    let n = services.min(20);
+    let both_up = changes_acknowledged(&api, &vw.store, active, n, 1).await;
+    bench.lose(standby, Loss::LinkDown);
+    let standby_down = changes_acknowledged(&api, &vw.store, active, n, 2).await;
+    bench.restore(standby, Loss::LinkDown);
+    println!(
+        "{n} changes acknowledged by the active host: {standby_down:.0} ms with the standby's link down, \
+         {both_up:.0} ms with both up"
+    );
+    results.compare(
+        "standby link down: changes acknowledged by the active host",
+        standby_down,
+        "ms",
+        "both hosts up",
+        both_up,
+    );
     common::report_own_peak_rss(rss_before, &mut results);
     vw.stop().await.unwrap();
     results.write();
