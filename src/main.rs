@@ -57,9 +57,8 @@ fn with_config(command: Command, config: Config) -> anyhow::Result<()> {
                 println!("# template sample: {line}");
             }
             for (webhook, appliance) in config.lone_appliances() {
-                eprintln!(
-                    "vipwatch: warning: `{webhook}` is the only endpoint of appliance `{appliance}`: it gates the write-back alone (a typo in another host's `appliance`?)"
-                );
+                let why = vipwatch::config::LONE_APPLIANCE;
+                eprintln!("vipwatch: warning: webhook `{webhook}`, appliance `{appliance}`: {why}");
             }
             Ok(())
         }

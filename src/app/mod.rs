@@ -208,7 +208,7 @@ fn warn_blind_endpoints(config: &Config) {
         }
     }
     for (webhook, appliance) in config.lone_appliances() {
-        warn!(%webhook, %appliance, "no other endpoint names this appliance: the endpoint gates the write-back alone (a typo in another host's `appliance`?)");
+        warn!(%webhook, %appliance, "{}", crate::config::LONE_APPLIANCE);
     }
 }
 

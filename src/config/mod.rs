@@ -29,6 +29,9 @@ pub use template::{
     AuthConfig, BasicAuth, Check, Poll, RequestTemplate, SecretRef, TEMPLATE_EVENTS, TemplateConfig, TemplateMode,
 };
 
+/// The warning for each of [`Config::lone_appliances`].
+pub const LONE_APPLIANCE: &str = "no other endpoint names this appliance: the endpoint gates the write-back alone (a typo in another host's `appliance`?)";
+
 /// The file read when `--config` is not given, if it exists (otherwise built-in defaults apply).
 pub const DEFAULT_CONFIG_FILE: &str = "vipwatch.toml";
 
@@ -587,8 +590,9 @@ impl Config {
         Ok(())
     }
 
-    /// `appliance` names that only one enabled endpoint carries: legal (the endpoint is then an
-    /// appliance of its own), but more often a typo for another host's name. For a warning at start.
+    /// `appliance` names that only one enabled endpoint carries, with that endpoint: legal (the
+    /// endpoint is then an appliance of its own), but more often a typo for another host's name. For
+    /// the warning [`LONE_APPLIANCE`], at start and in `check-config`.
     pub fn lone_appliances(&self) -> Vec<(&str, &str)> {
         let enabled = || self.webhooks.iter().filter(|w| w.enabled);
         enabled()
