@@ -122,6 +122,16 @@ async fn haproxy_killed_mid_reload_is_back_within_a_second_and_healthz_is_503_me
     agent.stop().await;
 }
 
+/// An agent after its first resync, serving Service `one` on a new VIP and `port` with Pod `a`; the
+/// VIP and the Pod's address. `None` without HAProxy.
+async fn serving_one(port: i32) -> Option<(Agent, String, std::net::SocketAddr)> {
+    let agent = Agent::start().await?;
+    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
+    let (a, v1) = (pod("a").await, vip());
+    assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[port], &[active(0, a)])).await.0, 200);
+    Some((agent, v1, a))
+}
+
 /// Sends `signal` (`-STOP`, `-CONT`) to process `pid`.
 fn signal(pid: u32, signal: &str) {
     assert!(std::process::Command::new("kill").args([signal, &pid.to_string()]).status().unwrap().success());
@@ -145,11 +155,7 @@ async fn healthz_until(agent: &Agent, status: u16) -> String {
 /// so does a stopped master.
 #[tokio::test]
 async fn a_stopped_worker_or_master_makes_healthz_503_until_it_answers_again() {
-    let Some(agent) = Agent::start().await else { return };
-    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
-    let a = pod("a").await;
-    let v1 = vip();
-    assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[18093], &[active(0, a)])).await.0, 200);
+    let Some((agent, v1, _)) = serving_one(18093).await else { return };
     assert_eq!(agent.get("/healthz").await, (200, "ok".to_owned()));
     let master = master_pid(&agent);
     let children = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children")).unwrap();
@@ -197,11 +203,7 @@ async fn a_stopped_worker_or_master_makes_healthz_503_until_it_answers_again() {
 /// once they are stopped it starts as usual.
 #[tokio::test]
 async fn an_agent_whose_directory_was_wiped_while_haproxy_ran_names_that_haproxy_and_starts_no_second() {
-    let Some(mut agent) = Agent::start().await else { return };
-    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
-    let a = pod("a").await;
-    let v1 = vip();
-    assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[18094], &[active(0, a)])).await.0, 200);
+    let Some((mut agent, v1, _)) = serving_one(18094).await else { return };
     let master = master_pid(&agent);
     agent.running.take().unwrap().stop().await;
     for entry in std::fs::read_dir(agent.dir.path()).unwrap() {
@@ -328,11 +330,7 @@ async fn an_agent_that_lost_its_state_holds_the_serving_haproxy_until_a_resync_w
 
 #[tokio::test]
 async fn a_lost_state_json_with_the_haproxy_cfg_left_holds_haproxy_running_or_not() {
-    let Some(mut agent) = Agent::start().await else { return };
-    assert_eq!(resync(&agent, "sync_1", &[]).await, [200]);
-    let a = pod("a").await;
-    let v1 = vip();
-    assert_eq!(agent.send(&delivery("service.added", 1, "one", &v1, &[18093], &[active(0, a)])).await.0, 200);
+    let Some((mut agent, v1, a)) = serving_one(18093).await else { return };
     let (text, reloads) = (agent.config_text(), agent.reloads().await);
     let held = "not caught up: waiting for the first full resync (this run has none yet, and its state names no \
                 cluster to wait for); HAProxy keeps the configuration it runs (the agent's state was lost) until then";
