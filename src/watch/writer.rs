@@ -230,8 +230,7 @@ impl Writer {
                     Pending::Prepared(p) => self.prepare(p.into_chunk(), first_id).await,
                     Pending::Chunk(chunk) => self.prepare(chunk, first_id).await,
                 };
-                let (written_now, prepared, next) = self.write_beside(prepared, &mut rest, &progress).await;
-                ahead = next;
+                let (written_now, prepared) = self.write_beside(prepared, &mut ahead, &mut rest, &progress).await;
                 match written_now {
                     Ok(recorded) => {
                         self.next_id = Some(prepared.next_id());
@@ -289,8 +288,8 @@ impl Writer {
         self.after_commit(plan);
     }
 
-    /// Hands `prepared` to the store ([`Writer::write`]) and meanwhile prepares the next chunk of
-    /// `rest`, with the ids after `prepared`'s, on this thread through
+    /// Hands `prepared` to the store ([`Writer::write`]) and meanwhile, when nothing is `ahead` yet,
+    /// prepares the next chunk of `rest` into it, with the ids after `prepared`'s, on this thread through
     /// [`tokio::task::block_in_place`] (the runtime's other tasks, the store's owner of the write
     /// connection among them, go on on another), when `prepared` enqueued no delivery (no endpoint
     /// takes these changes), the next chunk has [`OFFLOAD_CHANGES`] changes or more and the runtime
@@ -300,17 +299,19 @@ impl Writer {
     /// the bound, so there is no gain in latency, only more peak RSS (two chunks in memory at once).
     ///
     /// Returns once both are done, so the chunk's commit is signalled (`committed`) after the next
-    /// chunk's preparation too; with the write's outcome, `prepared` given back, and the next chunk
-    /// if it was taken (prepared, or given back when its preparation failed: the caller prepares it
-    /// again on this thread and handles the error). The caller uses a prepared chunk only if its
-    /// first id is still the next free one (not after an id conflict).
+    /// chunk's preparation too; with the write's outcome and `prepared` given back. The next chunk
+    /// waits in `ahead` (prepared, or given back when its preparation failed: the caller prepares it
+    /// again on this thread and handles the error); the caller uses a prepared chunk only if its
+    /// first id is still the next free one. A chunk already `ahead` (taken while an attempt that
+    /// then met an id conflict was written) stays there: taking another would drop it.
     async fn write_beside(
         &self,
         prepared: Prepared,
+        ahead: &mut Option<Pending>,
         rest: &mut std::vec::IntoIter<StateChange>,
         progress: &[WatchProgress],
-    ) -> (Result<Recorded, StoreError>, Prepared, Option<Pending>) {
-        let beside = prepared.deliveries() == 0 && rest.len() >= OFFLOAD_CHANGES && multi_thread();
+    ) -> (Result<Recorded, StoreError>, Prepared) {
+        let beside = ahead.is_none() && prepared.deliveries() == 0 && rest.len() >= OFFLOAD_CHANGES && multi_thread();
         let first_id = prepared.next_id();
         let first = self.store.record(prepared);
         let next = beside.then(|| {
@@ -322,12 +323,14 @@ impl Writer {
                 Err(unprepared) => Pending::Chunk(unprepared.chunk),
             }
         });
+        if next.is_some() {
+            *ahead = next;
+        }
         let (written, prepared) = first.await;
-        let (written, prepared) = match written {
+        match written {
             Err(e) if self.retries(&e) => self.write(prepared, e).await,
             done => (done, prepared),
-        };
-        (written, prepared, next)
+        }
     }
 
     /// How many changes the next transaction takes: [`CHUNK_CHANGES_ALONE`] when the last one that
@@ -533,5 +536,61 @@ mod tests {
         assert_eq!(later.report.notices.dropped, 5);
         plan.append(later);
         assert_eq!((plan.report.notices.kept.len(), plan.report.notices.dropped), (NOTICE_QUEUE, 2 + 5 + NOTICE_QUEUE));
+    }
+
+    /// A plan of `n` DELETED events of Services `ns/svc-<i>` (events that touch no state row).
+    fn deletions(n: usize) -> Plan {
+        let change = |i: usize| {
+            let name = format!("svc-{i}");
+            let k8s =
+                serde_json::json!({"metadata": {"name": name, "namespace": "ns"}, "spec": {"type": "LoadBalancer"}});
+            let view =
+                std::sync::Arc::new(crate::model::ServiceView::from_service(&serde_json::from_value(k8s).unwrap()));
+            let event = Box::new(crate::model::Recorded::deleted("uid", "1", &view, &std::sync::Arc::default()));
+            let (key, cause) = (ServiceKey::new("ns", name), crate::model::Cause::Watch);
+            StateChange::Event { key, cause, event, awaits_finalizer: false, cleanup: None }
+        };
+        Plan { changes: (0..n).map(change).collect(), ..Plan::default() }
+    }
+
+    /// Another writer takes an id inside the first chunk while the next chunk is prepared beside its
+    /// write: the first chunk is prepared again after that id, and the chunk prepared beside it is
+    /// still written (not replaced by the one after it), so every change of the plan is recorded.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_id_conflict_while_the_next_chunk_is_prepared_beside_loses_no_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let store = crate::store::Store::open(&path).await.unwrap();
+        let foreign = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+        sqlx::query(
+            "INSERT INTO events (id, observed_at, type, namespace, name, uid, resource_version, cause, view) \
+             VALUES (10, 1, 'ADDED', 'foreign', 'x', 'u', '1', 'watch', '{}')",
+        )
+        .execute(&foreign)
+        .await
+        .unwrap();
+        let (ready, _) = tokio::sync::watch::channel(false);
+        let (committed, _) = tokio::sync::watch::channel(0);
+        let (notices, _keep) = mpsc::channel(1);
+        let wiring = super::WriterWiring {
+            metrics: crate::metrics::Metrics::new(),
+            ready,
+            committed,
+            notices,
+            term: tokio_util::sync::CancellationToken::new(),
+            refused: std::sync::Arc::default(),
+        };
+        let outbox = std::sync::Arc::new(crate::store::NoOutbox);
+        let mut writer = super::Writer::starting(store.clone(), outbox, wiring, Default::default());
+        // As if it had read the next id before the other writer took id 10.
+        writer.next_id = Some(1);
+        let n = 3 * CHUNK_CHANGES;
+        writer.commit(deletions(n)).await;
+        let count: (i64, i64) =
+            sqlx::query_as("SELECT COUNT(*), COUNT(DISTINCT name) FROM events WHERE namespace = 'ns'")
+                .fetch_one(&foreign)
+                .await
+                .unwrap();
+        assert_eq!(count, (n as i64, n as i64));
     }
 }
