@@ -636,30 +636,39 @@ const ORDER_LOCK: i64 = 0x7669_7077_6f72_6472;
 /// The state (`pg_stat_activity.state`) of the session in this test's database that holds the
 /// write-order lock, if one does: the replica with a write transaction open.
 async fn order_lock_holder(pool: &sqlx::PgPool) -> Option<String> {
-    let sql = "SELECT a.state FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+    order_lock_session(pool).await.map(|(_, state, _)| state)
+}
+
+/// The session holding the write-order lock: its backend pid, its state and when that state began.
+async fn order_lock_session(pool: &sqlx::PgPool) -> Option<(i32, String, String)> {
+    let sql = "SELECT a.pid, a.state, a.state_change::text FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
                WHERE l.locktype = 'advisory' AND l.granted AND l.classid::bigint = $1 AND l.objid::bigint = $2 \
                AND l.objsubid = 1 AND a.datname = current_database()";
-    sqlx::query_scalar(sql).bind(ORDER_LOCK >> 32).bind(ORDER_LOCK & 0xffff_ffff).fetch_optional(pool).await.unwrap()
+    sqlx::query_as(sql).bind(ORDER_LOCK >> 32).bind(ORDER_LOCK & 0xffff_ffff).fetch_optional(pool).await.unwrap()
 }
 
 /// Stops `r` (SIGSTOP) at a moment its write connection has a transaction open: it then holds the
 /// lease row `FOR SHARE` and the write-order lock until the server ends its session. Stops it,
-/// waits up to 300 ms for the session to show `idle in transaction` with the lock (a statement sent
-/// before the stop still runs first), else resumes it and tries again a little later. Returns when
-/// it was stopped.
+/// waits up to 300 ms for the session to show `idle in transaction` with the lock, the same state
+/// since the same moment 100 ms later (a statement written to the socket just before the stop,
+/// a `COMMIT` among them, may still reach a busy server and end that state), else resumes it and
+/// tries again a little later. Returns when it was stopped.
 async fn stop_inside_a_write_transaction(r: &Replica, pool: &sqlx::PgPool) -> Instant {
     for attempt in 0..50u64 {
         r.signal(libc::SIGSTOP);
         let stopped = Instant::now();
         let idle_in_transaction = async {
             loop {
-                if order_lock_holder(pool).await.as_deref() == Some("idle in transaction") {
-                    return;
+                if let Some(seen) = order_lock_session(pool).await
+                    && seen.1 == "idle in transaction"
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await; // ok: how long a state must hold
+                    return order_lock_session(pool).await == Some(seen);
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await; // ok: polling interval
             }
         };
-        if tokio::time::timeout(Duration::from_millis(300), idle_in_transaction).await.is_ok() {
+        if tokio::time::timeout(Duration::from_millis(400), idle_in_transaction).await == Ok(true) {
             eprintln!("{} stopped inside a write transaction (attempt {})", r.name, attempt + 1);
             return stopped;
         }
