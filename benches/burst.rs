@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use common::load::{Seen, name, receiver, rev_of, service, settle, steady, write};
 use common::results::Results;
-use common::{Process, cpu_time, pct, reset_peak_rss, rss_split_mib, wait_until, written_bytes};
+use common::{Process, Rounds, cpu_time, pct, reset_peak_rss, rss_split_mib, wait_until, written_bytes};
 use serde_json::{Value, json};
 use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
 
@@ -314,6 +314,7 @@ async fn main() {
     let before = seen.count.load(Ordering::Relaxed);
     let (vw_cpu, own_cpu) = (cpu_time(vw.pid()), cpu_time(std::process::id()));
     let io = Io::start(&vw, &seen);
+    let rounds = Rounds::scrape(&vw.addr).await;
     let start = Instant::now();
     let written = burst(&api, hot, changes, 1, pace).await;
     let wrote = start.elapsed();
@@ -332,6 +333,7 @@ async fn main() {
     let (written_rate, delivered_rate) = (changes as f64 / wrote.as_secs_f64(), deliveries as f64 / last.as_secs_f64());
     results.figure("burst: changes written", written_rate, "/s");
     results.compare("burst: deliveries", delivered_rate, "/s", "burst: changes written", written_rate);
+    round_lines(&mut results, Rounds::scrape(&vw.addr).await.since(&rounds), deliveries);
     latency_line(&mut results, "burst", "burst", &got, &base);
     let lag = stored.duration_since(written.iter().find(|w| w.1 == *rev).unwrap().2).as_secs_f64();
     println!(
@@ -453,6 +455,20 @@ async fn sizing(sizes: &[usize], hot: usize, rate: usize, seconds: usize, finali
         vw.stop();
     }
     results.write();
+}
+
+/// Where a relay slot's turnaround went during the burst (`vipwatch_relay_round_seconds`): the mean
+/// wait from an attempt's end to its round going to the store, and the mean time in the store (the
+/// wait for the write connection and the transaction recording it and claiming the next heads);
+/// their sum is the cycle per slot, recorded next to the store stage alone.
+fn round_lines(results: &mut Results, (waiting, store, rounds): (f64, f64, f64), deliveries: usize) {
+    let cycle = waiting + store;
+    println!(
+        "  burst: relay cycle per slot {cycle:.2} ms: waiting for the round {waiting:.2} ms, in the store {store:.2} ms ({rounds:.0} rounds, {:.1} deliveries each)",
+        deliveries as f64 / rounds.max(1.0)
+    );
+    results.compare("burst: relay cycle per slot", cycle, "ms", "burst: relay round in the store", store);
+    results.compare("burst: relay round waiting", waiting, "ms", "burst: relay cycle per slot", cycle);
 }
 
 /// Bytes vipwatch writes during a phase (`wchar`: its WAL frames, its checkpoints' pages, its requests)

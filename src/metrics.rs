@@ -56,6 +56,16 @@ pub struct DeliveryLabels {
     pub outcome: String,
 }
 
+/// Labels of `vipwatch_relay_round_seconds`.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoundLabels {
+    /// Endpoint name.
+    pub webhook: String,
+    /// `waiting` (the round's first attempt finished → the round went to the store) or `store` (the
+    /// round went to the store → its outcomes were recorded and the next heads claimed).
+    pub stage: String,
+}
+
 /// Labels carrying one endpoint.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WebhookLabels {
@@ -245,6 +255,10 @@ pub struct Metrics {
     /// `vipwatch_template_removal_held{webhook}`: 1 while a full-state endpoint's removal guard holds
     /// a declaration (confirm it with `POST /api/v1/webhooks/{name}/confirm-removal`), else 0.
     pub template_held: Family<WebhookLabels, Gauge>,
+    /// `vipwatch_relay_round_seconds{webhook, stage}`: a slot's turnaround between two deliveries,
+    /// by stage (see [`RoundLabels`]); their sum is how long a slot that finished an attempt waits
+    /// for its next head.
+    pub relay_round: Family<RoundLabels, Histogram>,
 }
 
 /// Every `(kind, outcome)` of `vipwatch_kubernetes_writes_total`, shown at 0 from the start: an
@@ -307,6 +321,7 @@ impl Metrics {
             leader: Gauge::default(),
             watch_synced: Family::default(),
             template_held: Family::default(),
+            relay_round: Family::new_with_constructor(http_histogram),
             throttled_until: Family::default(),
             throttles: Family::default(),
             receiver_resyncs: Family::default(),
@@ -402,6 +417,11 @@ impl Metrics {
         );
         registry.register("leader", "1 while this replica leads (always on SQLite, the only instance), 0 while it follows (PostgreSQL). Summed over every replica: 0 means nobody leads", m.leader.clone());
         registry.register("watch_synced_timestamp_seconds", "Up to when each watch scope's data is known current (Unix seconds; now while its watch is healthy), by `resource` and `scope`, refreshed on every scrape", m.watch_synced.clone());
+        registry.register(
+            "relay_round_seconds",
+            "A relay slot's turnaround between two deliveries to a `webhook`, by `stage`: `waiting` (its attempt finished → the round that records it went to the store: the spacing between rounds), `store` (the round went to the store → its outcomes recorded and the next heads claimed: the wait for the write connection and the transaction)",
+            m.relay_round.clone(),
+        );
         registry.register("template_removal_held", "1 while a full-state `webhook`'s removal guard holds a declaration (confirm it with `POST /api/v1/webhooks/{name}/confirm-removal`), else 0", m.template_held.clone());
         for (kind, outcome) in KUBE_WRITE_SERIES {
             m.kube_writes_of(kind, outcome);
@@ -485,6 +505,12 @@ impl Metrics {
         self.deliveries.get_or_create(&labels).inc();
     }
 
+    /// Records one stage of a relay round (`waiting` or `store`), in seconds.
+    pub fn relay_round(&self, webhook: &str, stage: &str, seconds: f64) {
+        let labels = RoundLabels { webhook: webhook.to_owned(), stage: stage.to_owned() };
+        self.relay_round.get_or_create(&labels).observe(seconds);
+    }
+
     /// Records one event → 2xx latency, in seconds.
     pub fn delivery_latency(&self, webhook: &str, seconds: f64) {
         self.delivery_latency.get_or_create(&WebhookLabels { webhook: webhook.to_owned() }).observe(seconds);
@@ -551,6 +577,7 @@ impl Metrics {
         let _ = m.throttled_until.get_or_create(&Default::default());
         let _ = m.throttles.get_or_create(&Default::default());
         let _ = m.receiver_resyncs.get_or_create(&Default::default());
+        let _ = m.relay_round.get_or_create(&Default::default());
         m.render()
     }
 

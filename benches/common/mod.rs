@@ -213,3 +213,42 @@ impl Drop for Process {
         }
     }
 }
+
+/// The relay rounds of a run so far, from `vipwatch_relay_round_seconds` on `http://{addr}/metrics`:
+/// per stage (`waiting`, `store`), the sum of seconds and the count, over every endpoint.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Rounds {
+    pub waiting: (f64, f64),
+    pub store: (f64, f64),
+}
+
+impl Rounds {
+    /// Scrapes `http://{addr}/metrics` (zero when it does not answer).
+    pub async fn scrape(addr: &str) -> Self {
+        let text = match reqwest::get(format!("http://{addr}/metrics")).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let mut rounds = Self::default();
+        for line in text.lines().filter(|l| l.starts_with("vipwatch_relay_round_seconds_")) {
+            let Some((series, value)) = line.rsplit_once(' ') else { continue };
+            let value: f64 = value.parse().unwrap_or(0.0);
+            let stage = if series.contains("stage=\"waiting\"") { &mut rounds.waiting } else { &mut rounds.store };
+            if series.starts_with("vipwatch_relay_round_seconds_sum") {
+                stage.0 += value;
+            } else if series.starts_with("vipwatch_relay_round_seconds_count") {
+                stage.1 += value;
+            }
+        }
+        rounds
+    }
+
+    /// The mean of each stage, in ms, and the number of rounds, between `before` and `self`.
+    pub fn since(&self, before: &Self) -> (f64, f64, f64) {
+        let mean = |now: (f64, f64), then: (f64, f64)| {
+            let n = now.1 - then.1;
+            if n > 0.0 { (now.0 - then.0) / n * 1e3 } else { 0.0 }
+        };
+        (mean(self.waiting, before.waiting), mean(self.store, before.store), self.store.1 - before.store.1)
+    }
+}

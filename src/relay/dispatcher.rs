@@ -120,6 +120,8 @@ struct Shell {
     standing: Option<StandingClaim>,
     /// When to fire [`Event::Timer`] ([`Action::SleepUntil`]).
     timer: Option<Instant>,
+    /// When the first attempt not yet in a round finished (`vipwatch_relay_round_seconds`).
+    finished_at: Option<Instant>,
 }
 
 impl Dispatcher {
@@ -155,7 +157,7 @@ impl Dispatcher {
     pub async fn run(mut self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
         let mut reachable = self.reachable.take();
         let mut machine = Dispatch::new(self.settings(), Instant::now());
-        let mut shell = Shell { in_flight: InFlight::new(), standing: None, timer: None };
+        let mut shell = Shell { in_flight: InFlight::new(), standing: None, timer: None, finished_at: None };
         let mut event = Event::Start;
         let mut stopping = false;
         loop {
@@ -177,6 +179,7 @@ impl Dispatcher {
                     while let Some(more) = shell.in_flight.try_join_next() {
                         done.push(finished(more));
                     }
+                    shell.finished_at.get_or_insert_with(Instant::now);
                     Event::Finished(done)
                 }
                 () = reached(&mut reachable) => Event::Reachable,
@@ -219,8 +222,14 @@ impl Dispatcher {
                 return Some(Event::Claimed(self.store.claim(&self.name, now_ms(), lease_ms, limit).await));
             }
             Action::Round { done, claim } => {
+                let sent = Instant::now();
+                if let Some(finished) = shell.finished_at.take() {
+                    self.metrics.relay_round(&self.name, "waiting", (sent - finished).as_secs_f64());
+                }
                 let claim = (claim > 0).then(|| (self.name.as_str(), now_ms(), lease_ms, claim));
-                return Some(Event::Rounded(self.store.complete_and_claim(&done, claim).await));
+                let rounded = self.store.complete_and_claim(&done, claim).await;
+                self.metrics.relay_round(&self.name, "store", sent.elapsed().as_secs_f64());
+                return Some(Event::Rounded(rounded));
             }
             Action::Record(done) => return Some(Event::Recorded(self.store.complete(&done).await)),
             Action::Offer { limit } => shell.standing = Some(self.store.offer_claim(&self.name, lease_ms, limit)),
