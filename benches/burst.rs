@@ -3,8 +3,9 @@
 //! from the same run.
 //!
 //! Run: `cargo bench --bench burst` (optional args: SERVICES HOT CHANGES RATE SECONDS, default
-//! 10000 1000 20000 500 20; `--no-finalizer` sets `kubernetes.finalizer = false`; `BENCH_BURST_RATE=N`
-//! in the environment paces the burst's writers to N changes/s in all, `BENCH_POOL=1` adds a pool).
+//! 10000 1000 20000 500 20; `--no-finalizer` sets `kubernetes.finalizer = false`; the burst's writers
+//! keep to 7,000 changes/s in all, `BENCH_BURST_RATE=N` to N, `BENCH_BURST_RATE=unpaced` write as
+//! fast as the apiserver answers; `BENCH_POOL=1` adds a pool).
 //!
 //! Phases, each with vipwatch's own peak RSS (VmHWM, reset between phases through
 //! `/proc/<pid>/clear_refs`) next to the peak of the same binary started on an empty cluster, and
@@ -14,10 +15,12 @@
 //!    receiver has every Service's ADDED (with the finalizer, each first delivery waits for vipwatch's
 //!    finalizer patch), next to a bare reqwest client POSTing as many bodies to the same receiver.
 //! 2. burst: CHANGES label changes over HOT Services, written through the apiserver's HTTP API by 8
-//!    writers as fast as it answers; per change, the time from the apiserver's answer to the receiver
+//!    writers at 7,000/s in all; per change, the time from the apiserver's answer to the receiver
 //!    getting that change or a newer one of the same Service (a newer MODIFIED may supersede an older
 //!    pending one, as documented); deliveries/s while the burst lasts. The baseline is a bare watch
 //!    client on the same apiserver: the same latency measured at the watch stream.
+//!    The relay's cycle per slot (an attempt's end → its round recorded and the next heads
+//!    claimed), split into its stages from `vipwatch_relay_round_seconds`.
 //! 3. steady: RATE changes/s for SECONDS s, the same latency, and vipwatch's CPU time per change.
 //!
 //! The burst and the steady phase also print the bytes vipwatch wrote (`wchar` of `/proc/<pid>/io`:
@@ -25,7 +28,9 @@
 //!
 //! Sizing mode: `cargo bench --bench burst -- --sizes` (1,000, 3,000, 10,000 and 30,000 Services) or
 //! `--sizes=1000,50000,...`: for each size a fresh cluster and a fresh vipwatch, phases 1 and 3 only
-//! (RATE and SECONDS as above, over up to HOT Services), so peak RSS and CPU by number of Services.
+//! (RATE and SECONDS as above, over up to HOT Services), so peak RSS and CPU by number of Services;
+//! every Service has a VIP (by annotation), and `GET /api/v1/vips?limit=1000` is read every 100 ms
+//! during the steady phase, next to the same read with no changes coming.
 //! Its figures go into `benchmarks/results.json` under `burst-sizes`, the default run's under `burst`.
 
 mod common;
@@ -103,16 +108,22 @@ async fn burst(
     writers.join_all().await.into_iter().flatten().collect()
 }
 
-/// `BENCH_BURST_RATE` (changes/s, a positive number): the burst's writers keep to that rate in all
-/// instead of writing as fast as the apiserver answers. The independent load test's apiserver took
-/// 4,400–5,100 writes/s; the fake one takes two to three times that on the same machine. Panics on
-/// a value that is not a positive number.
+/// The burst's pace in changes/s over all its writers: [`BURST_RATE`], or `BENCH_BURST_RATE` (a
+/// positive number, or `unpaced`: as fast as the apiserver answers, which the fake one does at two
+/// to three times a real one's rate on the same machine). Panics on another value.
 fn burst_pace() -> Option<f64> {
-    let raw = std::env::var("BENCH_BURST_RATE").ok()?;
+    let raw = std::env::var("BENCH_BURST_RATE").unwrap_or_else(|_| BURST_RATE.to_string());
+    if raw == "unpaced" {
+        return None;
+    }
     let pace: f64 = raw.parse().unwrap_or_else(|_| panic!("BENCH_BURST_RATE={raw:?}: not a number of changes/s"));
     assert!(pace > 0.0 && pace.is_finite(), "BENCH_BURST_RATE={raw:?}: must be a positive number of changes/s");
     Some(pace)
 }
+
+/// The burst's default pace, changes/s: the rate the scale targets are stated at (1,000 Services
+/// changed at 7,000 writes/s).
+const BURST_RATE: u32 = 7_000;
 
 /// When vipwatch's API first showed change `rev` of Service `svc` stored (its `rev` label), polled
 /// every 5 ms: the watch's ingestion, apart from the relay.
@@ -397,7 +408,7 @@ async fn sizing(sizes: &[usize], hot: usize, rate: usize, seconds: usize, finali
         let hot = hot.min(services);
         let options = FakeApiServerOptions { history_limit: services + 2 * rate * seconds, ..Default::default() };
         let api = FakeApiServer::start_with(options).await.unwrap();
-        api.seed((0..services).map(service));
+        api.seed((0..services).map(|i| with_vip(service(i), i)));
         let base_posts = bare_posts(&url, services).await;
         seen.by_name.lock().unwrap().clear();
         println!("{services} Services:");
@@ -431,16 +442,24 @@ async fn sizing(sizes: &[usize], hot: usize, rate: usize, seconds: usize, finali
         results.compare(&format!("{key}: initial sync: vipwatch CPU"), sync_cpu, "s", own, own_sync_cpu);
         empty.rss_line(&mut results, &format!("{key}: initial sync"), "initial sync", &vw);
 
+        // The first read builds the index (every Service once per process): not counted.
+        vip_page(&reqwest::Client::new(), &vw.addr, services.min(1000)).await;
+        let idle = vip_pages(&vw.addr, 50, services.min(1000)).await;
         reset_peak_rss(vw.pid());
         let watched = Seen::default();
         bare_watch(&api, api.resource_version(), watched.clone()).await;
         let cpu = cpu_time(vw.pid());
+        let reader = tokio::spawn(vip_pages_until_stopped(vw.addr.clone(), services.min(1000)));
         let written = steady(&api, hot, rate, seconds, 1).await;
         let got = settle(&seen, &written).await;
         let base = settle(&watched, &written).await;
         let used = cpu_time(vw.pid()) - cpu;
         let phase = format!("steady {rate}/s");
         latency_line(&mut results, &format!("{key}: steady"), &phase, &got, &base);
+        reader.abort();
+        let _ = reader.await;
+        let busy = std::mem::take(&mut *PAGES.lock().unwrap());
+        vip_page_lines(&mut results, &key, &phase, &idle, busy);
         let per_change = ms(used) / written.len() as f64;
         println!("  {phase}: vipwatch CPU {:.2} s over {seconds} s, {per_change:.3} ms per change", used.as_secs_f64());
         let interval = 1e3 / rate as f64;
@@ -469,6 +488,67 @@ fn round_lines(results: &mut Results, (waiting, store, rounds): (f64, f64, f64),
     );
     results.compare("burst: relay cycle per slot", cycle, "ms", "burst: relay round in the store", store);
     results.compare("burst: relay round waiting", waiting, "ms", "burst: relay cycle per slot", cycle);
+}
+
+/// Service `s` (from [`service`]) with VIP `10.a.b.c` (from `i`) in its annotation: every Service of
+/// the sizing mode has one, so `GET /api/v1/vips` pages are full.
+fn with_vip(mut s: Value, i: usize) -> Value {
+    let ip = format!("10.{}.{}.{}", (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff);
+    s["metadata"]["annotations"] = json!({"vipwatch.io/loadBalancerIPs": ip});
+    s
+}
+
+/// `GET /api/v1/vips?limit=1000` on vipwatch at `addr`: its latency in ms; panics unless the page
+/// has `items` items.
+async fn vip_page(client: &reqwest::Client, addr: &str, items: usize) -> f64 {
+    let start = Instant::now();
+    let page: Value =
+        client.get(format!("http://{addr}/api/v1/vips?limit=1000")).send().await.unwrap().json().await.unwrap();
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(page["items"].as_array().map(Vec::len), Some(items), "a page of /api/v1/vips");
+    ms
+}
+
+/// `n` pages read one after the other, 100 ms apart: their sorted latencies.
+async fn vip_pages(addr: &str, n: usize, items: usize) -> Vec<f64> {
+    let client = reqwest::Client::new();
+    let mut got = Vec::with_capacity(n);
+    for _ in 0..n {
+        got.push(vip_page(&client, addr, items).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    got.sort_by(f64::total_cmp);
+    got
+}
+
+/// The latencies [`vip_pages_until_stopped`] took, kept when its task is aborted.
+static PAGES: std::sync::Mutex<Vec<f64>> = std::sync::Mutex::new(Vec::new());
+
+/// Pages read 100 ms apart until the task is aborted, into [`PAGES`].
+async fn vip_pages_until_stopped(addr: String, items: usize) {
+    let client = reqwest::Client::new();
+    PAGES.lock().unwrap().clear();
+    loop {
+        let ms = vip_page(&client, &addr, items).await;
+        PAGES.lock().unwrap().push(ms);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The `/api/v1/vips?limit=1000` latencies while changes came (`busy`) next to those of the same
+/// request while none did (`idle`, before the phase).
+fn vip_page_lines(results: &mut Results, key: &str, phase: &str, idle: &[f64], mut busy: Vec<f64>) {
+    busy.sort_by(f64::total_cmp);
+    let (p50, p99) = (pct(&busy, 0.5), pct(&busy, 0.99));
+    let (idle50, idle99) = (pct(idle, 0.5), pct(idle, 0.99));
+    println!(
+        "  {phase}: GET /api/v1/vips?limit=1000 every 100 ms: p50 {p50:.1} ms, p99 {p99:.1} ms over {} reads (no changes coming: p50 {idle50:.1} ms, p99 {idle99:.1} ms)",
+        busy.len()
+    );
+    let idle_name = format!("{key}: GET /api/v1/vips?limit=1000, no changes coming: p99");
+    results.figure(&idle_name, idle99, "ms");
+    results.compare(&format!("{key}: steady: GET /api/v1/vips?limit=1000 p50"), p50, "ms", &idle_name, idle99);
+    results.compare(&format!("{key}: steady: GET /api/v1/vips?limit=1000 p99"), p99, "ms", &idle_name, idle99);
 }
 
 /// Bytes vipwatch writes during a phase (`wchar`: its WAL frames, its checkpoints' pages, its requests)

@@ -4,7 +4,8 @@
 # clusters never clash on a port), and prints the URL the tests read from VIPWATCH_TEST_PG_URL;
 # `scripts/pg-test.sh stop DIR` stops it and removes DIR; `restart DIR` restarts it (fast shutdown:
 # every session is cut, as in a fail-over of the server). Durability is off (fsync, full-page writes):
-# the data is thrown away anyway. Runs as root (via `runuser -u postgres`, initdb refuses root) or as
+# the data is thrown away anyway; with PG_TEST_DURABLE=1 it is as docs/how-to/postgresql-replicas.md
+# recommends for production (fsync and full-page writes on, synchronous_commit off), for benchmarks. Runs as root (via `runuser -u postgres`, initdb refuses root) or as
 # any other user directly. README "Two commands" and docs/how-to/postgresql-replicas.md.
 set -euo pipefail
 cmd=${1:?usage: pg-test.sh start|restart|stop DIR}
@@ -21,8 +22,10 @@ start)
     [ "$(id -u)" = 0 ] && chown postgres: "$dir"
     as_pg "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$dir/initdb.log" 2>&1 \
         || { cat "$dir/initdb.log" >&2; exit 1; }
+    durability="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+    [ "${PG_TEST_DURABLE:-}" = 1 ] && durability="-c fsync=on -c synchronous_commit=off -c full_page_writes=on"
     as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -o "-c listen_addresses='' -k $dir \
-        -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" start >/dev/null \
+        $durability -c max_connections=300" start >/dev/null \
         || { cat "$dir/server.log" >&2; exit 1; }
     echo "postgres://postgres@localhost/postgres?host=$dir"
     ;;

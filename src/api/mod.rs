@@ -47,7 +47,7 @@ use crate::config::{Config, ServerConfig};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
 use error::ApiError;
-use vip_index::{Snapshot, VipIndex};
+use vip_index::{Index, VipIndex};
 
 /// Shared state of every handler.
 #[derive(Clone)]
@@ -137,10 +137,10 @@ impl ApiState {
         Self { watch, ..self }
     }
 
-    /// The VIP index, rebuilt first if an event was committed since it was built.
-    pub async fn vip_snapshot(&self) -> Result<Arc<Snapshot>, StoreError> {
+    /// Runs `read` on the VIP index once it includes every committed event ([`VipIndex::read`]).
+    pub async fn read_vips<T>(&self, read: impl FnOnce(&Index) -> T) -> Result<T, StoreError> {
         let committed = *self.committed.borrow();
-        self.vips.snapshot(committed).await
+        self.vips.read(committed, read).await
     }
 }
 

@@ -2,13 +2,17 @@
 //! table, ordered by address (IPv4, then IPv6, numerically; then hostnames), namespace, name, so a
 //! page of 1,000 is a range walk instead of a JSON scan of every Service.
 //!
-//! Each entry holds its list item pre-rendered as JSON, so a page costs a range walk and a copy.
+//! A page costs a range walk and rendering its items: the index keeps no rendered JSON, so its memory
+//! is the entries alone.
 //!
-//! Freshness: a read rebuilds the index first when an event was committed since it was built; a
-//! status-only change (a published ingress IP, which records no event) is picked up at most
-//! [`MAX_AGE`] later by a background check that rebuilds only when the database was written since. `since` of a VIP is carried across rebuilds; the first build of a
-//! process dates each VIP from the event log (start of the newest run of events whose view carries it),
-//! later ones from the Service row's `updated_at` (the change that brought it).
+//! Freshness: a read first brings the index up to the last committed event, reading again only the
+//! Services those events changed. A status-only change (a published ingress IP, which records no
+//! event) is picked up by a background scan of every Service that replaces the entries of those whose
+//! VIPs differ: at most [`MAX_AGE`] later on a small cluster, within [`BUILD_SHARE`] times a scan's
+//! duration on a large one, and only when the database was written since. `since` of a VIP is
+//! carried across changes; the first build of a process dates each VIP from the event log (start of
+//! the newest run of events whose view carries it), later changes from the Service row's
+//! `updated_at` (the change that brought it).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -16,6 +20,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::model::{PortView, ServiceKey, ServiceView};
+use crate::store::ServiceRow;
 use crate::store::{Store, StoreError};
 use vipwatch_contract::IpFamily;
 
@@ -58,31 +63,22 @@ pub struct VipEntry {
     pub family: Option<IpFamily>,
     /// Since when this Service has this VIP (Unix ms).
     pub since: i64,
-    /// The `/api/v1/vips` item of this entry, as JSON.
-    pub json: String,
 }
 
 type EntryKey = (Addr, ServiceKey);
-type SinceKey = (String, ServiceKey, String);
 
-/// One immutable build of the index.
-pub struct Snapshot {
+/// The index's contents at one point: every entry up to event `committed`.
+pub struct Index {
     committed: i64,
     generation: i64,
-    checked: Mutex<Instant>,
     entries: BTreeMap<EntryKey, VipEntry>,
-    since: HashMap<SinceKey, i64>,
+    /// Each Service's uid and addresses, to take its entries out when it changes.
+    by_service: HashMap<ServiceKey, (String, Vec<Addr>)>,
 }
 
-impl Snapshot {
+impl Index {
     fn empty() -> Self {
-        Self {
-            committed: -1,
-            generation: -1,
-            checked: Mutex::new(Instant::now()),
-            entries: BTreeMap::new(),
-            since: HashMap::new(),
-        }
+        Self { committed: -1, generation: -1, entries: BTreeMap::new(), by_service: HashMap::new() }
     }
 
     /// Entries strictly after `after` (address, Service) in index order.
@@ -100,111 +96,230 @@ impl Snapshot {
             .take_while(|e| e.addr == *addr)
             .collect()
     }
+
+    /// Whether `row` would change Service `row.key`'s entries: another uid, other VIPs, or another
+    /// source, pool or ports of one.
+    fn differs(&self, row: &ServiceRow) -> bool {
+        let Some((uid, addrs)) = self.by_service.get(&row.key) else { return !row.view.vip_sources().is_empty() };
+        let sources = row.view.vip_sources();
+        if *uid != row.uid || addrs.len() != sources.len() {
+            return true;
+        }
+        sources.iter().any(|(address, source)| {
+            let entry = self.entries.get(&(Addr::parse(address), row.key.clone()));
+            let pool = row.view.allocation.as_ref().and_then(|a| a.pool_of(address));
+            entry.is_none_or(|e| e.source != *source || e.pool.as_deref() != pool || e.ports != row.view.ports)
+        })
+    }
+
+    /// Replaces the entries of Service `key` with those of its current `row` (`None`: it is gone). A
+    /// VIP it had before under the same uid keeps its `since`; a new one is dated by `carried` (an
+    /// earlier index's date of (address, Service), or the event log's) or else the row's
+    /// `updated_at`.
+    fn put(&mut self, key: &ServiceKey, row: Option<&ServiceRow>, carried: impl Fn(&str, &ServiceKey) -> Option<i64>) {
+        let mut kept = HashMap::new();
+        if let Some((uid, addrs)) = self.by_service.remove(key) {
+            for addr in addrs {
+                if let Some(entry) = self.entries.remove(&(addr, key.clone()))
+                    && row.is_some_and(|r| r.uid == uid)
+                {
+                    kept.insert(entry.address, entry.since);
+                }
+            }
+        }
+        let Some(row) = row else { return };
+        let mut addrs = Vec::new();
+        for (address, source) in row.view.vip_sources() {
+            let since = kept.get(&address).copied().or_else(|| carried(&address, key)).unwrap_or(row.updated_at);
+            let addr = Addr::parse(&address);
+            let pool = row.view.allocation.as_ref().and_then(|a| a.pool_of(&address)).map(str::to_owned);
+            let family = match &addr {
+                Addr::Ip(ip) => Some(IpFamily::of(ip)),
+                Addr::Host(_) => None,
+            };
+            let entry = VipEntry {
+                address,
+                addr: addr.clone(),
+                key: key.clone(),
+                ports: row.view.ports.clone(),
+                source,
+                pool,
+                family,
+                since,
+            };
+            addrs.push(addr.clone());
+            self.entries.insert((addr, key.clone()), entry);
+        }
+        self.by_service.insert(key.clone(), (row.uid.clone(), addrs));
+    }
+
+    /// The date of each entry whose Service still has the uid it had, by (address, Service): what a
+    /// new build carries over.
+    fn dates(&self, uids: &HashMap<ServiceKey, String>) -> HashMap<(String, ServiceKey), i64> {
+        let same = |e: &&VipEntry| self.by_service.get(&e.key).is_some_and(|(uid, _)| uids.get(&e.key) == Some(uid));
+        self.entries.values().filter(same).map(|e| ((e.address.clone(), e.key.clone()), e.since)).collect()
+    }
 }
 
 /// The index; cheap to share behind an `Arc`.
+///
+/// A read first brings it up to the last committed event: the Services those events changed are
+/// read again and their entries replaced, so the work follows the changes, not the number of
+/// Services. A full build reads every Service: at the first read of a process, and when the events
+/// it would need were pruned; a background scan reads them all for status-only changes (see
+/// [`VipIndex::read`]).
 pub struct VipIndex {
     store: Store,
-    current: RwLock<Arc<Snapshot>>,
+    current: RwLock<Index>,
+    /// Taken to change the index (bring it up to date, swap a build in).
+    updating: tokio::sync::Mutex<()>,
+    /// When the background scan last ran, and how long the last scan or build took.
+    checked: Mutex<(Instant, Duration)>,
     rebuilding: Arc<tokio::sync::Mutex<()>>,
 }
+
+/// How much of the time the background scan may take: it runs at most once per this many times the
+/// last scan's (or build's) duration, and at most once per [`MAX_AGE`], so its share of a CPU stays
+/// small however many Services there are.
+const BUILD_SHARE: u32 = 10;
 
 impl VipIndex {
     /// An empty index over `store`; the first read builds it.
     pub fn new(store: Store) -> Arc<Self> {
         Arc::new(Self {
             store,
-            current: RwLock::new(Arc::new(Snapshot::empty())),
+            current: RwLock::new(Index::empty()),
+            updating: tokio::sync::Mutex::new(()),
+            checked: Mutex::new((Instant::now(), Duration::ZERO)),
             rebuilding: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
-    fn current(&self) -> Arc<Snapshot> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    /// Runs `read` on the index once it includes every event up to `committed`. A status-only change
+    /// (it records no event) shows after the background scan that follows a read at least
+    /// [`MAX_AGE`] (or [`BUILD_SHARE`] times the last scan's duration, if longer) after the last
+    /// one, when the database was written since. Errors: [`StoreError`].
+    pub async fn read<T>(self: &Arc<Self>, committed: i64, read: impl FnOnce(&Index) -> T) -> Result<T, StoreError> {
+        self.catch_up(committed).await?;
+        self.check_in_background();
+        let index = self.current.read().unwrap_or_else(|e| e.into_inner());
+        Ok(read(&index))
     }
 
-    /// A snapshot that includes every event up to `committed` (rebuilt first if needed; a merely old
-    /// one is returned as is while a background task checks it). Errors: [`StoreError`].
-    pub async fn snapshot(self: &Arc<Self>, committed: i64) -> Result<Arc<Snapshot>, StoreError> {
-        let snap = self.current();
-        if snap.committed >= committed && snap.committed >= 0 {
-            if snap.checked.lock().unwrap_or_else(|e| e.into_inner()).elapsed() >= MAX_AGE
-                && let Ok(guard) = self.rebuilding.clone().try_lock_owned()
-            {
-                let index = self.clone();
-                tokio::spawn(async move {
-                    let _guard = guard;
-                    if let Err(e) = index.refresh(committed).await {
-                        tracing::warn!(error = %e, "cannot refresh the VIP index");
-                    }
-                });
-            }
-            return Ok(snap);
-        }
-        let _guard = self.rebuilding.lock().await;
-        let snap = self.current();
-        if snap.committed >= committed && snap.committed >= 0 {
-            return Ok(snap);
-        }
-        self.rebuild(committed).await
+    fn committed(&self) -> i64 {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).committed
     }
 
-    /// Rebuilds when the database was written since the current snapshot was built.
-    async fn refresh(&self, committed: i64) -> Result<(), StoreError> {
-        let snap = self.current();
-        if self.store.write_generation().await? == snap.generation {
-            *snap.checked.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    /// Brings the index up to event `committed`: the changed Services' entries replaced, or a full
+    /// build when there is none yet or the events since it were pruned.
+    async fn catch_up(self: &Arc<Self>, committed: i64) -> Result<(), StoreError> {
+        if self.committed() >= committed.max(0) {
             return Ok(());
         }
-        self.rebuild(committed.max(snap.committed)).await.map(|_| ())
+        let _updating = self.updating.lock().await;
+        let from = self.committed();
+        if from >= committed.max(0) {
+            return Ok(());
+        }
+        if from < 0 || from + 1 < self.store.min_event_id().await? {
+            let next = self.build(committed, from < 0).await?;
+            *self.current.write().unwrap_or_else(|e| e.into_inner()) = next;
+            return Ok(());
+        }
+        let changed = self.store.services_changed(from, committed).await?;
+        let mut index = self.current.write().unwrap_or_else(|e| e.into_inner());
+        for (key, row) in &changed {
+            index.put(key, row.as_ref(), |_, _| None);
+        }
+        index.committed = committed;
+        Ok(())
     }
 
-    async fn rebuild(&self, committed: i64) -> Result<Arc<Snapshot>, StoreError> {
-        let prev = self.current();
-        let generation = self.store.write_generation().await?;
-        let history = if prev.committed < 0 { run_starts(&self.store).await? } else { HashMap::new() };
-        let mut next = Snapshot {
-            committed,
-            generation,
-            checked: Mutex::new(Instant::now()),
-            entries: BTreeMap::new(),
-            since: HashMap::new(),
-        };
-        for row in self.store.services().await? {
-            for (address, source) in row.view.vip_sources() {
-                let since_key = (address.clone(), row.key.clone(), row.uid.clone());
-                let since = prev
-                    .since
-                    .get(&since_key)
-                    .or_else(|| history.get(&(row.key.clone(), address.clone())))
-                    .copied()
-                    .unwrap_or(row.updated_at);
-                next.since.insert(since_key, since);
-                let addr = Addr::parse(&address);
-                let pool = row.view.allocation.as_ref().and_then(|a| a.pool_of(&address)).map(str::to_owned);
-                let family = match &addr {
-                    Addr::Ip(ip) => Some(IpFamily::of(ip)),
-                    Addr::Host(_) => None,
-                };
-                let mut entry = VipEntry {
-                    address,
-                    addr: addr.clone(),
-                    key: row.key.clone(),
-                    ports: row.view.ports.clone(),
-                    source,
-                    pool,
-                    family,
-                    since,
-                    json: String::new(),
-                };
-                entry.json = super::vips::render(&entry);
-                next.entries.insert((addr, row.key.clone()), entry);
+    /// Starts the background check ([`VipIndex::refresh`]) when it is due and not running.
+    fn check_in_background(self: &Arc<Self>) {
+        {
+            let checked = self.checked.lock().unwrap_or_else(|e| e.into_inner());
+            if checked.0.elapsed() < MAX_AGE.max(checked.1 * BUILD_SHARE) {
+                return;
             }
         }
-        let next = Arc::new(next);
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = next.clone();
-        Ok(next)
+        let Ok(guard) = self.rebuilding.clone().try_lock_owned() else { return };
+        let index = self.clone();
+        tokio::spawn(async move {
+            let _guard = guard;
+            if let Err(e) = index.refresh().await {
+                tracing::warn!(error = %e, "cannot refresh the VIP index");
+            }
+            index.checked.lock().unwrap_or_else(|e| e.into_inner()).0 = Instant::now();
+        });
     }
+
+    /// Reads every Service when the database was written since the last check, and replaces the
+    /// entries of those whose VIPs differ from the index's (a status-only change). Runs off the
+    /// runtime's workers and streams the rows, so neither the API nor the watch waits for it and
+    /// memory stays flat; a Service deleted meanwhile is taken out by its event, not here.
+    async fn refresh(self: &Arc<Self>) -> Result<(), StoreError> {
+        let generation = self.store.write_generation().await?;
+        if generation == self.current.read().unwrap_or_else(|e| e.into_inner()).generation {
+            return Ok(());
+        }
+        let index = self.clone();
+        let runtime = tokio::runtime::Handle::current();
+        let scan = move || {
+            let started = Instant::now();
+            let mut changed = Vec::new();
+            let visit = |row: ServiceRow| {
+                if index.current.read().unwrap_or_else(|e| e.into_inner()).differs(&row) {
+                    changed.push(row);
+                }
+            };
+            runtime.block_on(index.store.for_each_service(visit))?;
+            index.checked.lock().unwrap_or_else(|e| e.into_inner()).1 = started.elapsed();
+            Ok::<_, StoreError>(changed)
+        };
+        let changed = tokio::task::spawn_blocking(scan).await.map_err(|_| gone())??;
+        let _updating = self.updating.lock().await;
+        let mut index = self.current.write().unwrap_or_else(|e| e.into_inner());
+        for row in &changed {
+            index.put(&row.key, Some(row), |_, _| None);
+        }
+        index.generation = generation;
+        Ok(())
+    }
+
+    /// Every Service's entries, as of event `committed` or later: a new index (the first of the
+    /// process dates VIPs from the event log, a later one carries the current index's dates).
+    /// Streams the rows on a blocking thread, off the runtime's workers.
+    async fn build(self: &Arc<Self>, committed: i64, first: bool) -> Result<Index, StoreError> {
+        let generation = self.store.write_generation().await?;
+        let history = if first { run_starts(&self.store).await? } else { HashMap::new() };
+        let index = self.clone();
+        let runtime = tokio::runtime::Handle::current();
+        let build = move || {
+            let started = Instant::now();
+            let mut next = Index { committed, generation, ..Index::empty() };
+            let mut carried = HashMap::new();
+            if !first {
+                // Kept apart from the old index, so the build does not hold it.
+                let old = index.current.read().unwrap_or_else(|e| e.into_inner());
+                let uids = old.by_service.iter().map(|(k, (uid, _))| (k.clone(), uid.clone())).collect();
+                carried = old.dates(&uids);
+            }
+            let since = |address: &str, key: &ServiceKey| {
+                let k = (address.to_owned(), key.clone());
+                carried.get(&k).or_else(|| history.get(&(k.1, k.0))).copied()
+            };
+            runtime.block_on(index.store.for_each_service(|row| next.put(&row.key, Some(&row), since)))?;
+            index.checked.lock().unwrap_or_else(|e| e.into_inner()).1 = started.elapsed();
+            Ok::<_, StoreError>(next)
+        };
+        tokio::task::spawn_blocking(build).await.map_err(|_| gone())?
+    }
+}
+
+/// The error of a build whose thread panicked or was cancelled (the runtime shutting down).
+fn gone() -> StoreError {
+    StoreError::Sqlx(sqlx::Error::PoolClosed)
 }
 
 /// Per (Service, VIP): `observed_at` of the first event of the newest run of events (current uid)
@@ -254,6 +369,47 @@ mod tests {
             })
             .collect();
         assert_eq!(shown, ["10.0.0.1", "192.0.2.9", "192.0.2.10", "2001:db8::1", "lb.example.net"]);
+    }
+
+    /// A row of Service `default/<name>` (uid `uid`) announcing `ips`, changed at `at`.
+    fn row(name: &str, uid: &str, ips: &str, at: i64) -> ServiceRow {
+        let ann = serde_json::json!({"vipwatch.io/loadBalancerIPs": ips});
+        let svc = serde_json::json!({"metadata": {"name": name, "namespace": "default", "annotations": ann},
+                                     "spec": {"type": "LoadBalancer"}});
+        ServiceRow {
+            key: ServiceKey::new("default", name),
+            uid: uid.into(),
+            resource_version: "1".into(),
+            view: ServiceView::from_service(&serde_json::from_value(svc).unwrap()),
+            backends: Default::default(),
+            first_seen_at: 1,
+            updated_at: at,
+        }
+    }
+
+    fn listed(index: &Index) -> Vec<(String, String, i64)> {
+        index.after(None).map(|e| (e.address.clone(), e.key.name.to_string(), e.since)).collect()
+    }
+
+    /// A change replaces only its Service's entries: a VIP it keeps keeps its date, a new one is dated
+    /// by the change, a VIP it dropped is gone; a new uid dates every VIP anew; a Service gone leaves
+    /// nothing behind.
+    #[test]
+    fn a_change_replaces_only_its_services_entries_and_keeps_the_dates_of_the_vips_it_keeps() {
+        let mut index = Index::empty();
+        let a = ServiceKey::new("default", "a");
+        index.put(&a, Some(&row("a", "u1", "192.0.2.1,192.0.2.2", 10)), |_, _| None);
+        index.put(&ServiceKey::new("default", "b"), Some(&row("b", "u2", "192.0.2.3", 20)), |_, _| None);
+        index.put(&a, Some(&row("a", "u1", "192.0.2.2,192.0.2.4", 30)), |_, _| None);
+        let at = |ip: &str, name: &str, since: i64| (ip.to_owned(), name.to_owned(), since);
+        assert_eq!(listed(&index), [at("192.0.2.2", "a", 10), at("192.0.2.3", "b", 20), at("192.0.2.4", "a", 30)]);
+
+        index.put(&a, Some(&row("a", "u9", "192.0.2.2", 40)), |_, _| None);
+        assert_eq!(listed(&index), [at("192.0.2.2", "a", 40), at("192.0.2.3", "b", 20)]);
+
+        index.put(&a, None, |_, _| None);
+        assert_eq!(listed(&index), [at("192.0.2.3", "b", 20)]);
+        assert_eq!((index.by_service.len(), index.entries.len()), (1, 1));
     }
 
     #[test]

@@ -59,6 +59,12 @@ macro_rules! service_columns {
 
 const SERVICE_BY_KEY: &str = concat!(service_columns!(), " WHERE namespace = $1 AND name = $2");
 
+/// The rows of the Services events in an id range changed ([`Store::services_changed`]).
+const SERVICES_CHANGED: &str = concat!(
+    service_columns!(),
+    " WHERE (namespace, name) IN (SELECT namespace, name FROM events WHERE id > $1 AND id <= $2)"
+);
+
 macro_rules! newest_attempt {
     ($cond:literal) => {
         concat!(
@@ -158,6 +164,33 @@ impl Store {
         row.as_ref().map(service_row).transpose()
     }
 
+    /// The Services that events `after` < id ≤ `through` recorded a change of, each with its current
+    /// row (`None`: no longer in the state table, deleted or out of scope). Reads the events by id and
+    /// the rows by key: the cost follows the number of events in the range, not of Services.
+    /// Errors: [`StoreError`].
+    pub async fn services_changed(
+        &self,
+        after: i64,
+        through: i64,
+    ) -> Result<Vec<(ServiceKey, Option<ServiceRow>)>, StoreError> {
+        let keys = "SELECT DISTINCT namespace, name FROM events WHERE id > $1 AND id <= $2";
+        let keys = self.read_all(self.backend.query(keys).bind(after).bind(through)).await?;
+        let rows = self.read_all(self.backend.query(SERVICES_CHANGED).bind(after).bind(through)).await?;
+        let mut rows: std::collections::HashMap<ServiceKey, ServiceRow> =
+            rows.iter().map(service_row).map(|r| r.map(|r| (r.key.clone(), r))).collect::<Result<_, _>>()?;
+        let changed = keys.iter().map(|k| {
+            let key = ServiceKey::new(k.get::<String, _>("namespace"), k.get::<String, _>("name"));
+            let row = rows.remove(&key);
+            (key, row)
+        });
+        Ok(changed.collect())
+    }
+
+    /// The lowest event id in the log (0 when empty): events below it were pruned.
+    pub async fn min_event_id(&self) -> Result<i64, StoreError> {
+        Ok(self.read_one(self.backend.query("SELECT COALESCE(MIN(id), 0) FROM events")).await?.get(0))
+    }
+
     /// Delivery `id`, if it exists.
     pub async fn delivery(&self, id: i64) -> Result<Option<DeliveryRow>, StoreError> {
         let filter = DeliveryFilter { after_id: Some(id.saturating_sub(1)), limit: Some(1), ..Default::default() };
@@ -203,6 +236,17 @@ impl Store {
         let success = newest(newest_attempt!("IS NULL")).await?;
         let failure = newest(newest_attempt!("IS NOT NULL")).await?;
         Ok(WebhookActivity { last_success_at: success, last_failure_at: failure })
+    }
+
+    /// Calls `visit(row)` for every Service in the current-state table, by namespace and name. Streams
+    /// the table (memory stays flat, whatever the number of Services). Errors: [`StoreError`].
+    pub async fn for_each_service(&self, mut visit: impl FnMut(ServiceRow)) -> Result<(), StoreError> {
+        let mut conn = self.pools.read().await?;
+        let each = |r: super::db::Row| {
+            visit(service_row(&r)?);
+            Ok(())
+        };
+        self.backend.query(super::state::SERVICES_SNAPSHOT).for_each(conn.exec(), each).await
     }
 
     /// Calls `visit(key, observed_at, view)` for every event of every Service in the current-state
