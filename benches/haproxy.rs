@@ -351,7 +351,7 @@ async fn main() {
     let version = version.unwrap_or_default();
     results.param("haproxy", version.lines().next().unwrap_or("").to_owned());
     println!(
-        "haproxy: vipwatch → agent → HAProxy 2.6 → pods, through loopback VIPs (batch window 200 ms, backends window 250 ms)"
+        "haproxy: vipwatch → agent → HAProxy 2.6 → pods, through loopback VIPs (batch window 200 ms, backends window 100 ms: the defaults)"
     );
     pod(POD_A, "a").await;
     pod(POD_B, "b").await;

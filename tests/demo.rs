@@ -90,7 +90,7 @@ async fn get_items(client: &reqwest::Client, url: &str) -> Vec<Value> {
 async fn the_demo_relays_verified_changes_serves_them_and_stops_on_sigterm() {
     vipwatch::relay::sender::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
-    // 1 s between steps: longer than the backends window (250 ms), so each step is its own delivery
+    // 1 s between steps: longer than the backends window (100 ms), so each step is its own delivery
     // even on a loaded machine (a shorter interval merges the create and the port change).
     let mut demo = Demo::start(&["--listen", "127.0.0.1:0", "--interval", "1s"], dir.path(), &[]);
     let api = demo.line("the API URL", |l| l.starts_with("  API ")).await;

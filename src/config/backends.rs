@@ -40,7 +40,7 @@ impl Default for BackendsConfig {
     fn default() -> Self {
         Self {
             mode: ModeSetting::NodePort,
-            window: Duration::from_millis(250),
+            window: Duration::from_millis(100),
             max_wait: Duration::from_secs(2),
             address_types: ADDRESS_TYPES.iter().map(|t| (*t).to_owned()).collect(),
             local_endpoints_only: false,

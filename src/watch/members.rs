@@ -240,7 +240,7 @@ pub(super) fn notices(key: &ServiceKey, e: &Recorded, before: Option<&Tracked>) 
 #[cfg(test)]
 mod tests {
     //! The member side alone: which Node rows a change writes, and when pending recomputations and
-    //! deferred ADDEDs come due (default `backends.window` 250 ms, `backends.max_wait` 2 s).
+    //! deferred ADDEDs come due (`backends.window` 250 ms, `backends.max_wait` 2 s: see [`config`]).
 
     use std::time::Duration;
 
@@ -252,6 +252,14 @@ mod tests {
     use crate::config::Config;
     use crate::model::backends::ObservedNode;
     use crate::model::{Observed, ServiceKey};
+
+    /// The default config with `backends.window` 250 ms (`max_wait` is the default 2 s): the times
+    /// these tests assert are multiples of it.
+    fn config() -> Config {
+        let mut config = Config::default();
+        config.backends.window = Duration::from_millis(250);
+        config
+    }
 
     fn node(name: &str, address: &str) -> ObservedNode {
         let n = json!({"metadata": {"name": name, "resourceVersion": "1"},
@@ -272,7 +280,7 @@ mod tests {
     #[test]
     fn node_changes_write_only_the_rows_that_changed() {
         let stored = vec![node("n1", "10.0.0.1"), node("n2", "10.0.0.2")];
-        let mut members = Members::new(&Config::default(), stored);
+        let mut members = Members::new(&config(), stored);
         let listed = || Change::Listed { items: vec![node("n1", "10.0.0.1"), node("n3", "10.0.0.3")], first: true };
         assert_eq!(rows(&mut members, listed()), (strings(&["n3"]), strings(&["n2"]), true));
         assert_eq!(rows(&mut members, listed()), (vec![], vec![], false), "the same list again");
@@ -285,7 +293,7 @@ mod tests {
 
     #[test]
     fn a_pending_recomputation_is_due_a_window_after_the_last_change_and_max_wait_after_the_first() {
-        let mut members = Members::new(&Config::default(), Vec::new());
+        let mut members = Members::new(&config(), Vec::new());
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let (web, api) = (ServiceKey::new("shop", "web"), ServiceKey::new("shop", "api"));
@@ -309,7 +317,7 @@ mod tests {
 
     #[test]
     fn a_deferred_added_keeps_the_deadline_it_was_first_given() {
-        let mut members = Members::new(&Config::default(), Vec::new());
+        let mut members = Members::new(&config(), Vec::new());
         let t0 = Instant::now();
         let service = json!({"metadata": {"namespace": "shop", "name": "web", "uid": "u-web", "resourceVersion": "1"},
                              "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}});
@@ -361,8 +369,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn member_changes_closer_than_the_window_are_one_recomputation_at_the_latest_max_wait_after_the_first() {
-        // The defaults: `backends.window` 250 ms, `backends.max_wait` 2 s.
-        let mut m = Members::new(&Config::default(), Vec::new());
+        // `backends.window` 250 ms, `backends.max_wait` 2 s.
+        let mut m = Members::new(&config(), Vec::new());
         // A change every 100 ms for 3 s (a rolling update): the first at 50 ms is due at 2,050 ms
         // however many follow; the next pending change starts at 2,150 ms, and the last, at 2,950 ms,
         // is due a quiet window later.

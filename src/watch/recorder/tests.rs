@@ -109,10 +109,12 @@ fn notices(batch: &Batch) -> Vec<(&'static str, String)> {
     batch.report.notices.kept.iter().map(|n| (n.reason.as_str(), n.key.to_string())).collect()
 }
 
-/// A config with members in `mode` and the pool `lab` of `addresses` (none: no pool).
+/// A config with members in `mode` and the pool `lab` of `addresses` (none: no pool), and a
+/// `backends.window` of 250 ms (the times these tests assert are multiples of it).
 fn config(mode: ModeSetting, addresses: &[&str]) -> Config {
     let mut config = Config::default();
     config.backends.mode = mode;
+    config.backends.window = Duration::from_millis(250);
     if !addresses.is_empty() {
         config.pools = vec![PoolConfig {
             name: "lab".into(),
