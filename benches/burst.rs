@@ -476,21 +476,21 @@ async fn sizing(sizes: &[usize], hot: usize, rate: usize, seconds: usize, finali
 
         // The first read builds the index (every Service once per process): not counted.
         vip_page(&reqwest::Client::new(), &vw.addr, services.min(1000)).await;
-        let idle = vip_pages(&vw.addr, 50, services.min(1000)).await;
+        let idle = vip_pages(vw.addr.clone(), services.min(1000), 50, Arc::default()).await;
         reset_peak_rss(vw.pid());
         let watched = Seen::default();
         bare_watch(&api, api.resource_version(), watched.clone()).await;
         let cpu = cpu_time(vw.pid());
-        let reader = tokio::spawn(vip_pages_until_stopped(vw.addr.clone(), services.min(1000)));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = tokio::spawn(vip_pages(vw.addr.clone(), services.min(1000), usize::MAX, stop.clone()));
         let written = steady(&api, hot, rate, seconds, 1).await;
         let got = settle(&seen, &written).await;
         let base = settle(&watched, &written).await;
         let used = cpu_time(vw.pid()) - cpu;
         let phase = format!("steady {rate}/s");
         latency_line(&mut results, &format!("{key}: steady"), &phase, &got, &base);
-        reader.abort();
-        let _ = reader.await;
-        let busy = std::mem::take(&mut *PAGES.lock().unwrap());
+        stop.store(true, Ordering::Relaxed);
+        let busy = reader.await.unwrap();
         vip_page_lines(&mut results, &key, &phase, &idle, busy);
         let per_change = ms(used) / written.len() as f64;
         println!("  {phase}: vipwatch CPU {:.2} s over {seconds} s, {per_change:.3} ms per change", used.as_secs_f64());
@@ -541,36 +541,22 @@ async fn vip_page(client: &reqwest::Client, addr: &str, items: usize) -> f64 {
     ms
 }
 
-/// `n` pages read one after the other, 100 ms apart: their sorted latencies.
-async fn vip_pages(addr: &str, n: usize, items: usize) -> Vec<f64> {
+/// Pages read one after the other, 100 ms apart, `most` of them or until `stop` is set: their
+/// latencies, sorted.
+async fn vip_pages(addr: String, items: usize, most: usize, stop: Arc<std::sync::atomic::AtomicBool>) -> Vec<f64> {
     let client = reqwest::Client::new();
-    let mut got = Vec::with_capacity(n);
-    for _ in 0..n {
-        got.push(vip_page(&client, addr, items).await);
+    let mut got = Vec::new();
+    while got.len() < most && !stop.load(Ordering::Relaxed) {
+        got.push(vip_page(&client, &addr, items).await);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     got.sort_by(f64::total_cmp);
     got
 }
 
-/// The latencies [`vip_pages_until_stopped`] took, kept when its task is aborted.
-static PAGES: std::sync::Mutex<Vec<f64>> = std::sync::Mutex::new(Vec::new());
-
-/// Pages read 100 ms apart until the task is aborted, into [`PAGES`].
-async fn vip_pages_until_stopped(addr: String, items: usize) {
-    let client = reqwest::Client::new();
-    PAGES.lock().unwrap().clear();
-    loop {
-        let ms = vip_page(&client, &addr, items).await;
-        PAGES.lock().unwrap().push(ms);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The `/api/v1/vips?limit=1000` latencies while changes came (`busy`) next to those of the same
 /// request while none did (`idle`, before the phase).
-fn vip_page_lines(results: &mut Results, key: &str, phase: &str, idle: &[f64], mut busy: Vec<f64>) {
-    busy.sort_by(f64::total_cmp);
+fn vip_page_lines(results: &mut Results, key: &str, phase: &str, idle: &[f64], busy: Vec<f64>) {
     let (p50, p99) = (pct(&busy, 0.5), pct(&busy, 0.99));
     let (idle50, idle99) = (pct(idle, 0.5), pct(idle, 0.99));
     println!(

@@ -67,6 +67,9 @@ pub struct VipEntry {
 
 type EntryKey = (Addr, ServiceKey);
 
+/// A VIP of one Service under one uid: (address, Service, uid), what a date is carried by.
+type Dated = (String, ServiceKey, String);
+
 /// The index's contents at one point: every entry up to event `committed`.
 pub struct Index {
     committed: i64,
@@ -114,9 +117,9 @@ impl Index {
 
     /// Replaces the entries of Service `key` with those of its current `row` (`None`: it is gone). A
     /// VIP it had before under the same uid keeps its `since`; a new one is dated by `carried` (an
-    /// earlier index's date of (address, Service), or the event log's) or else the row's
+    /// earlier index's date of (address, Service, uid), or the event log's) or else the row's
     /// `updated_at`.
-    fn put(&mut self, key: &ServiceKey, row: Option<&ServiceRow>, carried: impl Fn(&str, &ServiceKey) -> Option<i64>) {
+    fn put(&mut self, key: &ServiceKey, row: Option<&ServiceRow>, carried: impl Fn(&Dated) -> Option<i64>) {
         let mut kept = HashMap::new();
         if let Some((uid, addrs)) = self.by_service.remove(key) {
             for addr in addrs {
@@ -130,7 +133,8 @@ impl Index {
         let Some(row) = row else { return };
         let mut addrs = Vec::new();
         for (address, source) in row.view.vip_sources() {
-            let since = kept.get(&address).copied().or_else(|| carried(&address, key)).unwrap_or(row.updated_at);
+            let dated = (address.clone(), key.clone(), row.uid.clone());
+            let since = kept.get(&address).copied().or_else(|| carried(&dated)).unwrap_or(row.updated_at);
             let addr = Addr::parse(&address);
             let pool = row.view.allocation.as_ref().and_then(|a| a.pool_of(&address)).map(str::to_owned);
             let family = match &addr {
@@ -153,11 +157,11 @@ impl Index {
         self.by_service.insert(key.clone(), (row.uid.clone(), addrs));
     }
 
-    /// The date of each entry whose Service still has the uid it had, by (address, Service): what a
-    /// new build carries over.
-    fn dates(&self, uids: &HashMap<ServiceKey, String>) -> HashMap<(String, ServiceKey), i64> {
-        let same = |e: &&VipEntry| self.by_service.get(&e.key).is_some_and(|(uid, _)| uids.get(&e.key) == Some(uid));
-        self.entries.values().filter(same).map(|e| ((e.address.clone(), e.key.clone()), e.since)).collect()
+    /// The date of each entry, by (address, Service, uid): what a new build carries over to a Service
+    /// that still has that uid.
+    fn dates(&self) -> HashMap<Dated, i64> {
+        let uid = |key: &ServiceKey| self.by_service.get(key).map(|(uid, _)| uid.clone()).unwrap_or_default();
+        self.entries.values().map(|e| ((e.address.clone(), e.key.clone(), uid(&e.key)), e.since)).collect()
     }
 }
 
@@ -229,7 +233,7 @@ impl VipIndex {
         let changed = self.store.services_changed(from, committed).await?;
         let mut index = self.current.write().unwrap_or_else(|e| e.into_inner());
         for (key, row) in &changed {
-            index.put(key, row.as_ref(), |_, _| None);
+            index.put(key, row.as_ref(), |_| None);
         }
         index.committed = committed;
         Ok(())
@@ -263,25 +267,22 @@ impl VipIndex {
         if generation == self.current.read().unwrap_or_else(|e| e.into_inner()).generation {
             return Ok(());
         }
-        let index = self.clone();
-        let runtime = tokio::runtime::Handle::current();
-        let scan = move || {
-            let started = Instant::now();
-            let mut changed = Vec::new();
-            let visit = |row: ServiceRow| {
-                if index.current.read().unwrap_or_else(|e| e.into_inner()).differs(&row) {
-                    changed.push(row);
-                }
-            };
-            runtime.block_on(index.store.for_each_service(visit))?;
-            index.checked.lock().unwrap_or_else(|e| e.into_inner()).1 = started.elapsed();
-            Ok::<_, StoreError>(changed)
-        };
-        let changed = tokio::task::spawn_blocking(scan).await.map_err(|_| gone())??;
+        let changed = self
+            .scan(|index, runtime| {
+                let mut changed = Vec::new();
+                let visit = |row: ServiceRow| {
+                    if index.current.read().unwrap_or_else(|e| e.into_inner()).differs(&row) {
+                        changed.push(row);
+                    }
+                };
+                runtime.block_on(index.store.for_each_service(visit))?;
+                Ok(changed)
+            })
+            .await?;
         let _updating = self.updating.lock().await;
         let mut index = self.current.write().unwrap_or_else(|e| e.into_inner());
         for row in &changed {
-            index.put(&row.key, Some(row), |_, _| None);
+            index.put(&row.key, Some(row), |_| None);
         }
         index.generation = generation;
         Ok(())
@@ -289,31 +290,38 @@ impl VipIndex {
 
     /// Every Service's entries, as of event `committed` or later: a new index (the first of the
     /// process dates VIPs from the event log, a later one carries the current index's dates).
-    /// Streams the rows on a blocking thread, off the runtime's workers.
     async fn build(self: &Arc<Self>, committed: i64, first: bool) -> Result<Index, StoreError> {
         let generation = self.store.write_generation().await?;
         let history = if first { run_starts(&self.store).await? } else { HashMap::new() };
-        let index = self.clone();
-        let runtime = tokio::runtime::Handle::current();
-        let build = move || {
-            let started = Instant::now();
-            let mut next = Index { committed, generation, ..Index::empty() };
-            let mut carried = HashMap::new();
-            if !first {
-                // Kept apart from the old index, so the build does not hold it.
-                let old = index.current.read().unwrap_or_else(|e| e.into_inner());
-                let uids = old.by_service.iter().map(|(k, (uid, _))| (k.clone(), uid.clone())).collect();
-                carried = old.dates(&uids);
-            }
-            let since = |address: &str, key: &ServiceKey| {
-                let k = (address.to_owned(), key.clone());
-                carried.get(&k).or_else(|| history.get(&(k.1, k.0))).copied()
+        self.scan(move |index, runtime| {
+            // Taken out of the old index first, so the build does not hold it.
+            let carried =
+                if first { HashMap::new() } else { index.current.read().unwrap_or_else(|e| e.into_inner()).dates() };
+            let since = |dated: &Dated| {
+                let (address, key, _) = dated;
+                carried.get(dated).or_else(|| history.get(&(key.clone(), address.clone()))).copied()
             };
+            let mut next = Index { committed, generation, ..Index::empty() };
             runtime.block_on(index.store.for_each_service(|row| next.put(&row.key, Some(&row), since)))?;
+            Ok(next)
+        })
+        .await
+    }
+
+    /// Runs `work` (a read of every Service, given the runtime to drive its stream) on a blocking
+    /// thread, off the runtime's workers, and notes how long it took: the background scan's pace.
+    async fn scan<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce(&Self, &tokio::runtime::Handle) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (index, runtime) = (self.clone(), tokio::runtime::Handle::current());
+        let run = move || {
+            let started = Instant::now();
+            let out = work(&index, &runtime);
             index.checked.lock().unwrap_or_else(|e| e.into_inner()).1 = started.elapsed();
-            Ok::<_, StoreError>(next)
+            out
         };
-        tokio::task::spawn_blocking(build).await.map_err(|_| gone())?
+        tokio::task::spawn_blocking(run).await.map_err(|_| gone())?
     }
 }
 
@@ -398,16 +406,16 @@ mod tests {
     fn a_change_replaces_only_its_services_entries_and_keeps_the_dates_of_the_vips_it_keeps() {
         let mut index = Index::empty();
         let a = ServiceKey::new("default", "a");
-        index.put(&a, Some(&row("a", "u1", "192.0.2.1,192.0.2.2", 10)), |_, _| None);
-        index.put(&ServiceKey::new("default", "b"), Some(&row("b", "u2", "192.0.2.3", 20)), |_, _| None);
-        index.put(&a, Some(&row("a", "u1", "192.0.2.2,192.0.2.4", 30)), |_, _| None);
+        index.put(&a, Some(&row("a", "u1", "192.0.2.1,192.0.2.2", 10)), |_| None);
+        index.put(&ServiceKey::new("default", "b"), Some(&row("b", "u2", "192.0.2.3", 20)), |_| None);
+        index.put(&a, Some(&row("a", "u1", "192.0.2.2,192.0.2.4", 30)), |_| None);
         let at = |ip: &str, name: &str, since: i64| (ip.to_owned(), name.to_owned(), since);
         assert_eq!(listed(&index), [at("192.0.2.2", "a", 10), at("192.0.2.3", "b", 20), at("192.0.2.4", "a", 30)]);
 
-        index.put(&a, Some(&row("a", "u9", "192.0.2.2", 40)), |_, _| None);
+        index.put(&a, Some(&row("a", "u9", "192.0.2.2", 40)), |_| None);
         assert_eq!(listed(&index), [at("192.0.2.2", "a", 40), at("192.0.2.3", "b", 20)]);
 
-        index.put(&a, None, |_, _| None);
+        index.put(&a, None, |_| None);
         assert_eq!(listed(&index), [at("192.0.2.3", "b", 20)]);
         assert_eq!((index.by_service.len(), index.entries.len()), (1, 1));
     }

@@ -3,8 +3,6 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -110,11 +108,6 @@ fn split_addr(addr: &Addr, address: &str) -> (Option<String>, Option<String>) {
     }
 }
 
-/// The `/api/v1/vips` item of `e` as JSON.
-pub fn render(e: &VipEntry) -> String {
-    serde_json::to_string(&item(e)).unwrap_or_default()
-}
-
 /// List the VIPs in use: one item per (VIP, Service).
 ///
 /// A page includes every change recorded before the request. A status-only change (an ingress
@@ -122,7 +115,7 @@ pub fn render(e: &VipEntry) -> String {
 /// cluster, and within ten times the time a read of every Service takes on a large one.
 #[utoipa::path(get, path = "/api/v1/vips", tag = "vips", params(VipQuery),
     responses((status = 200, description = "A page of VIPs", body = VipPage)))]
-pub async fn list_vips(State(state): State<ApiState>, Query(q): Query<VipQuery>) -> Result<Response, ApiError> {
+pub async fn list_vips(State(state): State<ApiState>, Query(q): Query<VipQuery>) -> Result<Json<VipPage>, ApiError> {
     let limit = pagination::limit(q.limit)?;
     let after: Option<(String, String, String)> = pagination::after("vips", q.cursor.as_deref())?;
     let after = after.map(|(addr, ns, name)| (Addr::parse(&addr), ServiceKey::new(ns, name)));
@@ -134,22 +127,9 @@ pub async fn list_vips(State(state): State<ApiState>, Query(q): Query<VipQuery>)
             .take(limit + 1)
             .collect();
         let (rows, next_cursor) = pagination::cut(rows, limit, "vips", |e| (&e.address, &e.key.namespace, &e.key.name));
-        // Each item rendered into `VipPage`'s shape while the index is read (no copy of the entries).
-        let mut body = String::with_capacity(rows.len() * 256 + 64);
-        body.push_str("{\"items\":[");
-        for (i, e) in rows.iter().enumerate() {
-            if i > 0 {
-                body.push(',');
-            }
-            body.push_str(&render(e));
-        }
-        body.push_str("],\"next_cursor\":");
-        body.push_str(&serde_json::to_string(&next_cursor).unwrap_or_default());
-        body.push('}');
-        body
+        VipPage { items: rows.into_iter().map(item).collect(), next_cursor }
     };
-    let body = state.read_vips(page).await?;
-    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+    Ok(Json(state.read_vips(page).await?))
 }
 
 /// The Service(s) behind one VIP (an IP address or a hostname).

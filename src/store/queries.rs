@@ -59,11 +59,11 @@ macro_rules! service_columns {
 
 const SERVICE_BY_KEY: &str = concat!(service_columns!(), " WHERE namespace = $1 AND name = $2");
 
-/// The rows of the Services events in an id range changed ([`Store::services_changed`]).
-const SERVICES_CHANGED: &str = concat!(
-    service_columns!(),
-    " WHERE (namespace, name) IN (SELECT namespace, name FROM events WHERE id > $1 AND id <= $2)"
-);
+/// Each Service events in an id range changed, with its row's columns (`NULL` when it has none)
+/// ([`Store::services_changed`]).
+const SERVICES_CHANGED: &str = "SELECT e.namespace, e.name, s.uid, s.resource_version, s.view, s.backends, \
+    s.first_seen_at, s.updated_at FROM (SELECT DISTINCT namespace, name FROM events WHERE id > $1 AND id <= $2) e \
+    LEFT JOIN services s ON s.namespace = e.namespace AND s.name = e.name";
 
 macro_rules! newest_attempt {
     ($cond:literal) => {
@@ -173,17 +173,15 @@ impl Store {
         after: i64,
         through: i64,
     ) -> Result<Vec<(ServiceKey, Option<ServiceRow>)>, StoreError> {
-        let keys = "SELECT DISTINCT namespace, name FROM events WHERE id > $1 AND id <= $2";
-        let keys = self.read_all(self.backend.query(keys).bind(after).bind(through)).await?;
         let rows = self.read_all(self.backend.query(SERVICES_CHANGED).bind(after).bind(through)).await?;
-        let mut rows: std::collections::HashMap<ServiceKey, ServiceRow> =
-            rows.iter().map(service_row).map(|r| r.map(|r| (r.key.clone(), r))).collect::<Result<_, _>>()?;
-        let changed = keys.iter().map(|k| {
-            let key = ServiceKey::new(k.get::<String, _>("namespace"), k.get::<String, _>("name"));
-            let row = rows.remove(&key);
-            (key, row)
+        let changed = rows.iter().map(|r| {
+            let row = match r.get::<Option<String>, _>("uid") {
+                Some(_) => Some(service_row(r)?),
+                None => None,
+            };
+            Ok((ServiceKey::new(r.get::<String, _>("namespace"), r.get::<String, _>("name")), row))
         });
-        Ok(changed.collect())
+        changed.collect()
     }
 
     /// The lowest event id in the log (0 when empty): events below it were pruned.
