@@ -341,6 +341,9 @@ impl Haproxy {
             let answer = tokio::time::timeout(patience, exchange(&self.master, &format!("@!{pid} show info"))).await;
             let why = match answer {
                 Ok(Ok(text)) if text.lines().any(|l| l.starts_with("Pid: ")) => continue,
+                // The master gives up on a worker that does not answer with an empty answer, which
+                // says what a timeout says.
+                Ok(Ok(text)) if text.trim().is_empty() => format!("no answer to `show info` in {patience:?}"),
                 Ok(Ok(text)) => format!("unexpected `show info` answer: {:?}", text.trim()),
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no answer to `show info` in {patience:?}"),
