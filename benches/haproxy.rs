@@ -129,11 +129,12 @@ fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// `vipwatch serve` against `api`, with the receiver and the agent as endpoints, members in mode pod.
+/// `vipwatch serve` against `api`, with the receiver and the agent as endpoints, members in mode pod;
+/// a pool of 16,384 loopback VIPs (a bulk of 10,000 fits).
 fn vipwatch(dir: &Path, api: &FakeApiServer, receiver: &str, agent: &str) -> Process {
     let config = format!(
         "[kubernetes]\nurl = \"{}\"\n[database]\npath = \"{}\"\n[server]\nlisten = \"127.0.0.1:0\"\n\
-         [backends]\nmode = \"pod\"\n[[pools]]\nname = \"bench\"\naddresses = [\"127.102.0.0/20\"]\n\
+         [backends]\nmode = \"pod\"\n[[pools]]\nname = \"bench\"\naddresses = [\"127.102.0.0/18\"]\n\
          [[webhooks]]\nname = \"receiver\"\nurl = \"{receiver}\"\nsecret = \"{SECRET}\"\n\
          [[webhooks]]\nname = \"haproxy\"\nurl = \"{agent}\"\nsecret = \"{SECRET}\"\n",
         api.url(),

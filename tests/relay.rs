@@ -909,3 +909,104 @@ async fn a_resync_does_not_send_a_service_before_its_finalizer_is_on() {
     assert_eq!(finalizers, json!(["vipwatch.io/cleanup"]));
     vw.stop().await.unwrap();
 }
+
+/// A receiver that speaks the identity contract and says it takes `advertised` deliveries at once.
+/// It holds each request until as many are in flight as its `release_at` says by arrival (the
+/// `n`-th request waits for `release_at(n)`; 2 s at most), and notes the most it saw in flight at
+/// once and the deliveries it accepted.
+struct Batching {
+    url: String,
+    most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Batching {
+    async fn start(advertised: usize, release_at: fn(usize) -> usize) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+        use axum::response::IntoResponse;
+        use vipwatch_contract::receiver::ReceiverIdentity;
+
+        #[derive(Clone, Default)]
+        struct Counts {
+            arrived: Arc<AtomicUsize>,
+            in_flight: Arc<AtomicUsize>,
+            most: Arc<AtomicUsize>,
+            accepted: Arc<AtomicUsize>,
+            changed: Arc<tokio::sync::Notify>,
+        }
+        let counts = Counts::default();
+        let (most, accepted) = (counts.most.clone(), counts.accepted.clone());
+        let handler = async move |axum::extract::State(c): axum::extract::State<Counts>| {
+            let wanted = release_at(c.arrived.fetch_add(1, SeqCst));
+            let now = c.in_flight.fetch_add(1, SeqCst) + 1;
+            c.most.fetch_max(now, SeqCst);
+            c.changed.notify_waiters();
+            let enough = async {
+                loop {
+                    let next = c.changed.notified();
+                    if c.in_flight.load(SeqCst) >= wanted {
+                        return;
+                    }
+                    next.await;
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(2), enough).await;
+            c.in_flight.fetch_sub(1, SeqCst);
+            c.accepted.fetch_add(1, SeqCst);
+            let id = ReceiverIdentity {
+                generation: "gen_1".into(),
+                instance: "run_1".into(),
+                caught_up: None,
+                concurrency: Some(advertised),
+            };
+            let mut response = axum::http::StatusCode::NO_CONTENT.into_response();
+            for (name, value) in id.headers() {
+                response.headers_mut().insert(name, value.parse().unwrap());
+            }
+            response
+        };
+        let app = axum::Router::new().fallback(axum::routing::post(handler)).with_state(counts);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks/vip", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { url, most, accepted }
+    }
+
+    fn most(&self) -> usize {
+        self.most.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A receiver that says how many deliveries it takes at once (the HAProxy agent: one reload for
+/// all of them) gets that many in flight, beyond `relay.concurrency`, after its first answers; an
+/// endpoint with a `concurrency` of its own keeps it. 96 Services: the first 32 deliveries (all
+/// that `relay.concurrency = 32` lets out) are answered together, the other 64 only once all 64 are
+/// in flight — which only a dispatcher that took the receiver's word does (otherwise they go after
+/// 2 s, 32 at a time).
+#[tokio::test]
+async fn a_receiver_that_says_it_takes_more_at_once_gets_that_many_unless_the_endpoint_sets_its_own() {
+    let h = Harness::new().await;
+    let takes_64 = Batching::start(64, |n| if n < 32 { 32 } else { 64 }).await;
+    let own_2 = Batching::start(64, |_| 2).await;
+    seed_bulk(&h.api, 96);
+    // Longer than the receivers hold a request.
+    let (mut takes, mut own) = (webhook("takes", &takes_64.url), webhook("own", &own_2.url));
+    (takes.timeout, own.timeout) = (Duration::from_secs(5), Duration::from_secs(5));
+    own.concurrency = Some(2);
+    let mut config = h.config_with(vec![takes, own]);
+    config.relay.concurrency = 32;
+    let vw = h.start(config).await;
+    wait_until("every delivery accepted by both", || async {
+        (takes_64.accepted() == 96 && own_2.accepted() == 96).then_some(())
+    })
+    .await;
+    assert_eq!(takes_64.most(), 64, "32 at first, then the 64 it asked for");
+    assert_eq!(own_2.most(), 2, "the endpoint's own concurrency wins");
+    vw.stop().await.unwrap();
+}

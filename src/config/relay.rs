@@ -63,7 +63,7 @@ impl Serialize for Secret {
 #[serde(deny_unknown_fields, default)]
 pub struct RelayConfig {
     /// Deliveries in flight at once per endpoint, each for a different Service. Per endpoint:
-    /// `webhooks.concurrency`.
+    /// `webhooks.concurrency`, or what the receiver asks for (`vipwatch-receiver-concurrency`) when that is unset.
     pub concurrency: usize,
     /// How long a claimed delivery is reserved for its attempt, 1s–24h. Nine tenths of it must exceed every webhook
     /// `timeout` (and a poll's `deadline` plus two timeouts): an attempt still running at nine tenths of it after
@@ -230,9 +230,9 @@ pub struct WebhookConfig {
     #[serde(default)]
     pub backend_mode: Option<crate::model::backends::ModeSetting>,
     /// Deliveries in flight at once to this endpoint (each for a different Service) instead of `relay.concurrency`,
-    /// 1–4096: more for a receiver that batches many Services into one change (the HAProxy agent applies a first
-    /// sync of many Services several times faster with 256 than with 32), fewer for an appliance API with a rate
-    /// limit.
+    /// 1–4096: fewer for an appliance API with a rate limit. Unset, a receiver that says how many it takes at once
+    /// (the HAProxy agent: `vipwatch-receiver-concurrency` in its answers, as it batches many Services into one
+    /// reload) gets that many after its first answers; set, this number wins.
     #[serde(default)]
     pub concurrency: Option<usize>,
     /// This endpoint's circuit breaker threshold instead of `relay.circuit_failures`; `0` disables its breaker.

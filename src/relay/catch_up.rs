@@ -13,6 +13,10 @@
 //! and again only once the resync it sent is no longer pending there. [`CatchUp`] decides; [`watch`]
 //! listens, probes and acts. That an endpoint speaks it is kept in the database, so it is probed from
 //! vipwatch's next start on, before anything is sent to it.
+//!
+//! The same answers may say how many deliveries the receiver takes in at once
+//! ([`vipwatch_contract::receiver::CONCURRENCY_HEADER`]): [`watch`] passes that on to the endpoint's
+//! dispatcher when the endpoint has no `concurrency` of its own.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,7 +78,8 @@ impl CatchUp {
 /// (`answers`, from its [`super::sender::Sender`]) and, once it has answered with one, those of a
 /// probe every [`PROBE_EVERY`] (`GET` on `url` with `client`; each answered probe pulses
 /// `reachable`, which brings an open circuit's next probe forward), while `leader_deadline` is ahead, until
-/// `cancel`.
+/// `cancel`. The concurrency each identity carries goes to `advertised` (when given: an endpoint
+/// without a `concurrency` of its own), which tells only of a change.
 /// Enqueues a resync of it when [`CatchUp`] says so. Failures to reach it are left to the dispatcher's
 /// circuit breaker; a failed resync is logged and tried again at the next answer.
 #[allow(clippy::too_many_arguments)]
@@ -84,6 +89,7 @@ pub(super) async fn watch(
     client: reqwest::Client,
     mut answers: tokio::sync::watch::Receiver<Option<ReceiverIdentity>>,
     reachable: tokio::sync::watch::Sender<u64>,
+    advertised: Option<tokio::sync::watch::Sender<Option<usize>>>,
     config: Arc<Config>,
     store: Store,
     metrics: Arc<Metrics>,
@@ -113,6 +119,9 @@ pub(super) async fn watch(
             }
         };
         let Some(id) = id else { continue };
+        if let Some(tx) = &advertised {
+            tx.send_if_modified(|n| std::mem::replace(n, id.concurrency) != id.concurrency);
+        }
         if !speaks {
             debug!(webhook = %name, "the endpoint reports whether it is caught up: probing it every second");
             speaks = store.remember_identity(&name).await.is_ok();
@@ -167,7 +176,7 @@ mod tests {
     use super::*;
 
     fn id(generation: &str, instance: &str, caught_up: Option<bool>) -> ReceiverIdentity {
-        ReceiverIdentity { generation: generation.into(), instance: instance.into(), caught_up }
+        ReceiverIdentity { generation: generation.into(), instance: instance.into(), caught_up, concurrency: None }
     }
 
     #[test]

@@ -29,6 +29,9 @@
 //!   waiting deliveries are made due so that there is one to probe with. An answer that brings
 //!   nothing forward (the circuit closed, half-open or its probe due already) changes nothing, not
 //!   even the timer.
+//! - **Concurrency.** At most `concurrency` attempts are in flight: the endpoint's own, or
+//!   `relay.concurrency`, or, for an endpoint without its own, what the receiver says it takes in at
+//!   once ([`Event::Concurrency`]); raised, the new free slots are claimed at once.
 //! - **The leader's term.** No attempt starts once [`Now::leading`] is false (the heads stay leased
 //!   and are claimed again once the lease ends); an attempt still running then is abandoned by the
 //!   shell ([`Finished::Abandoned`]) and not recorded.
@@ -125,6 +128,10 @@ pub(super) enum Event {
     /// The endpoint answered a catch-up probe ([`super::catch_up`]): while the circuit is open, its
     /// next probe may go now ([`super::circuit::Circuit::reachable`]).
     Reachable,
+    /// The receiver takes this many deliveries at once (it said so, or stopped saying and the
+    /// configured number holds again): the most attempts in flight from now on. Raised, it claims for
+    /// the new free slots at once.
+    Concurrency(usize),
     /// The timer ([`Action::SleepUntil`]) fired.
     Timer,
     /// Stop (shutdown, or the end of the leader's term).
@@ -455,6 +462,14 @@ impl Dispatch {
                 info!(webhook = %name, url = %url, "the endpoint answers again: probing it now, not at the next backoff step");
                 out.push(Action::Publish(self.circuit.view(), None));
                 self.reached = true;
+            }
+            Event::Concurrency(n) => {
+                let (name, was) = (&self.settings.name, self.settings.concurrency);
+                if n != was {
+                    info!(webhook = %name, concurrency = n, was, "the endpoint takes this many deliveries at once: keeping up to that many in flight");
+                    self.settings.concurrency = n;
+                    self.want_claim |= n > was;
+                }
             }
             Event::Timer => {
                 self.timer = None;
@@ -1004,6 +1019,34 @@ mod tests {
         assert_eq!(on(m, clock, Event::Claimed(Ok(Vec::new()))), ["NextDue"]);
         let offer = format!("Offer {concurrency}");
         assert_eq!(on(m, clock, Event::NextDue(None)), ["SleepUntil 1015ms", offer.as_str()]);
+    }
+
+    /// A receiver that says it takes more at once has the new free slots claimed at once; a lower number stops claiming until the attempts in flight are
+    /// below it; the same number again changes nothing.
+    #[test]
+    fn a_receiver_that_takes_more_at_once_gets_the_new_slots_filled_at_once() {
+        let (mut m, mut clock) = machine(4, 0);
+        idle(&mut m, &mut clock, 4);
+        clock.advance(Duration::from_millis(100));
+        let four = (1..=4).map(|i| head(i, &clock)).collect();
+        let answered = on(&mut m, &clock, Event::Answered(Some(heads(four, Some(10)))));
+        assert_eq!(answered, ["Publish closed None", "Send [1, 2, 3, 4]", "SleepUntil 1115ms"]);
+
+        assert_eq!(on(&mut m, &clock, Event::Concurrency(16)), ["Claim 8"], "12 free: 8, a power of two");
+        let eight = (5..=12).map(|i| head(i, &clock)).collect();
+        let sent = on(&mut m, &clock, Event::Claimed(Ok(eight)));
+        assert_eq!(sent, ["Publish closed None", "Send [5, 6, 7, 8, 9, 10, 11, 12]"], "the timer stands");
+        assert_eq!(on(&mut m, &clock, Event::Concurrency(16)), Vec::<String>::new(), "the same number");
+
+        assert_eq!(on(&mut m, &clock, Event::Concurrency(4)), Vec::<String>::new(), "12 in flight, 4 allowed");
+        let done: Vec<_> = (1..=10).map(|i| Finished::Done(head(i, &clock), delivered())).collect();
+        clock.advance(INTERVAL);
+        let round = on(&mut m, &clock, Event::Finished(done));
+        assert_eq!(
+            round.last().map(String::as_str),
+            Some("Round [1:ok,2:ok,3:ok,4:ok,5:ok,6:ok,7:ok,8:ok,9:ok,10:ok] claim 2"),
+            "2 in flight, 2 free"
+        );
     }
 
     /// A commit whose deliveries the standing claim took (its answer comes first) claims nothing

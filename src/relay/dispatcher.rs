@@ -58,6 +58,10 @@ pub(super) struct Dispatcher {
     /// the next probe goes at once ([`Event::Reachable`]). `None` for a templated endpoint (not
     /// probed).
     pub reachable: Option<watch::Receiver<u64>>,
+    /// How many deliveries the receiver says it takes in at once ([`super::catch_up`]), for an
+    /// endpoint without a `concurrency` of its own (`None` otherwise); while it says nothing,
+    /// `relay.concurrency` holds ([`Event::Concurrency`]).
+    pub advertised: Option<watch::Receiver<Option<usize>>>,
 }
 
 /// The next pulse of `reachable`; never without one, nor once its sender is gone (then it is
@@ -68,6 +72,18 @@ async fn reached(reachable: &mut Option<watch::Receiver<u64>>) {
             return;
         }
         *reachable = None;
+    }
+    std::future::pending().await
+}
+
+/// The next concurrency the receiver advertised, or `fallback` when it stopped saying; never once
+/// the sender is gone (then it is dropped).
+async fn advertised(advertised: &mut Option<watch::Receiver<Option<usize>>>, fallback: usize) -> usize {
+    if let Some(rx) = advertised.as_mut() {
+        if rx.changed().await.is_ok() {
+            return rx.borrow_and_update().unwrap_or(fallback);
+        }
+        *advertised = None;
     }
     std::future::pending().await
 }
@@ -156,6 +172,7 @@ impl Dispatcher {
     /// `relay.poll_interval` for work enqueued by another process).
     pub async fn run(mut self, mut committed: watch::Receiver<i64>, cancel: CancellationToken) {
         let mut reachable = self.reachable.take();
+        let mut said = self.advertised.take();
         let mut machine = Dispatch::new(self.settings(), Instant::now());
         let mut shell = Shell { in_flight: InFlight::new(), standing: None, timer: None, finished_at: None };
         let mut event = Event::Start;
@@ -183,6 +200,7 @@ impl Dispatcher {
                     Event::Finished(done)
                 }
                 () = reached(&mut reachable) => Event::Reachable,
+                n = advertised(&mut said, self.relay.concurrency) => Event::Concurrency(n),
                 changed = committed.changed(), if listens => match changed {
                     Ok(()) => Event::Commit(*committed.borrow_and_update()),
                     Err(_) => Event::CommitsClosed,

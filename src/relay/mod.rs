@@ -83,6 +83,11 @@ pub async fn start(
         }
         let (identity_tx, identity_rx) = watch::channel(None);
         let (reachable_tx, reachable_rx) = watch::channel(0u64);
+        // A receiver's own word on how many deliveries it takes at once counts only when the
+        // endpoint has no `concurrency` of its own.
+        let (advertised_tx, advertised_rx) = watch::channel(None);
+        let advertised = (w.template.is_none() && w.concurrency.is_none()).then_some((advertised_tx, advertised_rx));
+        let (advertised_tx, advertised_rx) = advertised.unzip();
         if w.template.is_none() {
             let client = sender::client(w, resolve::system_lookup())?;
             let (store, metrics, leader_deadline) = (store.clone(), metrics.clone(), leader_deadline.clone());
@@ -93,6 +98,7 @@ pub async fn start(
                 client,
                 identity_rx,
                 reachable_tx,
+                advertised_tx,
                 shared.clone(),
                 store,
                 metrics,
@@ -127,6 +133,7 @@ pub async fn start(
             circuits: circuits.clone(),
             leading_until: leader_deadline.clone(),
             reachable: w.template.is_none().then_some(reachable_rx),
+            advertised: advertised_rx,
         };
         tasks.spawn(d.run(committed.clone(), cancel.clone()));
     }

@@ -8,6 +8,12 @@
 //!   rebuilt host, a wiped disk): whatever it acknowledged before is gone.
 //! - [`INSTANCE_HEADER`]: this run of the receiver, new at every start.
 //!
+//! and may send:
+//!
+//! - [`CONCURRENCY_HEADER`]: how many deliveries it takes in at once. A receiver that applies the
+//!   deliveries arriving together as one change (the HAProxy agent: one reload for all of them) goes
+//!   through a large change in fewer, larger steps when the sender keeps that many in flight.
+//!
 //! and on answers to a delivery, and to a probe, also:
 //!
 //! - [`CAUGHT_UP_HEADER`]: `true` when the receiver holds the whole state of the sender's cluster
@@ -32,6 +38,15 @@ pub const GENERATION_HEADER: &str = "vipwatch-receiver-generation";
 /// Response header: the receiver's current run, `run_` + 32 lowercase hex digits, new at every start.
 pub const INSTANCE_HEADER: &str = "vipwatch-receiver-instance";
 
+/// Response header: how many deliveries the receiver takes in at once, a decimal integer of at least 1.
+/// A sender with no limit of its own for the endpoint keeps up to this many in flight (vipwatch:
+/// the endpoint's `concurrency`, when set, wins; at most [`MAX_CONCURRENCY`]).
+pub const CONCURRENCY_HEADER: &str = "vipwatch-receiver-concurrency";
+
+/// The most deliveries in flight a receiver may ask for ([`CONCURRENCY_HEADER`]); a larger number
+/// reads as this one. The same bound as an endpoint's own `concurrency` in vipwatch's configuration.
+pub const MAX_CONCURRENCY: usize = 4096;
+
 /// Response header on answers to a delivery or a probe: `true` or `false` (see the module docs).
 pub const CAUGHT_UP_HEADER: &str = "vipwatch-receiver-caught-up";
 
@@ -40,7 +55,7 @@ pub const CAUGHT_UP_HEADER: &str = "vipwatch-receiver-caught-up";
 /// `data.cluster`).
 pub const CLUSTER_HEADER: &str = "vipwatch-cluster";
 
-/// The three response headers, as one value.
+/// The response headers, as one value.
 ///
 /// A sender keeps, per endpoint, the last identity it saw, and acts on each answer:
 ///
@@ -58,6 +73,8 @@ pub struct ReceiverIdentity {
     pub instance: String,
     /// [`CAUGHT_UP_HEADER`]; `None` on answers that are not about a cluster (e.g. `/healthz`).
     pub caught_up: Option<bool>,
+    /// [`CONCURRENCY_HEADER`], at most [`MAX_CONCURRENCY`]; `None` when the receiver does not say.
+    pub concurrency: Option<usize>,
 }
 
 impl ReceiverIdentity {
@@ -67,12 +84,16 @@ impl ReceiverIdentity {
         if let Some(c) = self.caught_up {
             out.push((CAUGHT_UP_HEADER, c.to_string()));
         }
+        if let Some(n) = self.concurrency {
+            out.push((CONCURRENCY_HEADER, n.to_string()));
+        }
         out
     }
 
     /// Reads the headers through `get` (a header's value by its lowercase name). `None` when the
     /// generation or the instance is missing: a receiver that does not speak this contract. A
-    /// caught-up value other than `true` or `false` reads as absent.
+    /// caught-up value other than `true` or `false` reads as absent, and so does a concurrency that
+    /// is not a whole number of at least 1; a larger one than [`MAX_CONCURRENCY`] reads as that.
     pub fn from_headers<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<Self> {
         let generation = get(GENERATION_HEADER)?.trim().to_owned();
         let instance = get(INSTANCE_HEADER)?.trim().to_owned();
@@ -81,7 +102,11 @@ impl ReceiverIdentity {
             "false" => Some(false),
             _ => None,
         });
-        Some(Self { generation, instance, caught_up })
+        let concurrency = get(CONCURRENCY_HEADER)
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|n| *n >= 1)
+            .map(|n| n.min(MAX_CONCURRENCY));
+        Some(Self { generation, instance, caught_up, concurrency })
     }
 }
 
@@ -113,7 +138,12 @@ mod tests {
 
     #[test]
     fn the_headers_round_trip_and_a_receiver_without_them_reads_as_none() {
-        let id = ReceiverIdentity { generation: "gen_1".into(), instance: "run_2".into(), caught_up: Some(false) };
+        let id = ReceiverIdentity {
+            generation: "gen_1".into(),
+            instance: "run_2".into(),
+            caught_up: Some(false),
+            concurrency: Some(1024),
+        };
         let headers = id.headers();
         assert_eq!(
             headers,
@@ -121,6 +151,7 @@ mod tests {
                 ("vipwatch-receiver-generation", "gen_1".to_owned()),
                 ("vipwatch-receiver-instance", "run_2".to_owned()),
                 ("vipwatch-receiver-caught-up", "false".to_owned()),
+                ("vipwatch-receiver-concurrency", "1024".to_owned()),
             ]
         );
         let get = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str());
@@ -128,6 +159,10 @@ mod tests {
         assert_eq!(ReceiverIdentity::from_headers(|_| None), None);
         let odd = |name: &str| if name == CAUGHT_UP_HEADER { Some("yes") } else { Some(" x ") };
         let read = ReceiverIdentity::from_headers(odd).unwrap();
-        assert_eq!((read.generation.as_str(), read.caught_up), ("x", None));
+        assert_eq!((read.generation.as_str(), read.caught_up, read.concurrency), ("x", None, None));
+        for (said, read) in [("0", None), ("-3", None), ("many", None), (" 256 ", Some(256)), ("100000", Some(4096))] {
+            let get = |name: &str| if name == CONCURRENCY_HEADER { Some(said) } else { Some("x") };
+            assert_eq!(ReceiverIdentity::from_headers(get).unwrap().concurrency, read, "{said:?}");
+        }
     }
 }

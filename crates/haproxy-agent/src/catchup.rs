@@ -116,6 +116,7 @@ impl CatchUp {
             generation: self.generation.clone(),
             instance: self.instance.clone(),
             caught_up: cluster.map(|c| self.cluster(c)),
+            concurrency: None,
         }
     }
 

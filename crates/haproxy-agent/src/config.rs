@@ -72,6 +72,11 @@ pub struct AgentConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String", extend("x-humantime" = true))]
     pub batch_window: Duration,
+    /// How many deliveries the agent asks each vipwatch to keep in flight (1–4096), on every answer
+    /// (`vipwatch-receiver-concurrency`): those arriving within `batch_window` share one reload, so a large
+    /// change (a first sync, an agent starting empty) goes live in a few reloads. The endpoint's own `concurrency`
+    /// in vipwatch's configuration wins over it.
+    pub concurrency: usize,
     /// How long a reload may take to be confirmed (`show proc`) before the delivery gets a 503.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String", extend("x-humantime" = true))]
@@ -123,6 +128,7 @@ impl Default for AgentConfig {
             haproxy_bin: PathBuf::from("haproxy"),
             server_slots: 8,
             batch_window: Duration::from_millis(200),
+            concurrency: 1024,
             reload_timeout: Duration::from_secs(10),
             answer_timeout: Duration::from_secs(8),
             hard_stop_after: Duration::from_secs(30 * 60),
@@ -173,6 +179,9 @@ impl AgentConfig {
         }
         if self.server_slots == 0 || self.server_slots > 1000 {
             return bad("server_slots", "must be between 1 and 1000");
+        }
+        if self.concurrency == 0 || self.concurrency > vipwatch_contract::receiver::MAX_CONCURRENCY {
+            return bad("concurrency", "must be between 1 and 4096");
         }
         if self.reload_timeout < Duration::from_millis(100) {
             return bad("reload_timeout", "must be at least 100ms");

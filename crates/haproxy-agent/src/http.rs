@@ -58,6 +58,8 @@ pub struct Http {
     pub seen: Arc<Mutex<Seen>>,
     /// How long a delivery may wait for its outcome before a 503.
     pub patience: Duration,
+    /// The deliveries the agent asks a sender to keep in flight (`concurrency`), on every answer.
+    pub concurrency: usize,
 }
 
 /// A bounded set of recent `webhook-id`s.
@@ -100,11 +102,12 @@ pub fn router(http: Http) -> Router {
 /// where an answer is about a cluster.
 async fn identify(State(http): State<Http>, mut response: Response) -> Response {
     let identity = http.status.borrow().catch_up.identity(None);
-    set_headers(&mut response, &identity);
+    set_headers(&mut response, identity, &http);
     response
 }
 
-fn set_headers(response: &mut Response, identity: &vipwatch_contract::ReceiverIdentity) {
+fn set_headers(response: &mut Response, mut identity: vipwatch_contract::ReceiverIdentity, http: &Http) {
+    identity.concurrency = Some(http.concurrency);
     for (name, value) in identity.headers() {
         if let Ok(value) = header::HeaderValue::from_str(&value) {
             response.headers_mut().insert(name, value);
@@ -115,7 +118,7 @@ fn set_headers(response: &mut Response, identity: &vipwatch_contract::ReceiverId
 /// `caught-up` for `cluster` on `response`.
 fn about(mut response: Response, cluster: &str, http: &Http) -> Response {
     let identity = http.status.borrow().catch_up.identity(Some(cluster));
-    set_headers(&mut response, &identity);
+    set_headers(&mut response, identity, http);
     response
 }
 

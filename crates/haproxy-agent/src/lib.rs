@@ -102,7 +102,7 @@ pub async fn start(config: AgentConfig, listener: TcpListener) -> Result<Running
     let verifiers = secrets.iter().map(|s| standardwebhooks::Webhook::new(s)).collect::<Result<Vec<_>, _>>();
     let verifiers = verifiers.map_err(|e| AgentError::Start(format!("secret: {e}")))?;
     let metrics = Arc::new(metrics::Metrics::new());
-    let patience = config.answer_timeout;
+    let (patience, concurrency) = (config.answer_timeout, config.concurrency);
     let (start_timeout, tied) = (config.reload_timeout, config.stop_haproxy_on_exit);
     let (applier, status, haproxy) = apply::Applier::start(config, metrics.clone()).await.map_err(AgentError::Start)?;
     let stop_haproxy = tied.then(|| haproxy.clone());
@@ -120,6 +120,7 @@ pub async fn start(config: AgentConfig, listener: TcpListener) -> Result<Running
         metrics,
         seen: Arc::new(Mutex::default()),
         patience,
+        concurrency,
     };
     let addr = listener.local_addr()?;
     let stop = cancel.clone();

@@ -145,6 +145,11 @@ fn configuration_errors_name_the_key_and_the_file() {
         stderr(&o),
         "vipwatch-haproxy: invalid configuration: invalid value for `batch_window`: must be at most 10s (deliveries would time out)"
     );
+    let o = run(&format!("{good}concurrency = 5000\n"), &["check-config"]);
+    assert_eq!(
+        stderr(&o),
+        "vipwatch-haproxy: invalid configuration: invalid value for `concurrency`: must be between 1 and 4096"
+    );
     let o = run(&format!("{good}hard_stop_after = \"0s\"\n"), &["check-config"]);
     assert!(stderr(&o).contains("`hard_stop_after`: must be at least 1s"), "{}", stderr(&o));
 
