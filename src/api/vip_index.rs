@@ -3,7 +3,9 @@
 //! page of 1,000 is a range walk instead of a JSON scan of every Service.
 //!
 //! A page costs a range walk and rendering its items: the index keeps no rendered JSON, so its memory
-//! is the entries alone.
+//! is the entries alone, kept small because there is one per VIP: an entry's address and Service
+//! are its map key only, Services with the same ports share one copy of them, and a Service's uid
+//! is kept as a hash.
 //!
 //! Freshness: a read first brings the index up to the last committed event, reading again only the
 //! Services those events changed. A status-only change (a published ingress IP, which records no
@@ -14,7 +16,8 @@
 //! the newest run of events whose view carries it), later changes from the Service row's
 //! `updated_at` (the change that brought it).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasher, Hash};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -43,60 +46,128 @@ impl Addr {
     }
 }
 
-/// One (VIP, Service) pair.
-#[derive(Debug, Clone)]
-pub struct VipEntry {
-    /// The address as the Service spells it.
-    pub address: String,
-    /// Its sort key.
-    pub addr: Addr,
-    /// The Service.
-    pub key: ServiceKey,
-    /// The Service's ports.
-    pub ports: Vec<PortView>,
+impl Addr {
+    /// `IPv4` or `IPv6`; `None` for a hostname.
+    pub fn family(&self) -> Option<IpFamily> {
+        match self {
+            Addr::Ip(ip) => Some(IpFamily::of(ip)),
+            Addr::Host(_) => None,
+        }
+    }
+}
+
+/// What the index keeps of one (VIP, Service) pair beside its key.
+#[derive(Debug)]
+struct Vip {
+    /// The address as the Service spells it, when that is not how `addr` prints (an IPv6 address
+    /// written in capitals or with leading zeros); `None` for nearly every address.
+    spelled: Option<Box<str>>,
+    /// The Service's ports, shared with every entry of the same ports ([`Index::ports`]).
+    ports: Arc<[PortView]>,
     /// `pool`, `appliance`, `status`, `annotation` or `spec` (see `ServiceView::vip_sources`).
-    pub source: &'static str,
+    source: &'static str,
     /// The pool this address comes from, for `source = pool` (each address its own: a Service may hold
     /// addresses of two pools).
-    pub pool: Option<String>,
-    /// `IPv4` or `IPv6`; `None` for a hostname.
-    pub family: Option<IpFamily>,
+    pool: Option<Arc<str>>,
     /// Since when this Service has this VIP (Unix ms).
-    pub since: i64,
+    since: i64,
+}
+
+/// One (VIP, Service) pair, as a read sees it: borrowed from the index.
+#[derive(Debug, Clone, Copy)]
+pub struct VipEntry<'a> {
+    /// The address's sort key.
+    pub addr: &'a Addr,
+    /// The Service.
+    pub key: &'a ServiceKey,
+    vip: &'a Vip,
+}
+
+impl VipEntry<'_> {
+    /// The address as the Service spells it.
+    pub fn address(&self) -> String {
+        match (&self.vip.spelled, self.addr) {
+            (Some(spelled), _) => spelled.to_string(),
+            (None, Addr::Ip(ip)) => ip.to_string(),
+            (None, Addr::Host(host)) => host.clone(),
+        }
+    }
+
+    /// The Service's ports.
+    pub fn ports(&self) -> &[PortView] {
+        &self.vip.ports
+    }
+
+    /// `pool`, `appliance`, `status`, `annotation` or `spec` (see `ServiceView::vip_sources`).
+    pub fn source(&self) -> &'static str {
+        self.vip.source
+    }
+
+    /// The pool this address comes from, for `source = pool`.
+    pub fn pool(&self) -> Option<&str> {
+        self.vip.pool.as_deref()
+    }
+
+    /// Since when this Service has this VIP (Unix ms).
+    pub fn since(&self) -> i64 {
+        self.vip.since
+    }
 }
 
 type EntryKey = (Addr, ServiceKey);
 
-/// A VIP of one Service under one uid: (address, Service, uid), what a date is carried by.
-type Dated = (String, ServiceKey, String);
+/// A VIP of one Service under one uid (hashed): (address, Service, uid), what a date is carried by.
+type Dated = (Addr, ServiceKey, u64);
 
 /// The index's contents at one point: every entry up to event `committed`.
 pub struct Index {
     committed: i64,
     generation: i64,
-    entries: BTreeMap<EntryKey, VipEntry>,
-    /// Each Service's uid and addresses, to take its entries out when it changes.
-    by_service: HashMap<ServiceKey, (String, Vec<Addr>)>,
+    entries: BTreeMap<EntryKey, Vip>,
+    /// Each Service's uid (hashed, [`uid_hash`]) and addresses, to take its entries out when it
+    /// changes.
+    by_service: HashMap<ServiceKey, (u64, Box<[Addr]>)>,
+    /// One copy of each set of ports in use, shared by the entries that have it (most Services
+    /// of a cluster have one of a few: `80`, `443`, both).
+    ports: HashSet<Arc<[PortView]>>,
+    /// The pool names in use, shared likewise.
+    pools: HashSet<Arc<str>>,
+}
+
+/// Hashes uids the same way in every index of the process (a build carries dates by it).
+fn uid_hash(uid: &str) -> u64 {
+    std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(uid)
+}
+
+fn entry<'a>((key, vip): (&'a EntryKey, &'a Vip)) -> VipEntry<'a> {
+    VipEntry { addr: &key.0, key: &key.1, vip }
 }
 
 impl Index {
     fn empty() -> Self {
-        Self { committed: -1, generation: -1, entries: BTreeMap::new(), by_service: HashMap::new() }
+        Self {
+            committed: -1,
+            generation: -1,
+            entries: BTreeMap::new(),
+            by_service: HashMap::new(),
+            ports: HashSet::new(),
+            pools: HashSet::new(),
+        }
     }
 
     /// Entries strictly after `after` (address, Service) in index order.
-    pub fn after(&self, after: Option<(Addr, ServiceKey)>) -> impl Iterator<Item = &VipEntry> {
+    pub fn after(&self, after: Option<(Addr, ServiceKey)>) -> impl Iterator<Item = VipEntry<'_>> {
         use std::ops::Bound::{Excluded, Unbounded};
         let lower = after.map_or(Unbounded, Excluded);
-        self.entries.range((lower, Unbounded)).map(|(_, e)| e)
+        self.entries.range((lower, Unbounded)).map(entry)
     }
 
     /// Every Service behind `addr`, by namespace and name.
-    pub fn of(&self, addr: &Addr) -> Vec<&VipEntry> {
+    pub fn of(&self, addr: &Addr) -> Vec<VipEntry<'_>> {
         self.entries
             .range((addr.clone(), ServiceKey::new("", ""))..)
-            .map(|(_, e)| e)
-            .take_while(|e| e.addr == *addr)
+            .map(entry)
+            .take_while(|e| e.addr == addr)
             .collect()
     }
 
@@ -105,14 +176,34 @@ impl Index {
     fn differs(&self, row: &ServiceRow) -> bool {
         let Some((uid, addrs)) = self.by_service.get(&row.key) else { return !row.view.vip_sources().is_empty() };
         let sources = row.view.vip_sources();
-        if *uid != row.uid || addrs.len() != sources.len() {
+        if *uid != uid_hash(&row.uid) || addrs.len() != sources.len() {
             return true;
         }
         sources.iter().any(|(address, source)| {
             let entry = self.entries.get(&(Addr::parse(address), row.key.clone()));
             let pool = row.view.allocation.as_ref().and_then(|a| a.pool_of(address));
-            entry.is_none_or(|e| e.source != *source || e.pool.as_deref() != pool || e.ports != row.view.ports)
+            entry.is_none_or(|e| e.source != *source || e.pool.as_deref() != pool || *e.ports != *row.view.ports)
         })
+    }
+
+    /// The shared copy of `value` in `set`, made when there is none.
+    fn shared<T: ?Sized + Hash + Eq>(set: &mut HashSet<Arc<T>>, value: &T, make: impl FnOnce() -> Arc<T>) -> Arc<T> {
+        if let Some(found) = set.get(value) {
+            return found.clone();
+        }
+        let made = make();
+        set.insert(made.clone());
+        made
+    }
+
+    /// Drops `vip`'s shared parts from their sets when it held the last use of them.
+    fn release(&mut self, vip: Vip) {
+        if Arc::strong_count(&vip.ports) == 2 {
+            self.ports.remove(&vip.ports);
+        }
+        if let Some(pool) = vip.pool.filter(|p| Arc::strong_count(p) == 2) {
+            self.pools.remove(&pool);
+        }
     }
 
     /// Replaces the entries of Service `key` with those of its current `row` (`None`: it is gone). A
@@ -120,48 +211,39 @@ impl Index {
     /// earlier index's date of (address, Service, uid), or the event log's) or else the row's
     /// `updated_at`.
     fn put(&mut self, key: &ServiceKey, row: Option<&ServiceRow>, carried: impl Fn(&Dated) -> Option<i64>) {
+        let uid = row.map(|r| uid_hash(&r.uid));
         let mut kept = HashMap::new();
-        if let Some((uid, addrs)) = self.by_service.remove(key) {
+        if let Some((was, addrs)) = self.by_service.remove(key) {
             for addr in addrs {
-                if let Some(entry) = self.entries.remove(&(addr, key.clone()))
-                    && row.is_some_and(|r| r.uid == uid)
-                {
-                    kept.insert(entry.address, entry.since);
+                if let Some(vip) = self.entries.remove(&(addr.clone(), key.clone())) {
+                    if uid == Some(was) {
+                        kept.insert(addr, vip.since);
+                    }
+                    self.release(vip);
                 }
             }
         }
-        let Some(row) = row else { return };
+        let (Some(row), Some(uid)) = (row, uid) else { return };
         let mut addrs = Vec::new();
         for (address, source) in row.view.vip_sources() {
-            let dated = (address.clone(), key.clone(), row.uid.clone());
-            let since = kept.get(&address).copied().or_else(|| carried(&dated)).unwrap_or(row.updated_at);
             let addr = Addr::parse(&address);
-            let pool = row.view.allocation.as_ref().and_then(|a| a.pool_of(&address)).map(str::to_owned);
-            let family = match &addr {
-                Addr::Ip(ip) => Some(IpFamily::of(ip)),
-                Addr::Host(_) => None,
-            };
-            let entry = VipEntry {
-                address,
-                addr: addr.clone(),
-                key: key.clone(),
-                ports: row.view.ports.clone(),
-                source,
-                pool,
-                family,
-                since,
-            };
+            let dated = (addr.clone(), key.clone(), uid);
+            let since = kept.get(&addr).copied().or_else(|| carried(&dated)).unwrap_or(row.updated_at);
+            let pool = row.view.allocation.as_ref().and_then(|a| a.pool_of(&address));
+            let pool = pool.map(|p| Self::shared(&mut self.pools, p, || Arc::from(p)));
+            let ports = Self::shared(&mut self.ports, &row.view.ports[..], || Arc::from(&row.view.ports[..]));
+            let spelled = matches!(&addr, Addr::Ip(ip) if ip.to_string() != address).then(|| address.into());
             addrs.push(addr.clone());
-            self.entries.insert((addr, key.clone()), entry);
+            self.entries.insert((addr, key.clone()), Vip { spelled, ports, source, pool, since });
         }
-        self.by_service.insert(key.clone(), (row.uid.clone(), addrs));
+        self.by_service.insert(key.clone(), (uid, addrs.into()));
     }
 
     /// The date of each entry, by (address, Service, uid): what a new build carries over to a Service
     /// that still has that uid.
     fn dates(&self) -> HashMap<Dated, i64> {
-        let uid = |key: &ServiceKey| self.by_service.get(key).map(|(uid, _)| uid.clone()).unwrap_or_default();
-        self.entries.values().map(|e| ((e.address.clone(), e.key.clone(), uid(&e.key)), e.since)).collect()
+        let uid = |key: &ServiceKey| self.by_service.get(key).map_or(0, |(uid, _)| *uid);
+        self.entries.iter().map(|((addr, key), vip)| ((addr.clone(), key.clone(), uid(key)), vip.since)).collect()
     }
 }
 
@@ -298,8 +380,8 @@ impl VipIndex {
             let carried =
                 if first { HashMap::new() } else { index.current.read().unwrap_or_else(|e| e.into_inner()).dates() };
             let since = |dated: &Dated| {
-                let (address, key, _) = dated;
-                carried.get(dated).or_else(|| history.get(&(key.clone(), address.clone()))).copied()
+                let (addr, key, _) = dated;
+                carried.get(dated).or_else(|| history.get(&(key.clone(), addr.clone()))).copied()
             };
             let mut next = Index { committed, generation, ..Index::empty() };
             runtime.block_on(index.store.for_each_service(|row| next.put(&row.key, Some(&row), since)))?;
@@ -332,7 +414,7 @@ fn gone() -> StoreError {
 
 /// Per (Service, VIP): `observed_at` of the first event of the newest run of events (current uid)
 /// whose view carries the VIP.
-async fn run_starts(store: &Store) -> Result<HashMap<(ServiceKey, String), i64>, StoreError> {
+async fn run_starts(store: &Store) -> Result<HashMap<(ServiceKey, Addr), i64>, StoreError> {
     let mut out = HashMap::new();
     let mut open: HashMap<String, i64> = HashMap::new();
     let mut current: Option<ServiceKey> = None;
@@ -342,13 +424,13 @@ async fn run_starts(store: &Store) -> Result<HashMap<(ServiceKey, String), i64>,
             if current.as_ref() != Some(&key)
                 && let Some(done) = current.replace(key)
             {
-                out.extend(open.drain().map(|(vip, at)| ((done.clone(), vip), at)));
+                out.extend(open.drain().map(|(vip, at)| ((done.clone(), Addr::parse(&vip)), at)));
             }
             step(&mut open, observed_at, &view);
         })
         .await?;
     if let Some(done) = current {
-        out.extend(open.drain().map(|(vip, at)| ((done.clone(), vip), at)));
+        out.extend(open.drain().map(|(vip, at)| ((done.clone(), Addr::parse(&vip)), at)));
     }
     Ok(out)
 }
@@ -396,7 +478,7 @@ mod tests {
     }
 
     fn listed(index: &Index) -> Vec<(String, String, i64)> {
-        index.after(None).map(|e| (e.address.clone(), e.key.name.to_string(), e.since)).collect()
+        index.after(None).map(|e| (e.address(), e.key.name.to_string(), e.since())).collect()
     }
 
     /// A change replaces only its Service's entries: a VIP it keeps keeps its date, a new one is dated
@@ -418,6 +500,28 @@ mod tests {
         index.put(&a, None, |_| None);
         assert_eq!(listed(&index), [at("192.0.2.3", "b", 20)]);
         assert_eq!((index.by_service.len(), index.entries.len()), (1, 1));
+    }
+
+    /// Entries with the same ports share one copy of them, kept while one of them uses it; an address
+    /// is shown as the Service spells it.
+    #[test]
+    fn entries_share_their_ports_and_keep_an_address_as_spelled() {
+        let mut index = Index::empty();
+        let (a, b) = (ServiceKey::new("default", "a"), ServiceKey::new("default", "b"));
+        // Another controller's status may spell an address as it likes (the annotation's are canonical).
+        let mut spelled = row("a", "u1", "192.0.2.1", 10);
+        spelled.view.ingress = serde_json::from_value(serde_json::json!([{"ip": "2001:DB8::0001"}])).unwrap();
+        index.put(&a, Some(&spelled), |_| None);
+        index.put(&b, Some(&row("b", "u2", "192.0.2.2", 20)), |_| None);
+        assert_eq!(index.ports.len(), 1, "one set of ports for three entries");
+        let shown: Vec<String> = index.after(None).map(|e| e.address()).collect();
+        assert_eq!(shown, ["192.0.2.1", "192.0.2.2", "2001:DB8::0001"]);
+        assert_eq!(index.of(&Addr::parse("2001:db8::1"))[0].key, &a, "found by any spelling");
+
+        index.put(&a, None, |_| None);
+        assert_eq!(index.ports.len(), 1, "b still uses it");
+        index.put(&b, None, |_| None);
+        assert_eq!((index.ports.len(), index.entries.len(), index.by_service.len()), (0, 0, 0));
     }
 
     #[test]

@@ -86,25 +86,21 @@ pub struct VipQuery {
     pub cursor: Option<String>,
 }
 
-fn item(e: &VipEntry) -> VipItem {
-    let (ip, hostname) = split_addr(&e.addr, &e.address);
+fn item(e: VipEntry<'_>) -> VipItem {
+    let (ip, hostname) = match e.addr {
+        Addr::Ip(_) => (Some(e.address()), None),
+        Addr::Host(_) => (None, Some(e.address())),
+    };
     VipItem {
         ip,
         hostname,
         namespace: e.key.namespace.to_string(),
         name: e.key.name.to_string(),
-        ports: e.ports.clone(),
-        source: e.source.to_owned(),
-        pool: e.pool.clone(),
-        family: e.family,
-        since: rfc3339(e.since),
-    }
-}
-
-fn split_addr(addr: &Addr, address: &str) -> (Option<String>, Option<String>) {
-    match addr {
-        Addr::Ip(_) => (Some(address.to_owned()), None),
-        Addr::Host(_) => (None, Some(address.to_owned())),
+        ports: e.ports().to_vec(),
+        source: e.source().to_owned(),
+        pool: e.pool().map(str::to_owned),
+        family: e.addr.family(),
+        since: rfc3339(e.since()),
     }
 }
 
@@ -120,13 +116,14 @@ pub async fn list_vips(State(state): State<ApiState>, Query(q): Query<VipQuery>)
     let after: Option<(String, String, String)> = pagination::after("vips", q.cursor.as_deref())?;
     let after = after.map(|(addr, ns, name)| (Addr::parse(&addr), ServiceKey::new(ns, name)));
     let page = |index: &Index| {
-        let rows: Vec<&VipEntry> = index
+        let rows: Vec<VipEntry> = index
             .after(after)
             .filter(|e| q.namespace.as_ref().is_none_or(|ns| *ns == e.key.namespace))
-            .filter(|e| q.family.is_none_or(|f| e.family == Some(f)))
+            .filter(|e| q.family.is_none_or(|f| e.addr.family() == Some(f)))
             .take(limit + 1)
             .collect();
-        let (rows, next_cursor) = pagination::cut(rows, limit, "vips", |e| (&e.address, &e.key.namespace, &e.key.name));
+        let (rows, next_cursor) =
+            pagination::cut(rows, limit, "vips", |e| (e.address(), e.key.namespace.as_str(), e.key.name.as_str()));
         VipPage { items: rows.into_iter().map(item).collect(), next_cursor }
     };
     Ok(Json(state.read_vips(page).await?))
@@ -139,14 +136,15 @@ pub async fn list_vips(State(state): State<ApiState>, Query(q): Query<VipQuery>)
         (status = 404, description = "No Service uses this VIP", body = Problem, content_type = "application/problem+json")))]
 pub async fn get_vip(State(state): State<ApiState>, Path(ip): Path<String>) -> Result<Json<VipDetail>, ApiError> {
     let addr = Addr::parse(&ip);
-    let entries: Vec<VipEntry> = state.read_vips(|index| index.of(&addr).into_iter().cloned().collect()).await?;
-    let Some(first) = entries.first().map(item) else {
+    let items = |index: &Index| index.of(&addr).into_iter().map(|e| (e.key.clone(), item(e))).collect::<Vec<_>>();
+    let entries = state.read_vips(items).await?;
+    let Some((ip, hostname)) = entries.first().map(|(_, first)| (first.ip.clone(), first.hostname.clone())) else {
         return Err(ApiError::NotFound(format!("VIP `{ip}`")));
     };
     let mut services = Vec::with_capacity(entries.len());
-    for e in &entries {
-        let backends = state.store.service(&e.key).await?.map(|r| r.backends).unwrap_or_default();
-        services.push(VipService { item: item(e), backends });
+    for (key, item) in entries {
+        let backends = state.store.service(&key).await?.map(|r| r.backends).unwrap_or_default();
+        services.push(VipService { item, backends });
     }
-    Ok(Json(VipDetail { ip: first.ip, hostname: first.hostname, services }))
+    Ok(Json(VipDetail { ip, hostname, services }))
 }

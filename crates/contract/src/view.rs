@@ -26,7 +26,7 @@ pub fn requested_ip_entries(annotations: &StringMap) -> Option<(&'static str, Ve
 }
 
 /// One Service port as the load balancer sees it (`spec.ports[]`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PortView {
