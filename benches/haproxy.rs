@@ -4,8 +4,8 @@
 //! that only notes arrivals: the baseline from the same run, so every figure is also a ratio to
 //! "vipwatch delivered it" and shows what the agent and HAProxy add.
 //!
-//! Run: `cargo bench --bench haproxy` (optional args: CREATES BULK, default 100 1000). Needs
-//! `haproxy` on `PATH`.
+//! Run: `cargo bench --bench haproxy` (optional args: CREATES BULK..., default 100 1000; each BULK
+//! after the first is another bulk phase, its figures named `bulk N: …`). Needs `haproxy` on `PATH`.
 //!
 //! - create: CREATES Services, one after the other, each a Service then its EndpointSlice (as the
 //!   endpoint controller writes it); per Service the time from the create to the first connection
@@ -154,14 +154,15 @@ fn agent(dir: &Path) -> Process {
     Process::spawn(cmd, "AGENT ", true)
 }
 
-/// The `agent-child` mode: the agent on 127.0.0.1:0 until SIGTERM.
+/// The `agent-child` mode: the agent on 127.0.0.1:0 until SIGTERM, with its defaults and the
+/// `VIPWATCH_HAPROXY_*` overrides of the environment (e.g. `VIPWATCH_HAPROXY_CONCURRENCY`).
 async fn agent_child(dir: &str) {
     let config = vipwatch_haproxy::AgentConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         secrets: vec![SECRET.into()],
         dir: dir.into(),
         stop_haproxy_on_exit: true,
-        ..Default::default()
+        ..vipwatch_haproxy::AgentConfig::load_unchecked(None).unwrap()
     };
     let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
     println!("AGENT {}", listener.local_addr().unwrap());
@@ -276,7 +277,8 @@ async fn creates_and_member_changes(n: usize, results: &mut Results) {
     agent.stop();
 }
 
-async fn bulk(n: usize, results: &mut Results) {
+/// One bulk phase of `n` Services; its figures are named `{phase}: …`.
+async fn bulk(n: usize, phase: &str, results: &mut Results) {
     let options = FakeApiServerOptions { history_limit: 8 * n + 1000, ..Default::default() };
     let api = FakeApiServer::start_with(options).await.unwrap();
     api.seed((0..n).map(|i| service(&name(i))));
@@ -315,21 +317,22 @@ async fn bulk(n: usize, results: &mut Results) {
          {base:.2} s; ratio {:.2}); reloads: {bulk_reloads}",
         applied / base,
     );
-    results.compare("bulk: all live", applied, "s", "bulk: all delivered to the receiver", base);
-    results.compare("bulk: reloads", bulk_reloads as f64, "", "Services", n as f64);
+    let all_delivered = format!("{phase}: all delivered to the receiver");
+    results.compare(&format!("{phase}: all live"), applied, "s", &all_delivered, base);
+    results.compare(&format!("{phase}: reloads"), bulk_reloads as f64, "", "Services", n as f64);
     let master: u32 = std::fs::read_to_string(agent_dir.join("haproxy.pid")).unwrap().trim().parse().unwrap();
     let worker = children(master).into_iter().map(peak_rss_mib).fold(0.0, f64::max);
     let (agent_rss, vw_rss) = (peak_rss_mib(agent.child.id()), peak_rss_mib(vw.child.id()));
+    let master = peak_rss_mib(master);
     println!(
-        "  peak RSS: agent {agent_rss:.1} MiB, HAProxy worker {worker:.1} MiB, master {:.1} MiB \
+        "  peak RSS: agent {agent_rss:.1} MiB, HAProxy worker {worker:.1} MiB, master {master:.1} MiB \
          (vipwatch {vw_rss:.1} MiB; agent ratio {:.2})",
-        peak_rss_mib(master),
         agent_rss / vw_rss
     );
-    results.figure("bulk: peak RSS of vipwatch", vw_rss, "MiB");
-    results.compare("bulk: peak RSS of the agent", agent_rss, "MiB", "vipwatch", vw_rss);
-    results.compare("bulk: peak RSS of HAProxy's worker", worker, "MiB", "vipwatch", vw_rss);
-    results.compare("bulk: peak RSS of HAProxy's master", peak_rss_mib(master), "MiB", "vipwatch", vw_rss);
+    results.figure(&format!("{phase}: peak RSS of vipwatch"), vw_rss, "MiB");
+    results.compare(&format!("{phase}: peak RSS of the agent"), agent_rss, "MiB", "vipwatch", vw_rss);
+    results.compare(&format!("{phase}: peak RSS of HAProxy's worker"), worker, "MiB", "vipwatch", vw_rss);
+    results.compare(&format!("{phase}: peak RSS of HAProxy's master"), master, "MiB", "vipwatch", vw_rss);
     vw.stop();
     agent.stop();
 }
@@ -344,10 +347,14 @@ async fn main() {
     assert!(ok, "this benchmark runs a real HAProxy: install Debian's `haproxy` package");
     vipwatch::relay::sender::install_crypto_provider();
     let numbers: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
-    let (creates, bulk_n) = (numbers.first().copied().unwrap_or(100), numbers.get(1).copied().unwrap_or(1000));
+    let creates = numbers.first().copied().unwrap_or(100);
+    let bulks = if numbers.len() > 1 { numbers[1..].to_vec() } else { vec![1000] };
     let mut results = Results::new("haproxy");
     results.param("creates", creates);
-    results.param("bulk", bulk_n);
+    results.param("bulk", bulks[0]);
+    if bulks.len() > 1 {
+        results.param("more bulks", format!("{:?}", &bulks[1..]));
+    }
     let version = Command::new("haproxy").arg("-v").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
     let version = version.unwrap_or_default();
     results.param("haproxy", version.lines().next().unwrap_or("").to_owned());
@@ -357,6 +364,8 @@ async fn main() {
     pod(POD_A, "a").await;
     pod(POD_B, "b").await;
     creates_and_member_changes(creates, &mut results).await;
-    bulk(bulk_n, &mut results).await;
+    for (i, n) in bulks.iter().enumerate() {
+        bulk(*n, &if i == 0 { "bulk".to_owned() } else { format!("bulk {n}") }, &mut results).await;
+    }
     results.write();
 }
