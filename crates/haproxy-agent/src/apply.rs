@@ -486,8 +486,11 @@ impl Applier {
     }
 
     async fn reload(&mut self, new: Rendered, check_binds: bool) -> Result<(), Failure> {
-        let added: Vec<SocketAddr> = new.binds.iter().filter(|b| !self.applied.binds.contains(b)).copied().collect();
-        let removed: Vec<SocketAddr> = self.applied.binds.iter().filter(|b| !new.binds.contains(b)).copied().collect();
+        // As sets: with thousands of binds, `Vec::contains` per bind made this quadratic.
+        let (old_binds, new_binds): (BTreeSet<&SocketAddr>, BTreeSet<&SocketAddr>) =
+            (self.applied.binds.iter().collect(), new.binds.iter().collect());
+        let added: Vec<SocketAddr> = new_binds.difference(&old_binds).map(|b| **b).collect();
+        let removed: Vec<SocketAddr> = old_binds.difference(&new_binds).map(|b| **b).collect();
         if check_binds {
             preflight(&added)?;
         }
