@@ -5,7 +5,9 @@
 //! Run: `cargo bench --bench burst` (optional args: SERVICES HOT CHANGES RATE SECONDS, default
 //! 10000 1000 20000 500 20; `--no-finalizer` sets `kubernetes.finalizer = false`; the burst's writers
 //! keep to 7,000 changes/s in all, `BENCH_BURST_RATE=N` to N, `BENCH_BURST_RATE=unpaced` write as
-//! fast as the apiserver answers; `BENCH_POOL=1` adds a pool).
+//! fast as the apiserver answers; `BENCH_POOL=1` adds a pool; `BENCH_APISERVER_CPU=500us` makes the
+//! simulated apiserver spend that much CPU on each request, and a fifth of it on each watch event, as
+//! a slower apiserver sharing the CPUs would: such a run is kept as `burst-slow-apiserver`).
 //!
 //! Phases, each with vipwatch's own peak RSS (VmHWM, reset between phases through
 //! `/proc/<pid>/clear_refs`) next to the peak of the same binary started on an empty cluster, and
@@ -106,6 +108,14 @@ async fn burst(
         });
     }
     writers.join_all().await.into_iter().flatten().collect()
+}
+
+/// `BENCH_APISERVER_CPU` (e.g. `500us`): the CPU the simulated apiserver spends per request; zero
+/// when unset.
+fn apiserver_cpu() -> Duration {
+    std::env::var("BENCH_APISERVER_CPU").map_or(Duration::ZERO, |raw| {
+        humantime::parse_duration(&raw).unwrap_or_else(|e| panic!("BENCH_APISERVER_CPU={raw:?}: {e}"))
+    })
 }
 
 /// The burst's pace in changes/s over all its writers: [`BURST_RATE`], or `BENCH_BURST_RATE` (a
@@ -298,7 +308,9 @@ async fn main() {
     println!(
         "burst: {services} Services; {changes} changes over {hot} {how}; {rate}/s for {seconds} s; finalizer {finalizer}"
     );
-    let mut results = Results::new("burst");
+    let cpu_per_request = apiserver_cpu();
+    let mut results = Results::new(if cpu_per_request.is_zero() { "burst" } else { "burst-slow-apiserver" });
+    results.param("apiserver_cpu_per_request_us", cpu_per_request.as_micros() as u64);
     results.param("services", services);
     results.param("hot", hot);
     results.param("changes", changes);
@@ -313,8 +325,8 @@ async fn main() {
     // The fixed cost: the same binary and config on an empty cluster.
     let empty = empty_cluster(&url, finalizer, &mut results).await;
 
-    let options =
-        FakeApiServerOptions { history_limit: services + 2 * (changes + rate * seconds), ..Default::default() };
+    let history_limit = services + 2 * (changes + rate * seconds);
+    let options = FakeApiServerOptions { history_limit, cpu_per_request, ..Default::default() };
     let api = FakeApiServer::start_with(options).await.unwrap();
     api.seed((0..services).map(service));
     let base_posts = bare_posts(&url, services).await;

@@ -33,10 +33,11 @@ PLOTS = ROOT / "docs" / "benchmarks"
 SCHEMA = 1
 
 # The page's order; entries of other names follow in name order.
-ORDER = ["ingest", "relay", "api", "backends", "haproxy", "burst", "burst-sizes", "templates", "store_backends", "failover"]
+ORDER = ["ingest", "relay", "api", "backends", "haproxy", "burst", "burst-sizes", "burst-slow-apiserver", "templates",
+         "store_backends", "failover"]
 
 # How each entry is run: the bench and, for a mode of it, the argument that selects it.
-COMMANDS = {"burst-sizes": ("burst", "--sizes")}
+COMMANDS = {"burst-sizes": ("burst", "--sizes"), "burst-slow-apiserver": ("burst", None)}
 
 # Latency phases of the latency plot: (entry, label, figure name prefix); the figures are
 # `<prefix> p50` and `<prefix> p99`, each with its baseline.

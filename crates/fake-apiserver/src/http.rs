@@ -214,6 +214,7 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         query: query.clone(),
         at: std::time::Instant::now(),
     });
+    crate::spend(shared.options.cpu_per_request);
     if let Some(code) = shared.faults.take_failure() {
         return injected(code, &method, &path);
     }

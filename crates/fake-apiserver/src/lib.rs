@@ -92,11 +92,30 @@ pub struct FakeApiServerOptions {
     pub history_limit: usize,
     /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK. Default 1 s (minimum 10 ms).
     pub bookmark_interval: Duration,
+    /// CPU time the server spends (busy, on the thread serving it) on each HTTP request, and a fifth of
+    /// it on each watch event it writes: a stand-in for a slower apiserver sharing the machine's CPUs
+    /// (one written in Python), for benchmarks. Default zero.
+    pub cpu_per_request: Duration,
 }
 
 impl Default for FakeApiServerOptions {
     fn default() -> Self {
-        FakeApiServerOptions { history_limit: 10_000, bookmark_interval: Duration::from_secs(1) }
+        FakeApiServerOptions {
+            history_limit: 10_000,
+            bookmark_interval: Duration::from_secs(1),
+            cpu_per_request: Duration::ZERO,
+        }
+    }
+}
+
+/// Keeps the calling thread busy for `cpu` ([`FakeApiServerOptions::cpu_per_request`]).
+pub(crate) fn spend(cpu: Duration) {
+    if cpu.is_zero() {
+        return;
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < cpu {
+        std::hint::spin_loop();
     }
 }
 

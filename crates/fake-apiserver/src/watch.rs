@@ -246,6 +246,7 @@ impl WatchTask {
             }
             _ => return ControlFlow::Continue(()),
         };
+        crate::spend(self.shared.options.cpu_per_request / 5);
         if std::mem::take(&mut self.cut_next) {
             return self.cut(line.into_bytes()).await;
         }
