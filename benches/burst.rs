@@ -534,11 +534,11 @@ fn round_lines(results: &mut Results, (waiting, store, rounds): (f64, f64, f64),
     results.compare("burst: relay round waiting", waiting, "ms", "burst: relay cycle per slot", cycle);
 }
 
-/// Service `s` (from [`service`]) with VIP `10.a.b.c` (from `i`) in its annotation: every Service of
-/// the sizing mode has one, so `GET /api/v1/vips` pages are full.
+/// Service `s` (from [`service`]) with VIP `10.0.0.0` + `i` in its annotation: every Service of the
+/// sizing mode has one, so `GET /api/v1/vips` pages are full.
 fn with_vip(mut s: Value, i: usize) -> Value {
-    let ip = format!("10.{}.{}.{}", (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff);
-    s["metadata"]["annotations"] = json!({"vipwatch.io/loadBalancerIPs": ip});
+    let ip = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 0, 0, 0)) + i as u32);
+    s["metadata"]["annotations"] = json!({"vipwatch.io/loadBalancerIPs": ip.to_string()});
     s
 }
 
@@ -548,9 +548,9 @@ async fn vip_page(client: &reqwest::Client, addr: &str, items: usize) -> f64 {
     let start = Instant::now();
     let page: Value =
         client.get(format!("http://{addr}/api/v1/vips?limit=1000")).send().await.unwrap().json().await.unwrap();
-    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let took = ms(start.elapsed());
     assert_eq!(page["items"].as_array().map(Vec::len), Some(items), "a page of /api/v1/vips");
-    ms
+    took
 }
 
 /// Pages read one after the other, 100 ms apart, `most` of them or until `stop` is set: their

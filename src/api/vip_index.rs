@@ -44,9 +44,7 @@ impl Addr {
     pub fn parse(s: &str) -> Self {
         s.parse().map(Addr::Ip).unwrap_or_else(|_| Addr::Host(s.to_owned()))
     }
-}
 
-impl Addr {
     /// `IPv4` or `IPv6`; `None` for a hostname.
     pub fn family(&self) -> Option<IpFamily> {
         match self {
@@ -187,12 +185,15 @@ impl Index {
     }
 
     /// The shared copy of `value` in `set`, made when there is none.
-    fn shared<T: ?Sized + Hash + Eq>(set: &mut HashSet<Arc<T>>, value: &T, make: impl FnOnce() -> Arc<T>) -> Arc<T> {
+    fn shared<T: ?Sized + Hash + Eq>(set: &mut HashSet<Arc<T>>, value: &T) -> Arc<T>
+    where
+        for<'a> Arc<T>: From<&'a T>,
+    {
         if let Some(found) = set.get(value) {
             return found.clone();
         }
-        let made = make();
-        set.insert(made.clone());
+        let made = Arc::from(value);
+        set.insert(Arc::clone(&made));
         made
     }
 
@@ -230,8 +231,8 @@ impl Index {
             let dated = (addr.clone(), key.clone(), uid);
             let since = kept.get(&addr).copied().or_else(|| carried(&dated)).unwrap_or(row.updated_at);
             let pool = row.view.allocation.as_ref().and_then(|a| a.pool_of(&address));
-            let pool = pool.map(|p| Self::shared(&mut self.pools, p, || Arc::from(p)));
-            let ports = Self::shared(&mut self.ports, &row.view.ports[..], || Arc::from(&row.view.ports[..]));
+            let pool = pool.map(|p| Self::shared(&mut self.pools, p));
+            let ports = Self::shared(&mut self.ports, &row.view.ports[..]);
             let spelled = matches!(&addr, Addr::Ip(ip) if ip.to_string() != address).then(|| address.into());
             addrs.push(addr.clone());
             self.entries.insert((addr, key.clone()), Vip { spelled, ports, source, pool, since });

@@ -64,26 +64,14 @@ pub(super) struct Dispatcher {
     pub advertised: Option<watch::Receiver<Option<usize>>>,
 }
 
-/// The next pulse of `reachable`; never without one, nor once its sender is gone (then it is
-/// dropped).
-async fn reached(reachable: &mut Option<watch::Receiver<u64>>) {
-    if let Some(rx) = reachable.as_mut() {
-        if rx.changed().await.is_ok() {
-            return;
+/// The next value of `rx` (the `reachable` pulse, the `advertised` concurrency); never without a
+/// receiver, nor once its sender is gone (then it is dropped).
+async fn next<T: Clone>(rx: &mut Option<watch::Receiver<T>>) -> T {
+    if let Some(r) = rx.as_mut() {
+        if r.changed().await.is_ok() {
+            return r.borrow_and_update().clone();
         }
-        *reachable = None;
-    }
-    std::future::pending().await
-}
-
-/// The next concurrency the receiver advertised, or `fallback` when it stopped saying; never once
-/// the sender is gone (then it is dropped).
-async fn advertised(advertised: &mut Option<watch::Receiver<Option<usize>>>, fallback: usize) -> usize {
-    if let Some(rx) = advertised.as_mut() {
-        if rx.changed().await.is_ok() {
-            return rx.borrow_and_update().unwrap_or(fallback);
-        }
-        *advertised = None;
+        *rx = None;
     }
     std::future::pending().await
 }
@@ -199,8 +187,9 @@ impl Dispatcher {
                     shell.finished_at.get_or_insert_with(Instant::now);
                     Event::Finished(done)
                 }
-                () = reached(&mut reachable) => Event::Reachable,
-                n = advertised(&mut said, self.relay.concurrency) => Event::Concurrency(n),
+                _ = next(&mut reachable) => Event::Reachable,
+                // A receiver that stopped saying gets `relay.concurrency` (or the endpoint's) again.
+                n = next(&mut said) => Event::Concurrency(n.unwrap_or(self.relay.concurrency)),
                 changed = committed.changed(), if listens => match changed {
                     Ok(()) => Event::Commit(*committed.borrow_and_update()),
                     Err(_) => Event::CommitsClosed,
