@@ -75,6 +75,8 @@ pub struct Store {
     fence: Option<std::sync::Arc<lease::Fencing>>,
     /// The configured group-commit interval ([`Store::pacing`]).
     commit_interval: std::time::Duration,
+    /// Refreshes PostgreSQL's planner statistics as the tables grow; `None` on SQLite.
+    statistics: Option<std::sync::Arc<statistics::Refresher>>,
 }
 
 impl Store {

@@ -223,7 +223,9 @@ impl Store {
     fn started(backend: Backend, pools: Pools, log_id: std::sync::Arc<str>) -> Self {
         let health: std::sync::Arc<super::health::Health> = Default::default();
         let owner = super::owner::spawn(backend, pools.clone(), health.clone());
-        Self { backend, pools, owner, commit_interval: super::DEFAULT_COMMIT_INTERVAL, log_id, health, fence: None }
+        let statistics = super::statistics::Refresher::new(backend, &pools);
+        let commit_interval = super::DEFAULT_COMMIT_INTERVAL;
+        Self { backend, pools, owner, commit_interval, log_id, health, fence: None, statistics }
     }
 
     /// The identity of this database's event log (`data.log_id` of every delivery): a UUID made

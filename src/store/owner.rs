@@ -827,11 +827,19 @@ impl Store {
     ) -> impl Future<Output = (Result<Recorded, StoreError>, Prepared)> + Send + 'static {
         let (reply, answer) = oneshot::channel();
         let sent = self.owner.commands.send(Command::Record { chunk, fence: self.fence.clone(), reply });
+        let statistics = self.statistics.clone();
         async move {
             match sent {
                 Err(mpsc::error::SendError(Command::Record { chunk, .. })) => (Err(gone()), chunk),
                 Err(_) => unreachable!("a Record was sent"),
-                Ok(()) => answer.await.expect("the owner answers every Record it took, giving the chunk back"),
+                Ok(()) => {
+                    let (recorded, chunk) =
+                        answer.await.expect("the owner answers every Record it took, giving the chunk back");
+                    if let (Ok(_), Some(statistics)) = (&recorded, statistics) {
+                        statistics.wrote((chunk.ids().len() + chunk.deliveries()) as u64);
+                    }
+                    (recorded, chunk)
+                }
             }
         }
     }

@@ -424,7 +424,10 @@ pub(super) async fn record_chunk(s: &mut Script<'_>, now: i64, p: &Prepared) -> 
         write_progress(s, now, progress).await?;
     }
     if let (Backend::Postgres, Some(last)) = (b, p.ids.last()) {
-        s.run(Stmt::new("SELECT pg_notify('vipwatch_events', $1)").bind(last.to_string())).await?;
+        // One statement, one round trip: the sequence follows the ids given, and listeners hear of
+        // the newest at commit.
+        let sql = "SELECT setval('events_id_seq', $1), pg_notify('vipwatch_events', $1::text)";
+        s.run(Stmt::new(sql).bind(*last)).await?;
     }
     // Sent now, so that an error is this chunk's.
     s.flush().await
@@ -475,8 +478,9 @@ fn event_rows(changes: &[StateChange]) -> Result<Vec<EventJson>, StoreError> {
     Ok(rows)
 }
 
-/// Inserts event rows (of `changes`) with their assigned ids (`ids[i]` for `rows[i]`); on PostgreSQL
-/// also moves `events_id_seq` up to the highest (SQLite's AUTOINCREMENT does that by itself).
+/// Inserts event rows (of `changes`) with their assigned ids (`ids[i]` for `rows[i]`). On PostgreSQL
+/// [`record_chunk`] then moves `events_id_seq` up to the highest (SQLite's AUTOINCREMENT does that by
+/// itself).
 async fn insert_events(
     s: &mut Script<'_>,
     now: i64,
@@ -487,9 +491,6 @@ async fn insert_events(
     let rows: Vec<(&EventJson, i64)> = rows.iter().zip(ids.iter().copied()).collect();
     for chunk in row_chunks(&rows, EVENT_CHUNK) {
         s.run(event_chunk(s.backend(), now, changes, chunk)).await?;
-    }
-    if let (Backend::Postgres, Some(last)) = (s.backend(), ids.last()) {
-        s.run(Stmt::new("SELECT setval('events_id_seq', $1)").bind(*last)).await?;
     }
     Ok(())
 }
