@@ -29,7 +29,7 @@ use crate::config::AgentConfig;
 use crate::haproxy::{Haproxy, HaproxyError};
 use crate::metrics::Metrics;
 use crate::render::{Globals, Rendered, render, runtime_commands};
-use crate::state::{Desired, write_atomically};
+use crate::state::{Binds, Desired, write_atomically};
 use crate::sync::Syncs;
 use vipwatch_contract::WebhookPayload;
 
@@ -240,8 +240,9 @@ impl Applier {
         let mut candidate = self.desired.clone();
         let mut pending = Vec::new();
         let mut changes = Vec::new();
+        let mut binds = Binds::of(&candidate);
         for job in jobs {
-            match self.take(&mut candidate, &job.payload, &mut changes) {
+            match self.take(&mut candidate, &mut binds, &job.payload, &mut changes) {
                 Ok(()) => pending.push(job),
                 Err(outcome) => self.answer(job, outcome),
             }
@@ -385,17 +386,22 @@ impl Applier {
         }
     }
 
-    /// Folds one delivery into `candidate`, first judging who sent it (its cluster's binding may
-    /// change: `changes`). Errors: its outcome when it changes nothing (a cluster name another
-    /// vipwatch holds, stale, rejected).
+    /// Folds one delivery into `candidate` (whose bind index is `binds`), first judging who sent it
+    /// (its cluster's binding may change: `changes`). Errors: its outcome when it changes nothing (a
+    /// cluster name another vipwatch holds, stale, rejected).
     fn take(
         &mut self,
         candidate: &mut Desired,
+        binds: &mut Binds,
         payload: &WebhookPayload,
         changes: &mut Vec<Change>,
     ) -> Result<(), Outcome> {
         let cluster = match self.clusters.claim(candidate, Sender::of(payload), Instant::now()) {
             Claim::Accepted { cluster, changes: made } => {
+                if !made.is_empty() {
+                    // A binding that changed may have moved Services between clusters.
+                    *binds = Binds::of(candidate);
+                }
                 changes.extend(made);
                 cluster
             }
@@ -415,7 +421,7 @@ impl Applier {
             if let Some(why) = candidate.ignore(&intent) {
                 return Err(Outcome::Ignored(why.into()));
             }
-            candidate.apply(intent).map_err(Outcome::Rejected)?;
+            candidate.apply_with(intent, binds).map_err(Outcome::Rejected)?;
         }
         Ok(())
     }
@@ -455,7 +461,7 @@ impl Applier {
     }
 
     /// Makes HAProxy run `candidate`: Runtime API commands when only server slots differ, else a
-    /// checked, confirmed reload; `preflight`: first check that the binds it adds are free (not when
+    /// confirmed reload (checked with `haproxy -c` only when it fails); `preflight`: first check that the binds it adds are free (not when
     /// HAProxy runs a configuration the agent did not make: its binds are unknown, and HAProxy's own
     /// holds them).
     async fn activate(&mut self, candidate: &Desired, preflight: bool) -> Result<(), Failure> {
@@ -494,33 +500,50 @@ impl Applier {
         if check_binds {
             preflight(&added)?;
         }
-        let next = self.haproxy.config.with_extension("cfg.new");
-        write_atomically(&next, new.text.as_bytes()).map_err(|e| Failure::Transient(e.to_string()))?;
-        if let Err(e) = self.haproxy.check(&next).await {
-            return Err(match e {
-                HaproxyError::Invalid(why) => Failure::Rejected(format!("HAProxy refused the configuration: {why}")),
-                other => Failure::Transient(other.to_string()),
-            });
-        }
-        std::fs::rename(&next, &self.haproxy.config).map_err(|e| Failure::Transient(e.to_string()))?;
+        // No `haproxy -c` first: the master parses the file as it reloads and keeps the old worker
+        // serving when that fails, so a separate check only doubled the parse, the larger part of a
+        // reload with thousands of frontends. The check runs after a failed reload, to tell a
+        // configuration HAProxy refuses (the batch's Services, one at a time) from trouble that passes.
+        write_atomically(&self.haproxy.config, new.text.as_bytes()).map_err(|e| Failure::Transient(e.to_string()))?;
         let reloaded = self.haproxy.reload(self.config.reload_timeout).await;
         let result = if reloaded.is_ok() { "ok" } else { "failed" };
         self.metrics.reloads.get_or_create(&crate::metrics::ResultLabels { result: result.into() }).inc();
         if let Err(e) = reloaded {
             let _ = write_atomically(&self.haproxy.config, self.applied.text.as_bytes());
-            // A bind that failed after the pre-flight passed (a program took the address meanwhile):
-            // the same Service would fail again, so it is refused. HAProxy's own words are only there
-            // when this agent started it (they go to the starting agent's stderr).
-            if check_binds {
-                preflight(&added)?;
-            }
-            let why = e.to_string();
-            return Err(if why.contains("cannot bind") { Failure::Rejected(why) } else { Failure::Transient(why) });
+            return Err(self.why_not_reloaded(&new, e, check_binds.then_some(&added[..])).await);
         }
         info!(binds = new.binds.len(), "HAProxy reloaded");
         self.applied = new;
         confirm_live(&added, &removed, self.config.reload_timeout).await;
         Ok(())
+    }
+
+    /// Why `new` did not go live in a reload that failed with `e`: refused (a configuration `haproxy
+    /// -c` rejects; a bind in `added` that is taken, when binds are checked) or transient.
+    async fn why_not_reloaded(&self, new: &Rendered, e: HaproxyError, added: Option<&[SocketAddr]>) -> Failure {
+        let next = self.haproxy.config.with_extension("cfg.new");
+        if let Err(e) = write_atomically(&next, new.text.as_bytes()) {
+            return Failure::Transient(e.to_string());
+        }
+        let checked = self.haproxy.check(&next).await;
+        let _ = std::fs::remove_file(&next);
+        match checked {
+            Err(HaproxyError::Invalid(why)) => {
+                return Failure::Rejected(format!("HAProxy refused the configuration: {why}"));
+            }
+            Err(other) => return Failure::Transient(other.to_string()),
+            Ok(()) => {}
+        }
+        // A bind that failed after the pre-flight passed (a program took the address meanwhile): the
+        // same Service would fail again, so it is refused. HAProxy's own words are only there when
+        // this agent started it (they go to the starting agent's stderr).
+        if let Some(added) = added
+            && let Err(refused) = preflight(added)
+        {
+            return refused;
+        }
+        let why = e.to_string();
+        if why.contains("cannot bind") { Failure::Rejected(why) } else { Failure::Transient(why) }
     }
 
     fn publish(&self, error: Option<String>) {

@@ -367,6 +367,39 @@ mod tests {
         ServiceKey { cluster: Some(cluster.into()), namespace: "eval".into(), name: name.into() }
     }
 
+    /// A batch keeps one bind index for all its deliveries: after every change it is the index of
+    /// the state as built afresh, and it finds the same conflicts as a pass over every Service.
+    #[test]
+    fn the_bind_index_of_a_batch_follows_every_change_and_finds_the_conflicts() {
+        use crate::state::Binds;
+        let version =
+            |n: i64| Version { event_id: Some(n), resource_version: n.to_string(), log_id: Some("log-a".into()) };
+        let up = |name: &str, uid: &str, vip: &str, n: i64| Intent::Upsert {
+            cluster: "east".into(),
+            service: Box::new(svc(name, uid, vip)),
+            version: version(n),
+        };
+        let mut s = Desired::default();
+        let mut binds = Binds::of(&s);
+        s.apply_with(up("web", "u1", "10.0.0.1", 1), &mut binds).unwrap();
+        s.apply_with(up("api", "u2", "10.0.0.2", 2), &mut binds).unwrap();
+        assert_eq!(binds, Binds::of(&s));
+        s.apply_with(up("web", "u1", "10.0.0.3", 3), &mut binds).unwrap();
+        assert_eq!(binds, Binds::of(&s), "a Service that moved to another VIP");
+        let clash = s.apply_with(up("db", "u3", "10.0.0.2", 4), &mut binds).unwrap_err();
+        assert_eq!(clash, "10.0.0.2:80 is already bound by Service eval/api of cluster east");
+        s.apply_with(up("db", "u3", "10.0.0.1", 5), &mut binds).unwrap();
+        assert_eq!(binds, Binds::of(&s), "the VIP the first one left is free");
+        s.apply_with(up("web", "u1", "10.0.0.3", 6), &mut binds).unwrap();
+        assert_eq!(binds, Binds::of(&s), "a Service that kept its VIP");
+        s.apply_with(Intent::Delete { key: key("east", "api"), uid: "u2".into(), version: version(7) }, &mut binds)
+            .unwrap();
+        assert_eq!(binds, Binds::of(&s));
+        s.apply_with(up("cache", "u4", "10.0.0.2", 8), &mut binds).unwrap();
+        assert_eq!(binds, Binds::of(&s), "a deleted Service's VIP is free");
+        assert_eq!(s.services.len(), 3);
+    }
+
     /// The clock `secs` seconds after `t0`.
     fn at(t0: Instant, secs: u64) -> Instant {
         t0 + Duration::from_secs(secs)

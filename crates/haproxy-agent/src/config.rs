@@ -75,7 +75,8 @@ pub struct AgentConfig {
     /// How many deliveries the agent asks each vipwatch to keep in flight (1–4096), on every answer
     /// (`vipwatch-receiver-concurrency`): those arriving within `batch_window` share one reload, so a large
     /// change (a first sync, an agent starting empty) goes live in a few reloads. The endpoint's own `concurrency`
-    /// in vipwatch's configuration wins over it.
+    /// in vipwatch's configuration wins over it. Each delivery in flight costs vipwatch its request and connection
+    /// (tens of KB), so a lower number bounds vipwatch's memory during a large change.
     pub concurrency: usize,
     /// How long a reload may take to be confirmed (`show proc`) before the delivery gets a 503.
     #[serde(with = "humantime_serde")]
@@ -128,7 +129,7 @@ impl Default for AgentConfig {
             haproxy_bin: PathBuf::from("haproxy"),
             server_slots: 8,
             batch_window: Duration::from_millis(200),
-            concurrency: 1024,
+            concurrency: vipwatch_contract::receiver::MAX_CONCURRENCY,
             reload_timeout: Duration::from_secs(10),
             answer_timeout: Duration::from_secs(8),
             hard_stop_after: Duration::from_secs(30 * 60),

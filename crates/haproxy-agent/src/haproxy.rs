@@ -1,5 +1,6 @@
 //! HAProxy itself: started in master-worker mode (`-W`, master CLI on `<dir>/master.sock`) in a
-//! process group of its own, so it outlives an agent restart; checked with `haproxy -c`; reloaded
+//! process group of its own, so it outlives an agent restart; a configuration checked with `haproxy
+//! -c` when a reload of it failed; reloaded
 //! through the master CLI and the reload confirmed with `show proc` (HAProxy 2.6 answers `reload`
 //! with nothing: the master line's reload counter goes up, and its `failed` count is 0 after a good
 //! reload); changed at run time through the admin socket, with `severity-output number` so an error
@@ -110,12 +111,13 @@ impl Haproxy {
         }
     }
 
-    /// `haproxy -c -f <path>`. Errors: [`HaproxyError::Invalid`] with HAProxy's explanation, or
-    /// [`HaproxyError::Unavailable`] when the binary cannot run.
+    /// `haproxy -c -f <path>`. Errors: [`HaproxyError::Invalid`] with HAProxy's explanation (its
+    /// `[ALERT]` lines, else all it printed), or [`HaproxyError::Unavailable`] when the binary cannot
+    /// run.
     pub async fn check(&self, path: &Path) -> Result<(), HaproxyError> {
+        // Not `-q`: it silences the alerts that say what is wrong, too.
         let out = tokio::process::Command::new(&self.bin)
             .arg("-c")
-            .arg("-q")
             .arg("-f")
             .arg(path)
             .output()
@@ -124,7 +126,10 @@ impl Haproxy {
         if out.status.success() {
             return Ok(());
         }
-        let text = first_lines(String::from_utf8_lossy(&out.stderr).trim(), CHECK_LINES);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let alerts: Vec<&str> = stderr.lines().filter(|l| l.contains("[ALERT]")).collect();
+        let why = if alerts.is_empty() { stderr.trim().to_owned() } else { alerts.join("\n") };
+        let text = first_lines(&why, CHECK_LINES);
         Err(HaproxyError::Invalid(if text.is_empty() { format!("exit {}", out.status) } else { text }))
     }
 

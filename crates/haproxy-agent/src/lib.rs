@@ -1,7 +1,7 @@
 //! `vipwatch-haproxy`: an agent on the load-balancer host that applies vipwatch's signed deliveries
 //! to a real HAProxy. It keeps the desired state on disk ([`state`]), renders a deterministic
 //! `haproxy.cfg` ([`render`]), applies member changes through the Runtime API and everything else
-//! through a checked, confirmed, hitless reload ([`haproxy`], [`apply`]), and answers each delivery
+//! through a confirmed, hitless reload ([`haproxy`], [`apply`]), and answers each delivery
 //! only once the change is live ([`http`]). A task of its own watches HAProxy and starts it again
 //! within a second when it dies ([`supervise`]); the agent says whether it is caught up, to
 //! keepalived through `/healthz` and to vipwatch in every answer ([`catchup`]). One agent serves several clusters, each with its own

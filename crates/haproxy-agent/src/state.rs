@@ -338,26 +338,48 @@ impl Desired {
     /// Applies `intent`. Errors: the reason HAProxy could never serve the Service (the state is then
     /// unchanged).
     pub fn apply(&mut self, intent: Intent) -> Result<(), String> {
+        let mut binds = Binds::of(self);
+        self.apply_with(intent, &mut binds)
+    }
+
+    /// [`Desired::apply`] with `binds`, the bind index of this state ([`Binds::of`]), kept up to
+    /// date: a batch of deliveries checks each Service's binds by lookup instead of a pass over every
+    /// accepted Service (which made a batch quadratic in the Services accepted). `binds` must be
+    /// this state's: rebuild it after changing `services` by other means.
+    pub fn apply_with(&mut self, intent: Intent, binds: &mut Binds) -> Result<(), String> {
         match intent {
             Intent::Upsert { cluster, service, version } => {
                 let key = ServiceKey::of(&cluster, &service);
-                self.servable(&key, &service)?;
-                self.drop_unclaimed(&service.uid);
+                self.servable(&key, &service, binds)?;
+                for (k, a) in self.drop_unclaimed(&service.uid) {
+                    binds.remove(&k, &a.service);
+                }
+                if let Some(old) = self.services.get(&key) {
+                    binds.remove(&key, &old.service);
+                }
+                binds.add(&key, &service);
                 self.services.insert(key, Accepted { service: *service, version });
             }
             Intent::Delete { key, uid, version } => {
-                if self.services.get(&key).is_some_and(|a| a.service.uid == uid) {
-                    self.services.remove(&key);
+                if self.services.get(&key).is_some_and(|a| a.service.uid == uid)
+                    && let Some(old) = self.services.remove(&key)
+                {
+                    binds.remove(&key, &old.service);
                 }
-                self.drop_unclaimed(&uid);
+                for (k, a) in self.drop_unclaimed(&uid) {
+                    binds.remove(&k, &a.service);
+                }
                 self.tombstones.insert(UidKey { cluster: key.cluster.clone(), uid }, version);
                 self.cap_tombstones(&key.cluster, MAX_TOMBSTONES);
             }
-            Intent::Sweep { cluster, keep, as_of, log_id } => self.services.retain(|k, a| {
-                k.cluster.as_deref() != Some(cluster.as_str())
-                    || keep.contains(k)
-                    || a.version.after(log_id.as_deref(), as_of)
-            }),
+            Intent::Sweep { cluster, keep, as_of, log_id } => {
+                self.services.retain(|k, a| {
+                    k.cluster.as_deref() != Some(cluster.as_str())
+                        || keep.contains(k)
+                        || a.version.after(log_id.as_deref(), as_of)
+                });
+                *binds = Binds::of(self);
+            }
         }
         Ok(())
     }
@@ -375,12 +397,10 @@ impl Desired {
 
     /// Removes the unclaimed Service (stored before clusters) with `uid`: a cluster's delivery of
     /// the same object supersedes it. Unclaimed keys sort first, so only they are looked at.
-    fn drop_unclaimed(&mut self, uid: &str) {
+    fn drop_unclaimed(&mut self, uid: &str) -> Vec<(ServiceKey, Accepted)> {
         let unclaimed = self.services.iter().take_while(|(k, _)| k.cluster.is_none());
         let same: Vec<ServiceKey> = unclaimed.filter(|(_, a)| a.service.uid == uid).map(|(k, _)| k.clone()).collect();
-        for k in same {
-            self.services.remove(&k);
-        }
+        same.into_iter().filter_map(|k| self.services.remove(&k).map(|a| (k, a))).collect()
     }
 
     /// Whether any Service or tombstone is still unclaimed (stored before clusters). Unclaimed keys
@@ -392,7 +412,7 @@ impl Desired {
 
     /// Checks that HAProxy can serve `svc` as `key` next to the other accepted Services, of every
     /// cluster (an unclaimed one of the same uid is the same object, about to be replaced).
-    fn servable(&self, key: &ServiceKey, svc: &WebhookService) -> Result<(), String> {
+    fn servable(&self, key: &ServiceKey, svc: &WebhookService, index: &Binds) -> Result<(), String> {
         for (what, part) in [("namespace", &svc.namespace), ("name", &svc.name)] {
             if !is_dns_label(part) {
                 return Err(format!("Service {what} `{part}` is not a DNS-1123 label"));
@@ -406,10 +426,14 @@ impl Desired {
             let ip: IpAddr = vip.parse().map_err(|_| format!("VIP `{vip}` is a hostname: HAProxy binds addresses"))?;
             binds.extend(svc.view.ports.iter().map(|p| SocketAddr::new(ip, u16::try_from(p.port).unwrap_or(0))));
         }
-        let others =
-            self.services.iter().filter(|(k, a)| *k != key && (k.cluster.is_some() || a.service.uid != svc.uid));
-        for (other, a) in others {
-            if let Some(b) = binds.iter().find(|b| binds_of(&a.service).contains(b)) {
+        // The first other Service (in key order) holding one of these binds, and the first bind it holds.
+        let other_holds = |k: &&ServiceKey| {
+            *k != key && (k.cluster.is_some() || self.services.get(*k).is_some_and(|a| a.service.uid != svc.uid))
+        };
+        let other = binds.iter().flat_map(|b| index.holders(b)).filter(other_holds).min();
+        if let Some(other) = other {
+            let held = index.binds_of_key(other);
+            if let Some(b) = binds.iter().find(|b| held.contains(b)) {
                 let hint = if other.cluster.is_some() && other.cluster != key.cluster {
                     " (clusters sharing this appliance need address pools that do not overlap)"
                 } else {
@@ -545,6 +569,64 @@ pub fn binds_of(svc: &WebhookService) -> Vec<SocketAddr> {
     let ips = svc.vips.iter().filter_map(|v| v.parse::<IpAddr>().ok());
     ips.flat_map(|ip| svc.view.ports.iter().map(move |p| SocketAddr::new(ip, u16::try_from(p.port).unwrap_or(0))))
         .collect()
+}
+
+/// Which accepted Services bind each address, for [`Desired::apply_with`]: built from a state once,
+/// then kept up to date by it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Binds {
+    holders: std::collections::HashMap<SocketAddr, Vec<ServiceKey>>,
+    by_key: std::collections::HashMap<ServiceKey, Vec<SocketAddr>>,
+}
+
+impl Binds {
+    /// The bind index of `state`.
+    pub fn of(state: &Desired) -> Self {
+        let mut index = Self::default();
+        for (key, a) in &state.services {
+            index.add(key, &a.service);
+        }
+        index
+    }
+
+    fn add(&mut self, key: &ServiceKey, svc: &WebhookService) {
+        let binds = binds_of(svc);
+        for b in &binds {
+            self.holders.entry(*b).or_default().push(key.clone());
+        }
+        self.by_key.entry(key.clone()).or_default().extend(binds);
+    }
+
+    fn remove(&mut self, key: &ServiceKey, svc: &WebhookService) {
+        for b in binds_of(svc) {
+            if let Some(keys) = self.holders.get_mut(&b) {
+                if let Some(i) = keys.iter().position(|k| k == key) {
+                    keys.swap_remove(i);
+                }
+                if keys.is_empty() {
+                    self.holders.remove(&b);
+                }
+            }
+            if let Some(held) = self.by_key.get_mut(key)
+                && let Some(i) = held.iter().position(|h| *h == b)
+            {
+                held.swap_remove(i);
+                if held.is_empty() {
+                    self.by_key.remove(key);
+                }
+            }
+        }
+    }
+
+    /// The Services that bind `b`.
+    fn holders(&self, b: &SocketAddr) -> &[ServiceKey] {
+        self.holders.get(b).map_or(&[], Vec::as_slice)
+    }
+
+    /// The binds of Service `key`.
+    fn binds_of_key(&self, key: &ServiceKey) -> &[SocketAddr] {
+        self.by_key.get(key).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// The state of member `key` of backend port members `m`, if it is there.

@@ -115,6 +115,32 @@ async fn an_impossible_service_is_refused_alone() {
     agent.stop().await;
 }
 
+/// A configuration only HAProxy itself refuses (port 0 on a bind passes the agent's own checks): the
+/// reload fails, the old worker keeps serving, the refused Service gets HAProxy's words and the rest
+/// of its batch goes live; the next reload succeeds.
+#[tokio::test]
+async fn a_configuration_haproxy_refuses_fails_only_its_service_and_the_next_reload_succeeds() {
+    let Some(agent) = Agent::start().await else { return };
+    let a = pod("a").await;
+    let (v1, v2, v3) = (vip(), vip(), vip());
+    assert_eq!(agent.send(&delivery("service.added", 1, "first", &v1, &[18085], &[active(0, a)])).await.0, 200);
+    let good = delivery("service.added", 2, "good", &v2, &[18086], &[active(0, a)]);
+    let zero = delivery("service.added", 3, "zero", &v3, &[0], &[]);
+    let (r1, r2) = tokio::join!(agent.send(&good), agent.send(&zero));
+    assert_eq!(r1.0, 200);
+    let detail = r2.1["detail"].as_str().unwrap_or_default();
+    assert_eq!(r2.0, 422, "{}", r2.1);
+    assert!(detail.starts_with("HAProxy refused the configuration: "), "{detail}");
+    assert!(detail.contains("'bind' : invalid port '0'"), "{detail}");
+    assert_eq!(hit(&format!("{v1}:18085")).await.as_deref(), Ok("a"));
+    assert_eq!(hit(&format!("{v2}:18086")).await.as_deref(), Ok("a"));
+    let before = agent.reloads().await;
+    assert_eq!(agent.send(&delivery("service.added", 4, "after", &v3, &[18087], &[active(0, a)])).await.0, 200);
+    assert_eq!(hit(&format!("{v3}:18087")).await.as_deref(), Ok("a"));
+    assert_eq!(agent.reloads().await, before + 1);
+    agent.stop().await;
+}
+
 #[tokio::test]
 async fn fifty_reloads_while_a_client_keeps_connecting_fail_no_connection() {
     let Some(agent) = Agent::start().await else { return };

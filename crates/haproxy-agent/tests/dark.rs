@@ -250,7 +250,7 @@ async fn an_agent_that_lost_its_state_holds_the_serving_haproxy_until_a_resync_w
         send_with_identity(&agent, &delivery("service.added", 1, "one", &v1, &[18092], &[active(0, a)])).await;
     assert_eq!(status, 200);
     let old = id.expect("identity headers");
-    assert_eq!((old.caught_up, old.concurrency), (Some(true), Some(1024)));
+    assert_eq!((old.caught_up, old.concurrency), (Some(true), Some(4096)));
     assert_eq!(agent.send(&delivery("service.added", 2, "two", &v2, &[18092], &[active(0, b)])).await.0, 200);
     let reloads = agent.reloads().await;
 
@@ -267,7 +267,7 @@ async fn an_agent_that_lost_its_state_holds_the_serving_haproxy_until_a_resync_w
     let held = "not caught up: waiting for the first full resync (this run has none yet, and its state names no \
                 cluster to wait for); HAProxy keeps the configuration it runs (the agent's state was lost) until then";
     let (status, text, id) = get_with_identity(&agent, "/healthz").await;
-    assert_eq!(id.as_ref().and_then(|i| i.concurrency), Some(1024), "every answer says how many it takes at once");
+    assert_eq!(id.as_ref().and_then(|i| i.concurrency), Some(4096), "every answer says how many it takes at once");
     assert_eq!((status, text.as_str()), (503, held));
     let new = id.expect("identity headers on /healthz");
     assert_ne!(new.generation, old.generation, "a new state identity");
