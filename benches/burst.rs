@@ -41,13 +41,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::load::{Seen, name, receiver, rev_of, service, settle, steady, write};
+use common::load::{Seen, burst, receiver, rev_of, service, settle, steady};
 use common::results::Results;
 use common::{Process, Rounds, cpu_time, pct, reset_peak_rss, rss_split_mib, wait_until, written_bytes};
 use serde_json::{Value, json};
 use vipwatch::fake_apiserver::{FakeApiServer, FakeApiServerOptions};
-
-const WRITERS: usize = 8;
 
 /// `vipwatch serve` on a SQLite file in `dir`, delivering to `url`.
 fn vipwatch(dir: &std::path::Path, api: &FakeApiServer, url: &str, finalizer: bool) -> Process {
@@ -73,41 +71,6 @@ async fn bare_watch(api: &FakeApiServer, rv: String, seen: Seen) {
             }
         }
     });
-}
-
-/// CHANGES writes over HOT Services by [`WRITERS`] writers as fast as the apiserver answers, or, with
-/// `pace` (changes/s over all writers, [`burst_pace`]), change `n` no earlier than `n / pace` s after
-/// the start.
-async fn burst(
-    api: &FakeApiServer,
-    hot: usize,
-    changes: usize,
-    first_rev: u64,
-    pace: Option<f64>,
-) -> Vec<(String, u64, Instant)> {
-    let next = Arc::new(AtomicUsize::new(0));
-    let start = tokio::time::Instant::now();
-    let mut writers = tokio::task::JoinSet::new();
-    for _ in 0..WRITERS {
-        let (next, base) = (next.clone(), api.url());
-        writers.spawn(async move {
-            let client = reqwest::Client::new();
-            let mut mine = Vec::new();
-            loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n >= changes {
-                    return mine;
-                }
-                if let Some(pace) = pace {
-                    tokio::time::sleep_until(start + Duration::from_secs_f64(n as f64 / pace)).await;
-                }
-                let (svc, rev) = (name(n % hot), first_rev + n as u64);
-                let at = write(&client, &base, &svc, rev).await;
-                mine.push((svc, rev, at));
-            }
-        });
-    }
-    writers.join_all().await.into_iter().flatten().collect()
 }
 
 /// `BENCH_APISERVER_CPU` (e.g. `500us`): the CPU the simulated apiserver spends per request; zero

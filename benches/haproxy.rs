@@ -157,6 +157,12 @@ fn agent(dir: &Path) -> Process {
 /// The `agent-child` mode: the agent on 127.0.0.1:0 until SIGTERM, with its defaults and the
 /// `VIPWATCH_HAPROXY_*` overrides of the environment (e.g. `VIPWATCH_HAPROXY_CONCURRENCY`).
 async fn agent_child(dir: &str) {
+    // Its log goes to stdout after the marker: kept with `BENCH_LOG_FILE`, at `VIPWATCH_HAPROXY_LOG`.
+    if std::env::var_os("BENCH_LOG_FILE").is_some() {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("VIPWATCH_HAPROXY_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stdout).with_ansi(false).init();
+    }
     let config = vipwatch_haproxy::AgentConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         secrets: vec![SECRET.into()],

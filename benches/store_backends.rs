@@ -21,6 +21,11 @@
 //!      them all (one change per Service, so none is superseded).
 //!    - steady: RATE changes/s for SECONDS s through the apiserver's HTTP API, each on another
 //!      Service; per change, the time from the apiserver's answer to the receiver getting it, p50/p99.
+//!    - burst: then 20,000 changes over 1,000 Services at 7,000/s (the `burst` benchmark's shape), by
+//!      8 writers; per change as above, p99.
+//!    - reads: through the steady load and the burst, `GET /api/v1/services/bench/<name>` every 10 ms,
+//!      one Service after another; p50/p99. On SQLite the one instance answers; on PostgreSQL a second
+//!      replica (`reader`), started before the steady load, answers as a follower.
 //!
 //!    PostgreSQL's figures are printed as ratios to SQLite's.
 //! 2. Takeover: two replicas (`a`, `b`) on one fresh database, 1,000 Services, the lease settings as
@@ -36,6 +41,8 @@
 mod common;
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::load::{self, Seen};
@@ -156,13 +163,56 @@ struct Figures {
     ingest: f64,
     deliveries: f64,
     steady: Vec<f64>,
+    burst: Vec<f64>,
+    /// API read latencies (ms) during the steady load and the burst, sorted.
+    reads: Vec<f64>,
     peak_rss: f64,
 }
 
-/// The workload on the database `store` says (`[database]` body `database` for vipwatch).
-async fn workload(dir: &Path, file: &str, database: &str, store: &DatabaseConfig, args: &Args) -> Figures {
+/// The burst's shape, as the `burst` benchmark's: changes, over how many Services, at what pace.
+const BURST_CHANGES: usize = 20_000;
+const BURST_SERVICES: usize = 1_000;
+const BURST_RATE: f64 = 7_000.0;
+/// How often the reader asks for a Service during the steady load and the burst.
+const READ_EVERY: Duration = Duration::from_millis(10);
+
+/// `GET /api/v1/services/bench/<name>` of one Service after another on `addr`, every
+/// [`READ_EVERY`], until `stop`: each read's latency in ms (a read that fails counts as its time
+/// to fail, and is reported).
+async fn reads(addr: String, services: usize, stop: Arc<AtomicBool>) -> Vec<f64> {
+    let client = client();
+    let mut got = Vec::new();
+    let mut next = Instant::now();
+    for i in (0..).map(|n: usize| (n * 7919) % services) {
+        if stop.load(Ordering::Relaxed) {
+            return got;
+        }
+        let start = Instant::now();
+        let url = format!("http://{addr}/api/v1/services/bench/{}", load::name(i));
+        match client.get(url).send().await.and_then(reqwest::Response::error_for_status) {
+            Ok(r) => drop(r.bytes().await),
+            Err(e) => eprintln!("  (a read failed: {e})"),
+        }
+        got.push(start.elapsed().as_secs_f64() * 1e3);
+        next += READ_EVERY;
+        tokio::time::sleep_until(next.into()).await; // ok: benchmark pacing, not a test
+    }
+    unreachable!("the reader loops until stopped")
+}
+
+/// The workload on the database `store` says (`[database]` body `database` for vipwatch). With a
+/// `follower` (the `[database]` body of a second replica on the same database), that replica is
+/// started before the steady load and answers the reads; else the one instance does.
+async fn workload(
+    dir: &Path,
+    file: &str,
+    database: &str,
+    follower: Option<&str>,
+    store: &DatabaseConfig,
+    args: &Args,
+) -> Figures {
     let services = args.services;
-    let history_limit = 3 * services + 2 * args.rate * args.seconds;
+    let history_limit = 3 * services + 2 * args.rate * args.seconds + 2 * BURST_CHANGES;
     let api = FakeApiServer::start_with(FakeApiServerOptions { history_limit, ..Default::default() }).await.unwrap();
     api.seed((0..services).map(load::service));
     let seen = Seen::default();
@@ -197,21 +247,42 @@ async fn workload(dir: &Path, file: &str, database: &str, store: &DatabaseConfig
     load::settle(&seen, &written).await;
     let delivered = seen.last_arrival(&written).unwrap().duration_since(start);
 
+    let follower_reads = follower.is_some();
+    let follower = follower
+        .map(|body| Process::vipwatch(&load::config(dir, &format!("{file}-follower"), &api.url(), &hook, true, body)));
+    if let Some(p) = &follower {
+        wait_status(&client, p, "a follower", |s| role(s) == "follower").await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let addr = follower.as_ref().map_or(vw.addr.clone(), |p| p.addr.clone());
+    let reader = tokio::spawn(reads(addr, services, stop.clone()));
     let written = load::steady(&api, services, args.rate, args.seconds, 2).await;
     let steady = load::settle(&seen, &written).await;
+    let first_rev = 3 + (args.rate * args.seconds) as u64;
+    let written = load::burst(&api, BURST_SERVICES.min(services), BURST_CHANGES, first_rev, Some(BURST_RATE)).await;
+    let burst = load::settle(&seen, &written).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut reads = reader.await.unwrap();
+    reads.sort_by(f64::total_cmp);
     let peak_rss = vw.peak_rss_mib();
     vw.stop();
+    if let Some(p) = follower {
+        p.stop();
+    }
     let figures = Figures {
         ready,
         synced,
         ingest: services as f64 / secs(ingested),
         deliveries: services as f64 / secs(delivered),
         steady,
+        burst,
+        reads,
         peak_rss,
     };
     println!(
         "  {file}: ready {:.2} s, all ADDED delivered {:.2} s; {services} changes written in {:.2} s, stored {:.2} s, \
-         delivered {:.2} s; steady p50 {:.1} ms p99 {:.1} ms; peak RSS {:.1} MiB",
+         delivered {:.2} s; steady p50 {:.1} ms p99 {:.1} ms; burst p99 {:.0} ms; reads ({}) p99 {:.1} ms; \
+         peak RSS {:.1} MiB",
         secs(figures.ready),
         secs(figures.synced),
         secs(wrote),
@@ -219,6 +290,9 @@ async fn workload(dir: &Path, file: &str, database: &str, store: &DatabaseConfig
         secs(delivered),
         pct(&figures.steady, 0.5),
         pct(&figures.steady, 0.99),
+        pct(&figures.burst, 0.99),
+        if follower_reads { "follower" } else { "the instance" },
+        pct(&figures.reads, 0.99),
         figures.peak_rss
     );
     figures
@@ -428,12 +502,13 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let sqlite_path = dir.path().join("vipwatch.db");
     let sqlite_config = DatabaseConfig { path: sqlite_path.clone(), ..Default::default() };
-    let sqlite =
-        workload(dir.path(), "sqlite", &format!("path = \"{}\"", sqlite_path.display()), &sqlite_config, &args).await;
+    let sqlite_body = format!("path = \"{}\"", sqlite_path.display());
+    let sqlite = workload(dir.path(), "sqlite", &sqlite_body, None, &sqlite_config, &args).await;
     let (db, url) = create_database(&server).await;
     let pg_config = DatabaseConfig { url: Some(Secret::new(url.clone())), ..Default::default() };
-    let postgres =
-        workload(dir.path(), "postgres", &format!("url = \"{url}\"\nreplica = \"bench\""), &pg_config, &args).await;
+    let (leader, follower) =
+        (format!("url = \"{url}\"\nreplica = \"bench\""), format!("url = \"{url}\"\nreplica = \"reader\""));
+    let postgres = workload(dir.path(), "postgres", &leader, Some(&follower), &pg_config, &args).await;
     drop_database(&server, &db).await;
 
     let lease = &args.lease;
@@ -461,6 +536,15 @@ async fn main() {
     row(r, &format!("{rate}: write → delivery p50 (ms)"), ("steady: latency p50", "ms"), s50, p50, 1);
     let (s99, p99) = (pct(&sqlite.steady, 0.99), pct(&postgres.steady, 0.99));
     row(r, &format!("{rate}: write → delivery p99 (ms)"), ("steady: latency p99", "ms"), s99, p99, 1);
+    let burst = format!("burst {BURST_CHANGES} over {BURST_SERVICES} at {BURST_RATE}/s");
+    let (s99, p99) = (pct(&sqlite.burst, 0.99), pct(&postgres.burst, 0.99));
+    row(r, &format!("{burst}: p99 (ms)"), ("burst: write → delivery p99", "ms"), s99, p99, 0);
+    let reads = "API read, SQLite: the instance; PostgreSQL: a follower";
+    println!("  {reads} (GET /api/v1/services/bench/<name> every 10 ms through the steady load and the burst):");
+    let (s50, p50) = (pct(&sqlite.reads, 0.5), pct(&postgres.reads, 0.5));
+    row(r, "  read latency p50 (ms)", ("API read latency p50", "ms"), s50, p50, 2);
+    let (s99, p99) = (pct(&sqlite.reads, 0.99), pct(&postgres.reads, 0.99));
+    row(r, "  read latency p99 (ms)", ("API read latency p99", "ms"), s99, p99, 2);
     row(r, "peak RSS (MiB)", ("peak RSS", "MiB"), sqlite.peak_rss, postgres.peak_rss, 1);
     let ttl_s = secs(lease.ttl);
     println!(

@@ -180,3 +180,41 @@ pub async fn settle(seen: &Seen, written: &[(String, u64, Instant)]) -> Vec<f64>
         tokio::time::sleep(Duration::from_millis(20)).await; // ok: benchmark polling, not a test
     }
 }
+
+/// Writers of a [`burst`], each with its own HTTP client.
+pub const WRITERS: usize = 8;
+
+/// CHANGES writes over HOT Services by [`WRITERS`] writers as fast as the apiserver answers, or, with
+/// `pace` (changes/s over all writers, [`burst_pace`]), change `n` no earlier than `n / pace` s after
+/// the start.
+pub async fn burst(
+    api: &FakeApiServer,
+    hot: usize,
+    changes: usize,
+    first_rev: u64,
+    pace: Option<f64>,
+) -> Vec<(String, u64, Instant)> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = tokio::time::Instant::now();
+    let mut writers = tokio::task::JoinSet::new();
+    for _ in 0..WRITERS {
+        let (next, base) = (next.clone(), api.url());
+        writers.spawn(async move {
+            let client = reqwest::Client::new();
+            let mut mine = Vec::new();
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= changes {
+                    return mine;
+                }
+                if let Some(pace) = pace {
+                    tokio::time::sleep_until(start + Duration::from_secs_f64(n as f64 / pace)).await;
+                }
+                let (svc, rev) = (name(n % hot), first_rev + n as u64);
+                let at = write(&client, &base, &svc, rev).await;
+                mine.push((svc, rev, at));
+            }
+        });
+    }
+    writers.join_all().await.into_iter().flatten().collect()
+}

@@ -140,7 +140,9 @@ impl Process {
             }
         };
         // `BENCH_LOG_FILE=path`: the child's remaining output goes there (else it is dropped).
-        let mut copy = std::env::var_os("BENCH_LOG_FILE").map(|p| std::fs::File::create(p).expect("BENCH_LOG_FILE"));
+        // Appended to: every child of a run (vipwatch, the agent) writes its lines into the one file.
+        let mut copy = std::env::var_os("BENCH_LOG_FILE")
+            .map(|p| std::fs::File::options().create(true).append(true).open(p).expect("BENCH_LOG_FILE"));
         std::thread::spawn(move || {
             for line in lines.map_while(Result::ok) {
                 if let Some(f) = copy.as_mut() {
