@@ -65,7 +65,8 @@ pub struct AgentConfig {
     /// The HAProxy binary (a name is looked up on `PATH`).
     pub haproxy_bin: PathBuf,
     /// Server slots per backend come in multiples of this (1–1000): member changes inside the slots are applied
-    /// through the Runtime API without a reload.
+    /// through the Runtime API without a reload. Every slot is a server HAProxy parses, starts and holds on each
+    /// reload, so more slots cost reload time and memory with thousands of Services.
     pub server_slots: usize,
     /// Deliveries arriving within this window of one that needs a reload share one render and one reload (at most
     /// `10s`); a members-only change does not wait for it.
@@ -127,7 +128,7 @@ impl Default for AgentConfig {
             secret_files: Vec::new(),
             dir: PathBuf::from("/var/lib/vipwatch-haproxy"),
             haproxy_bin: PathBuf::from("haproxy"),
-            server_slots: 8,
+            server_slots: 4,
             batch_window: Duration::from_millis(200),
             concurrency: vipwatch_contract::receiver::MAX_CONCURRENCY,
             reload_timeout: Duration::from_secs(10),
