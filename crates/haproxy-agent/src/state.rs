@@ -432,7 +432,7 @@ impl Desired {
         };
         let other = binds.iter().flat_map(|b| index.holders(b)).filter(other_holds).min();
         if let Some(other) = other {
-            let held = index.binds_of_key(other);
+            let held = self.services.get(other).map(|a| binds_of(&a.service)).unwrap_or_default();
             if let Some(b) = binds.iter().find(|b| held.contains(b)) {
                 let hint = if other.cluster.is_some() && other.cluster != key.cluster {
                     " (clusters sharing this appliance need address pools that do not overlap)"
@@ -576,7 +576,6 @@ pub fn binds_of(svc: &WebhookService) -> Vec<SocketAddr> {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Binds {
     holders: std::collections::HashMap<SocketAddr, Vec<ServiceKey>>,
-    by_key: std::collections::HashMap<ServiceKey, Vec<SocketAddr>>,
 }
 
 impl Binds {
@@ -590,11 +589,9 @@ impl Binds {
     }
 
     fn add(&mut self, key: &ServiceKey, svc: &WebhookService) {
-        let binds = binds_of(svc);
-        for b in &binds {
-            self.holders.entry(*b).or_default().push(key.clone());
+        for b in binds_of(svc) {
+            self.holders.entry(b).or_default().push(key.clone());
         }
-        self.by_key.entry(key.clone()).or_default().extend(binds);
     }
 
     fn remove(&mut self, key: &ServiceKey, svc: &WebhookService) {
@@ -607,25 +604,12 @@ impl Binds {
                     self.holders.remove(&b);
                 }
             }
-            if let Some(held) = self.by_key.get_mut(key)
-                && let Some(i) = held.iter().position(|h| *h == b)
-            {
-                held.swap_remove(i);
-                if held.is_empty() {
-                    self.by_key.remove(key);
-                }
-            }
         }
     }
 
     /// The Services that bind `b`.
     fn holders(&self, b: &SocketAddr) -> &[ServiceKey] {
         self.holders.get(b).map_or(&[], Vec::as_slice)
-    }
-
-    /// The binds of Service `key`.
-    fn binds_of_key(&self, key: &ServiceKey) -> &[SocketAddr] {
-        self.by_key.get(key).map_or(&[], Vec::as_slice)
     }
 }
 
