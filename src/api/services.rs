@@ -2,6 +2,7 @@
 //! in memory) and `GET /api/v1/services/{namespace}/{name}` (one Service, its last 20 events and its
 //! delivery state per endpoint).
 
+use std::collections::HashSet;
 use std::sync::LazyLock;
 
 use axum::Json;
@@ -202,13 +203,13 @@ pub async fn list_services(
 /// The rows as DTOs, `held_deletion` set from the guard's table.
 async fn dtos(state: &ApiState, rows: Vec<ServiceRow>) -> Result<Vec<ServiceDto>, ApiError> {
     let held = state.store.held_keys().await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| {
-            let held_deletion = held.contains(&r.key);
-            ServiceDto { held_deletion, ..ServiceDto::from(r) }
-        })
-        .collect())
+    Ok(rows.into_iter().map(|r| dto(r, &held)).collect())
+}
+
+/// The Service of `row`, with whether its deletion is held (`held`: the keys of the held ones).
+fn dto(row: ServiceRow, held: &HashSet<ServiceKey>) -> ServiceDto {
+    let held_deletion = held.contains(&row.key);
+    ServiceDto { held_deletion, ..ServiceDto::from(row) }
 }
 
 /// Delivery state of one Service at one endpoint.
@@ -255,9 +256,17 @@ pub async fn get_service(
     Path((namespace, name)): Path<(String, String)>,
 ) -> Result<Json<ServiceDetail>, ApiError> {
     let key = ServiceKey::new(namespace, name);
-    let row = state.store.service(&key).await?.ok_or_else(|| ApiError::NotFound(format!("Service `{key}`")))?;
-    let events = state.store.recent_events(&key, 20).await?.into_iter().map(EventDto::from).collect();
-    let mut states = state.store.service_delivery_states(&key).await?;
+    // Four reads that need nothing of each other, each on a read connection of its own: on
+    // PostgreSQL each is a round trip to the server, so the answer waits for the slowest, not the sum.
+    let store = &state.store;
+    let (row, events, mut states, held) = tokio::try_join!(
+        store.service(&key),
+        store.recent_events(&key, 20),
+        store.service_delivery_states(&key),
+        store.held_keys(),
+    )?;
+    let row = row.ok_or_else(|| ApiError::NotFound(format!("Service `{key}`")))?;
+    let events = events.into_iter().map(EventDto::from).collect();
     for w in &state.config.webhooks {
         if !states.iter().any(|s| s.webhook == w.name) {
             states.push(ServiceDeliveryState { webhook: w.name.clone(), ..Default::default() });
@@ -282,7 +291,7 @@ pub async fn get_service(
             last_error: s.last_error,
         })
         .collect();
-    let service = dtos(&state, vec![row]).await?.pop().ok_or_else(|| ApiError::NotFound(format!("Service `{key}`")))?;
+    let service = dto(row, &held);
     Ok(Json(ServiceDetail { service, events, deliveries }))
 }
 

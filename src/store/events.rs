@@ -84,6 +84,17 @@ impl Store {
         rows.iter().map(event_row).collect()
     }
 
+    /// The last `n` events of one Service (any uid), oldest first: one statement, newest first on the
+    /// `(namespace, name, id)` index, so its cost follows `n`, not the size of the log.
+    pub async fn recent_events(&self, key: &ServiceKey, n: i64) -> Result<Vec<EventRow>, StoreError> {
+        // LIMIT as a literal: see the `store` module docs.
+        let sql = format!("{EVENT_COLUMNS} WHERE namespace = $1 AND name = $2 ORDER BY id DESC LIMIT {n}");
+        let q = self.backend.query_dyn(sql).bind(key.namespace.as_str()).bind(key.name.as_str());
+        let mut events = self.read_all(q).await?.iter().map(event_row).collect::<Result<Vec<_>, _>>()?;
+        events.reverse();
+        Ok(events)
+    }
+
     /// Number of rows in the event log.
     pub async fn event_count(&self) -> Result<i64, StoreError> {
         Ok(self.read_one(self.backend.query("SELECT COUNT(*) FROM events")).await?.get(0))

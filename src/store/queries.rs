@@ -126,23 +126,6 @@ impl Store {
         Ok(self.events(&filter).await?.into_iter().find(|e| e.id == id))
     }
 
-    /// The last `n` events of one Service (any uid), oldest first.
-    pub async fn recent_events(&self, key: &ServiceKey, n: i64) -> Result<Vec<EventRow>, StoreError> {
-        // LIMIT as a literal: see the `store` module docs.
-        let sql = format!("SELECT id FROM events WHERE namespace = $1 AND name = $2 ORDER BY id DESC LIMIT {n}");
-        let q = self.backend.query_dyn(sql).bind(key.namespace.as_str()).bind(key.name.as_str());
-        let ids: Vec<i64> = self.read_all(q).await?.iter().map(|r| r.get(0)).collect();
-        let Some(oldest) = ids.last() else { return Ok(Vec::new()) };
-        let filter = EventFilter {
-            after_id: Some(oldest - 1),
-            namespace: Some(key.namespace.to_string()),
-            name: Some(key.name.to_string()),
-            limit: Some(n),
-            ..Default::default()
-        };
-        self.events(&filter).await
-    }
-
     /// A page of the current-state table: keys after `q.after`, by (namespace, name).
     pub async fn services_page(&self, q: &ServicePageQuery) -> Result<Vec<ServiceRow>, StoreError> {
         let mut w = Filter::default();
