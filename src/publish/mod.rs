@@ -212,7 +212,7 @@ impl Publisher {
     async fn releases(&mut self) -> Result<(), PublishError> {
         for r in self.store.releases().await? {
             // A withdrawing MODIFIED may be superseded: then the later delivery that replaced it counts.
-            if !self.store.event_settled(r.event_id, &self.gates).await? {
+            if !self.store.event_settled(&r.key, r.event_id, &self.gates).await? {
                 continue;
             }
             if self.feedback.send(Feedback::Released { key: r.key, uid: r.uid, addresses: r.addresses }).await.is_err()
@@ -350,7 +350,7 @@ impl Publisher {
 
     async fn cleanups(&mut self) -> Result<(), PublishError> {
         for c in self.store.cleanups().await? {
-            let acks = self.store.event_acks(c.event_id, &self.gates).await?;
+            let acks = self.store.event_acks(&c.key, c.event_id, &self.gates).await?;
             self.report_failures(&c.key, &c.uid, &acks);
             if !acks.done {
                 continue;

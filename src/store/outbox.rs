@@ -31,9 +31,11 @@ pub struct RecordedEvent<'a> {
 /// millisecond, then random bits; ordered by creation within this process (the `uuid` crate's shared
 /// context, which also holds the order when the clock steps back). An id shows when it was made.
 ///
-/// The ordering is for the database: `deliveries.msg_id` is a unique index, and a random id would
-/// put every new delivery on a random leaf page of it, one more page in the WAL per change; ordered
-/// ids go to its last page. Receivers must still treat it as opaque: only its uniqueness is promised.
+/// The ordering is for SQLite, where `deliveries.msg_id` is a unique index: a random id would put
+/// every new delivery on a random leaf page of it, one more page in the WAL per change; ordered ids go
+/// to its last page. (PostgreSQL keeps no index on it, so that a rewritten queued delivery stays on
+/// its page: migration 0008.) Receivers must still treat it as opaque: only its uniqueness is
+/// promised.
 pub fn new_msg_id() -> String {
     format!("msg_{}", uuid::Uuid::now_v7().simple())
 }

@@ -94,14 +94,26 @@ const ACKS_OF: PerBackend = PerBackend {
      WHERE (namespace, name) IN (SELECT namespace, name FROM k) AND state = 'pending' AND attempts > 0",
 };
 
-const OF_EVENT: &str = "SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE event_id = $1";
+/// The deliveries of event $1 of Service ($2, $3): on its own queue or its endpoints' (a full-state
+/// delivery). Naming the queues lets the `(namespace, name, id)` index find them: PostgreSQL keeps no
+/// index on the event id (migration 0008).
+macro_rules! of_event {
+    () => {
+        "event_id = $1 AND (namespace, name) IN (($2, $3), ('', ''))"
+    };
+}
+
+const OF_EVENT: &str = concat!("SELECT webhook, id, state, attempts, last_error FROM deliveries WHERE ", of_event!());
 
 /// Per delivery of an event: its endpoint, and whether the endpoint has it — it succeeded, or it was
 /// superseded and a later delivery of the same Service to that endpoint succeeded (that one carries
 /// the Service's whole view as of a later event).
-const HAS_EVENT: &str = "SELECT d.webhook, d.state = 'succeeded' OR (d.state = 'superseded' AND EXISTS ( \
+const HAS_EVENT: &str = concat!(
+    "SELECT d.webhook, d.state = 'succeeded' OR (d.state = 'superseded' AND EXISTS ( \
     SELECT 1 FROM deliveries s WHERE s.webhook = d.webhook AND s.namespace = d.namespace AND s.name = d.name \
-      AND s.id > d.id AND s.state = 'succeeded')) FROM deliveries d WHERE d.event_id = $1";
+      AND s.id > d.id AND s.state = 'succeeded')) FROM deliveries d WHERE ",
+    of_event!()
+);
 
 /// Releases the deliveries awaiting the finalizer of the Services in the JSON array $1 of `[namespace, name]` pairs,
 /// due at $2.
@@ -206,17 +218,18 @@ impl Store {
         Ok(out)
     }
 
-    /// Whether every appliance of `gates` acknowledged event `event_id` ([`Gates::done`]).
-    pub async fn event_acks(&self, event_id: i64, gates: &Gates) -> Result<Acks, StoreError> {
-        Ok(acks(&self.read_all(self.backend.query(OF_EVENT).bind(event_id)).await?, gates))
+    /// Whether every appliance of `gates` acknowledged event `event_id` of Service `key`
+    /// ([`Gates::done`]).
+    pub async fn event_acks(&self, key: &ServiceKey, event_id: i64, gates: &Gates) -> Result<Acks, StoreError> {
+        Ok(acks(&self.read_all(of_event(self.backend.query(OF_EVENT), key, event_id)).await?, gates))
     }
 
-    /// Whether every appliance of `gates` has what event `event_id` told it, from one of its
+    /// Whether every appliance of `gates` has what event `event_id` of Service `key` told it, from one of its
     /// endpoints: that endpoint's delivery succeeded, or it was superseded (a MODIFIED behind a newer
     /// one, or before a DELETED/resync) and a later delivery of the same Service succeeded. Decides
     /// when a withdrawn pool address is free.
-    pub async fn event_settled(&self, event_id: i64, gates: &Gates) -> Result<bool, StoreError> {
-        let rows = self.read_all(self.backend.query(HAS_EVENT).bind(event_id)).await?;
+    pub async fn event_settled(&self, key: &ServiceKey, event_id: i64, gates: &Gates) -> Result<bool, StoreError> {
+        let rows = self.read_all(of_event(self.backend.query(HAS_EVENT), key, event_id)).await?;
         let has: Vec<(String, bool)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
         Ok(gates.done(|w| has.iter().find(|(s, _)| s == w).map(|(_, ok)| *ok)))
     }
@@ -346,4 +359,9 @@ impl Acks {
             self.failing.push(failing);
         }
     }
+}
+
+/// `q` ([`OF_EVENT`], [`HAS_EVENT`]) bound to event `event_id` of Service `key`.
+fn of_event(q: super::db::Query, key: &ServiceKey, event_id: i64) -> super::db::Query {
+    q.bind(event_id).bind(key.namespace.as_str()).bind(key.name.as_str())
 }
