@@ -392,6 +392,20 @@ impl Filter {
         self
     }
 
+    /// Adds ` AND (<first>, <second>) IN (($n, $n+1), …)`, one pair of parameters per pair of `pairs`.
+    pub(super) fn pair_in(&mut self, first: &str, second: &str, pairs: &[(&str, &str)]) -> &mut Self {
+        use std::fmt::Write as _;
+        let mut list = Vec::with_capacity(pairs.len());
+        for (a, b) in pairs {
+            self.binds.push(Value::Text((*a).to_owned()));
+            self.binds.push(Value::Text((*b).to_owned()));
+            let n = self.binds.len();
+            list.push(format!("(${}, ${n})", n - 1));
+        }
+        let _ = write!(self.sql, " AND ({first}, {second}) IN ({})", list.join(", "));
+        self
+    }
+
     fn push(&mut self, column: &str, op: &str) -> &mut Self {
         use std::fmt::Write as _;
         let _ = write!(self.sql, " AND {column} {op} ${}", self.binds.len());

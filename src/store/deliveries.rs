@@ -242,6 +242,17 @@ impl Store {
         }
         if let Some(v) = filter.event_id {
             w.int("event_id", "=", v);
+            if filter.namespace.is_none()
+                && filter.name.is_none()
+                && let Some(key) = self.event_key(v).await?
+            {
+                // An event's deliveries are on its Service's queue or its endpoints' (a full-state
+                // delivery); naming both lets the `(namespace, name, id)` index find them, as
+                // PostgreSQL keeps no index on the event id (migration 0008). A pruned event's
+                // key is unknown: then every delivery is looked at.
+                let queue = &super::ENDPOINT_QUEUE;
+                w.pair_in("namespace", "name", &[(&key.namespace, &key.name), (&queue.namespace, &queue.name)]);
+            }
         }
         w.eq_opt("webhook", &filter.webhook).eq_opt("state", &filter.state);
         w.eq_opt("namespace", &filter.namespace).eq_opt("name", &filter.name);
@@ -249,6 +260,13 @@ impl Store {
         let limit = filter.limit.map(|l| format!(" LIMIT {l}")).unwrap_or_default();
         let rows = self.read_all(w.query(self.backend, DELIVERY_COLUMNS, &format!(" ORDER BY id{limit}"))).await?;
         Ok(rows.iter().map(delivery_row).collect())
+    }
+
+    /// The Service event `id` recorded a change of, if the event is still in the log.
+    async fn event_key(&self, id: i64) -> Result<Option<ServiceKey>, StoreError> {
+        let row =
+            self.read_optional(self.backend.query("SELECT namespace, name FROM events WHERE id = $1").bind(id)).await?;
+        Ok(row.map(|r| ServiceKey::new(r.get::<String, _>(0), r.get::<String, _>(1))))
     }
 
     /// The attempt log of one delivery, oldest first.
@@ -475,6 +493,35 @@ mod tests {
             store.enqueue_synced(vec![(d, ServiceKey::new("ns", *name))]).await.unwrap();
         }
         (dir, store)
+    }
+
+    /// The deliveries of an event are found on its Service's queue and on its endpoints' full-state
+    /// queue, none of another Service's, and still when the event itself was pruned.
+    #[tokio::test]
+    async fn the_deliveries_of_an_event_are_those_of_its_service_and_of_its_endpoints_queue() {
+        let (_dir, store) = with_synced(&[]).await;
+        let event = "INSERT INTO events (id, observed_at, type, namespace, name, uid, resource_version, cause, view) \
+                     VALUES ($1, 1, 'MODIFIED', 'ns', $2, 'u', '1', 'watch', '{}')";
+        for (id, name) in [(7, "a"), (8, "b")] {
+            store.execute(store.backend.query(event).bind(id).bind(name)).await.unwrap();
+        }
+        let delivery = "INSERT INTO deliveries (webhook, event_id, namespace, name, kind, msg_id, payload, created_at, \
+                        next_attempt_at) VALUES ('w', $1, $2, $3, 'MODIFIED', $4, '{}', 1, 1)";
+        for (event_id, ns, name) in [(7, "ns", "a"), (7, "", ""), (8, "ns", "b"), (9, "ns", "gone")] {
+            let q = store.backend.query(delivery).bind(event_id).bind(ns).bind(name).bind(crate::store::new_msg_id());
+            store.execute(q).await.unwrap();
+        }
+        let of = |event_id| {
+            let store = &store;
+            async move {
+                let filter = DeliveryFilter { event_id: Some(event_id), ..Default::default() };
+                let rows = store.deliveries(&filter).await.unwrap();
+                rows.iter().map(|d| d.key.to_string()).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(of(7).await, ["ns/a", "/"]);
+        assert_eq!(of(8).await, ["ns/b"]);
+        assert_eq!(of(9).await, ["ns/gone"]);
     }
 
     /// A claim asked for at a time long past (a round that waited for the write connection) is
