@@ -95,6 +95,24 @@ pub struct Haproxy {
     /// The last pid read from `pid_file` (0: none yet).
     last_pid: std::sync::atomic::AtomicU32,
     log: Arc<Mutex<VecDeque<String>>>,
+    /// Reloads in progress ([`Haproxy::reload`]); see [`Haproxy::reloading`].
+    reloads: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a reload in progress while it lives, also when the reload's future is dropped.
+struct Reloading<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Reloading<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Reloading<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Haproxy {
@@ -108,6 +126,7 @@ impl Haproxy {
             pid_file: dir.join("haproxy.pid"),
             last_pid: Default::default(),
             log: Arc::default(),
+            reloads: Default::default(),
         }
     }
 
@@ -193,6 +212,7 @@ impl Haproxy {
     /// Errors: [`HaproxyError::ReloadFailed`] (with the master's last lines) or
     /// [`HaproxyError::Unavailable`].
     pub async fn reload(&self, timeout: Duration) -> Result<(), HaproxyError> {
+        let _reloading = Reloading::new(&self.reloads);
         let before = self.show_proc().await?;
         self.log.lock().unwrap_or_else(|p| p.into_inner()).clear();
         ask(&self.master, "reload").await?;
@@ -244,6 +264,13 @@ impl Haproxy {
         if let Some(pid) = self.pid() {
             let _ = tokio::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
         }
+    }
+
+    /// Whether a [`Haproxy::reload`] is in progress: the master is re-executing itself and parsing
+    /// the whole configuration (about 2 s at 10,000 frontends), and meanwhile refuses its CLI while
+    /// the old worker keeps serving. The reload's own timeout bounds how long that lasts.
+    pub fn reloading(&self) -> bool {
+        self.reloads.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
     /// The master's pid from the pid file; the last one read while the file cannot be read (a

@@ -9,8 +9,11 @@
 //! master stop every process and exit), when it runs no worker, and when its master CLI, or its
 //! current worker asked through it, has not answered for [`SILENCE`]: a master re-executing itself
 //! for a reload refuses connections for some 100 ms, which is not an outage (the workers keep
-//! serving). A master or worker that is alive but silent is reported (so keepalived moves the VIPs
-//! away), not killed: it may be stopped by an operator or a debugger, and may resume.
+//! serving). Silence while the agent reloads HAProxy does not count at all: the master then parses
+//! the whole configuration before it answers again (about 2 s at 10,000 frontends), and the reload's
+//! own timeout (`reload_timeout`) bounds that wait. A master or worker that is alive but silent is
+//! reported (so keepalived moves the VIPs away), not killed: it may be stopped by an operator or a
+//! debugger, and may resume.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +56,31 @@ pub struct Health {
     pub restarts: u64,
 }
 
+/// How long HAProxy has been silent, as it counts: not while the agent reloads it.
+#[derive(Debug, Default)]
+struct Silence {
+    /// When the silence that counts began.
+    since: Option<Instant>,
+}
+
+impl Silence {
+    /// A look that began at `asked` found HAProxy silent, during a reload when `reloading`; at
+    /// `now`, whether it has been silent for [`SILENCE`] outside a reload.
+    fn heard_nothing(&mut self, asked: Instant, reloading: bool, now: Instant) -> bool {
+        if reloading {
+            self.since = None;
+            return false;
+        }
+        let since = *self.since.get_or_insert(asked);
+        now.duration_since(since) >= SILENCE
+    }
+
+    /// HAProxy answered, or is gone (which is judged at once).
+    fn clear(&mut self) {
+        self.since = None;
+    }
+}
+
 /// The watching task. Build with [`Supervisor::new`], run with [`Supervisor::run`].
 pub struct Supervisor {
     haproxy: Arc<Haproxy>,
@@ -81,7 +109,7 @@ impl Supervisor {
     pub async fn run(self, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut silent_since: Option<Instant> = None;
+        let mut silence = Silence::default();
         let mut next_start = Instant::now();
         // A silent worker: when it was last asked, and what that found.
         let mut worker_silence: Option<(Instant, String)> = None;
@@ -103,7 +131,7 @@ impl Supervisor {
             }
             match look {
                 Look::Up(p) => {
-                    silent_since = None;
+                    silence.clear();
                     self.metrics.workers.set(i64::try_from(p.workers).unwrap_or(i64::MAX));
                     if p.workers == 0 {
                         self.down(format!("HAProxy runs no worker (master pid {})", p.pid));
@@ -112,13 +140,12 @@ impl Supervisor {
                     }
                 }
                 Look::Silent(why) | Look::WorkerSilent(why) => {
-                    let since = *silent_since.get_or_insert(began);
-                    if since.elapsed() >= SILENCE {
+                    if silence.heard_nothing(began, self.haproxy.reloading(), Instant::now()) {
                         self.down(format!("HAProxy is not answering: {why}"));
                     }
                 }
                 Look::Gone(why) => {
-                    silent_since = None;
+                    silence.clear();
                     self.down(format!("{why}; the agent starts it again"));
                     if Instant::now() >= next_start {
                         let started = tokio::select! {
@@ -178,5 +205,32 @@ impl Supervisor {
             (h.up, h.reason, h.pid) = (false, Some(reason), None);
             changed
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Silence counts from the first silent look outside a reload: HAProxy is down once that lasts
+    /// [`SILENCE`]; a reload in progress (the master re-executing, however long) restarts the count,
+    /// and so does an answer.
+    #[test]
+    fn silence_counts_from_the_first_unanswered_look_outside_a_reload() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut silence = Silence::default();
+        assert!(!silence.heard_nothing(at(0), false, at(400)));
+        assert!(silence.heard_nothing(at(400), false, at(500)));
+
+        let mut silence = Silence::default();
+        assert!(!silence.heard_nothing(at(0), true, at(400)));
+        assert!(!silence.heard_nothing(at(400), true, at(2_400)));
+        assert!(!silence.heard_nothing(at(2_500), false, at(2_900)));
+        assert!(silence.heard_nothing(at(2_900), false, at(3_000)));
+
+        silence.clear();
+        assert!(!silence.heard_nothing(at(3_100), false, at(3_500)));
+        assert!(silence.heard_nothing(at(3_500), false, at(3_600)));
     }
 }
